@@ -1,0 +1,39 @@
+# The README's commands. `make demo` and `make test` do all set-up on a fresh machine.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Debian packages the test bed runs (Prometheus + promtool, PostgreSQL) and the report tests use.
+SYSTEM_PACKAGES := prometheus postgresql chromium
+
+.PHONY: install system-deps demo test testbed-up testbed-down clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+# Installs only what is missing; needs root (CI and these machines are root).
+system-deps:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+demo: install
+	$(BIN)/gpu-auditor demo
+
+test: install system-deps
+	$(BIN)/python -m pytest
+
+testbed-up: install system-deps
+	$(BIN)/python -m auditor.testbed up
+
+testbed-down:
+	@if [ -x $(BIN)/python ]; then $(BIN)/python -m auditor.testbed down; fi
+
+clean: testbed-down
+	rm -rf $(VENV) .testbed demo-out

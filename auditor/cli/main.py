@@ -1,0 +1,69 @@
+"""``gpu-auditor``: the command-line entry point.
+
+Each subcommand is a module in this package with ``register(subparsers)``, which adds its parser
+and sets ``handler`` (a function taking the parsed namespace and returning an exit code). This
+module only collects them and maps errors to exit codes: 0 done, 1 failed, 2 bad usage or input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import Sequence
+
+from auditor import __version__
+from auditor.errors import AuditorError, BadInput
+
+#: subcommand modules, in the order ``--help`` lists them
+SUBCOMMANDS = ("demo", "audit", "explain", "doctor", "run", "report", "policy", "agent", "traces")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpu-auditor",
+        description="Find GPU jobs whose utilization hides idle SMs, and act on them.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpu-auditor {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"auditor.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"auditor.cli.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(handler(args) or 0)
+    except BadInput as exc:
+        print(f"gpu-auditor: error: {exc}", file=sys.stderr)
+        return 2
+    except AuditorError as exc:
+        hint = " (retryable)" if exc.retryable else ""
+        print(f"gpu-auditor: failed{hint}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("gpu-auditor: interrupted", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""The project's exception types.
+
+Every error the program reports is one of these, so entry points can map them to exit codes
+(``BadInput`` → 2, everything else → 1) and the operator loop can tell a retry from a give-up.
+"""
+
+from __future__ import annotations
+
+
+class AuditorError(Exception):
+    """Base of every error gpu-auditor raises on purpose."""
+
+    retryable: bool = False
+
+
+class RetryableError(AuditorError):
+    """A failure that may go away by itself (a server down, a timeout, a 503)."""
+
+    retryable = True
+
+
+class PermanentError(AuditorError):
+    """A failure that retrying cannot fix (a refused query, a schema mismatch)."""
+
+
+class BadInput(PermanentError):
+    """Input from the user was wrong; the message says where (file, line, field or flag)."""
+
+
+class SourceUnavailable(RetryableError):
+    """A metrics source (Prometheus, a trace file) could not be reached or read."""
+
+
+class QueryRefused(PermanentError):
+    """A metrics source answered but refused the query (HTTP 400/422, a bad expression)."""
+
+
+class StoreError(AuditorError):
+    """The store could not read or write; ``retryable`` tells whether a retry can help."""
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable

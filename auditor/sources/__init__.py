@@ -1,0 +1,1 @@
+"""Metric sources: each reads DCGM-style telemetry from one place and yields rollup buckets."""
