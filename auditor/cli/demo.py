@@ -1,0 +1,164 @@
+"""``gpu-auditor demo``: a small GPU cluster replayed from real H200 traces, audited end to end.
+
+No cluster, no server: the bundled traces (``auditor/data``) are replayed as twelve jobs of four
+teams through the same pipeline as a real audit (replay source → bucketing → store → summary →
+verdicts), stored in ``DIR/demo.sqlite`` (never the default store), printed as the verdict table
+and written as ``DIR/index.html`` (self-contained) plus ``DIR/summaries.json``.
+
+The cluster shows every verdict, among them the headline case twice: a single-GPU job spinning a
+few thread blocks (100 % "utilization", 3 % SM activity) and a 4-GPU fine-tune whose three ranks
+spin in a collective waiting on a straggler rank starved by its host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from auditor.core.metrics import Metric
+from auditor.core.model import GpuId, JobRef, PodRef, Window
+from auditor.correlate import StaticResolver
+from auditor.traces import Trace, TraceJob, fake_uuid, load_trace, make_gpus
+
+CLUSTER = "demo"
+H200 = "NVIDIA H200"
+
+
+@dataclass
+class Scenario:
+    feeds: list[tuple[Trace, list[TraceJob]]]
+    resolver: StaticResolver
+    window: Window
+    duration: timedelta
+    interval: timedelta
+
+
+def _mig(host: str, index: int, instance: int, profile: str) -> GpuId:
+    return GpuId(
+        uuid=fake_uuid(host, index), instance=str(instance), hostname=host, index=str(index), model=H200, mig_profile=profile
+    )
+
+
+def scenario(now: datetime, *, interval: timedelta = timedelta(seconds=30)) -> Scenario:
+    """The demo cluster: (trace, jobs) feeds ending at ``now``, and who owns which pod."""
+    cluster = load_trace("h200-demo-cluster")
+    micro = load_trace("h200-microbench")
+    h = timedelta(hours=1)
+    table: dict[tuple[str, str], JobRef] = {}
+
+    def own(ns: str, pod: str, kind: str, name: str, team: str | None = None) -> PodRef:
+        ref = PodRef(ns, pod, "main")
+        table[(ns, pod)] = JobRef(
+            cluster=CLUSTER, namespace=ns, kind=kind, name=name, uid=fake_uuid(ns, f"{kind}/{name}")[4:], team=team or ns
+        )
+        return ref
+
+    a1, a2, b1 = make_gpus(8, "gpu-node-a1"), make_gpus(8, "gpu-node-a2"), make_gpus(8, "gpu-node-b1")
+    c_mig = [_mig("gpu-node-c1", 0, 1, "3g.71gb"), _mig("gpu-node-c1", 0, 2, "1g.18gb")]
+    d1 = make_gpus(2, "gpu-node-d1")
+    no_sm = frozenset({Metric.SM_ACTIVE, Metric.SM_OCCUPANCY})
+    demo_jobs = [
+        # vision
+        TraceJob(own("vision", "resnet50-train-worker-0", "PyTorchJob", "resnet50-train"), a1[0:4], "resnet50_bf16_training", duration=5 * h),
+        TraceJob(own("vision", "mlp-baseline", "Pod", "mlp-baseline"), a1[4:5], "mlp_fp32_training_no_tf32", duration=3 * h, end_offset=h),
+        # llm
+        TraceJob(own("llm", "llm-serve-7d9f8-x2k4p", "Deployment", "llm-serve"), a2[0:1], "llm_batched_inference_bf16", duration=6 * h),
+        TraceJob(own("llm", "llm-serve-7d9f8-q8zvn", "Deployment", "llm-serve"), a2[1:2], "llm_batched_inference_bf16", duration=6 * h),
+        TraceJob(
+            own("llm", "llm-finetune-worker-0", "PyTorchJob", "llm-finetune"),
+            b1[0:4],
+            "kernel_spin_waiting_4_blocks",
+            gpu_phases=("kernel_spin_waiting_4_blocks",) * 3 + ("cpu_bound_preprocessing",),
+            duration=4 * h,
+        ),
+        TraceJob(own("llm", "kernel-debug", "Job", "kernel-debug"), b1[4:5], "kernel_spin_waiting_4_blocks", duration=2 * h),
+        # recsys
+        TraceJob(own("recsys", "embedding-train-0", "Job", "embedding-train"), a2[2:4], "embedding_gather", duration=2 * h),
+        TraceJob(own("recsys", "feature-prep-ab12c", "Job", "feature-prep"), a2[4:5], "cpu_bound_preprocessing", duration=3 * h),
+        TraceJob(own("recsys", "legacy-ranker-0", "Job", "legacy-ranker"), d1[0:1], "resnet50_bf16_training", duration=2 * h, exclude=no_sm),
+        # research
+        TraceJob(own("research", "jupyter-alice", "Pod", "jupyter-alice"), a2[5:6], "notebook_idle_model_loaded", duration=6 * h),
+    ]
+    micro_jobs = [
+        TraceJob(own("research", "spin-test-x7q", "Job", "spin-test"), a2[6:7], "one_sm_spin", duration=h),
+        TraceJob(own("research", "softmax-bench", "Job", "softmax-bench"), c_mig[0:1], "naive_softmax", duration=2 * h),
+        TraceJob(own("research", "jupyter-bob", "Pod", "jupyter-bob"), c_mig[1:2], "bf16_matmul", duration=90 * timedelta(minutes=1)),
+    ]
+    window = Window(now - 6 * h, now)
+    return Scenario(
+        feeds=[(cluster, demo_jobs), (micro, micro_jobs)],
+        resolver=StaticResolver(table),
+        window=window,
+        duration=6 * h,
+        interval=interval,
+    )
+
+
+def run_demo(out_dir: Path, *, now: datetime | None = None, html: bool = True, progress=None) -> list[dict]:
+    """Replay, audit, store, and write the page; returns the summaries (most waste first)."""
+    from auditor.engine import run_audit
+    from auditor.sources.replay import ReplaySource
+    from auditor.store import Store
+
+    say = progress or (lambda _m: None)
+    now = (now or datetime.now(timezone.utc)).replace(microsecond=0)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sc = scenario(now)
+    source = ReplaySource(sc.feeds, end=now, duration=sc.duration, interval=sc.interval)
+    db = out_dir / "demo.sqlite"
+    for stale in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+        stale.unlink(missing_ok=True)
+    say(f"store: {db}")
+    store = Store.open(f"sqlite:///{db.resolve()}")
+    try:
+        result = run_audit(source, sc.resolver, store, sc.window, now=now, progress=say)
+    finally:
+        store.close()
+    (out_dir / "summaries.json").write_text(json.dumps(result.summaries, indent=2) + "\n", encoding="utf-8")
+    if html:
+        from auditor.render.html import render_html
+
+        say("rendering the HTML page")
+        page = render_html(
+            result.summaries,
+            title="gpu-auditor demo: a small H200 cluster",
+            generated_at=now,
+            window_start=sc.window.start.isoformat(),
+            window_end=sc.window.end.isoformat(),
+            source="replayed from real H200 traces",
+        )
+        (out_dir / "index.html").write_text(page, encoding="utf-8")
+    return result.summaries
+
+
+def _handle(args: argparse.Namespace) -> int:
+    from auditor.render.table import format_table
+
+    t0 = time.monotonic()
+    out = Path(args.out)
+
+    def say(msg: str) -> None:
+        print(f"demo: {msg}", file=sys.stderr, flush=True)
+
+    say("replaying the bundled H200 traces as a small cluster (13 pods, 12 jobs, 4 teams)")
+    summaries = run_demo(out, html=not args.no_html, progress=say)
+    sys.stdout.write(format_table(summaries))
+    say(f"wrote {out / 'demo.sqlite'}, {out / 'summaries.json'}" + ("" if args.no_html else f", {out / 'index.html'}"))
+    say(f"done in {time.monotonic() - t0:.1f} s")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "demo",
+        help="audit a small replayed H200 cluster: verdict table, SQLite store and an HTML page",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    p.add_argument("--out", default="demo-out", metavar="DIR", help="output directory (default: ./demo-out)")
+    p.add_argument("--no-html", action="store_true", help="skip the HTML page (faster)")
+    p.set_defaults(handler=_handle)

@@ -1,0 +1,92 @@
+"""Raw samples → rollup buckets: the one aggregation every sample-level path shares.
+
+The Prometheus source aggregates server-side (``sum/count/min/max_over_time``) but falls back to
+raw samples when a bucket holds garbage; the trace replay source produces raw samples only. Both
+end here, so the bucketing rules exist once:
+
+- buckets are half-open ``[start, end)`` on ``width``-aligned boundaries since the epoch (the
+  same alignment as :meth:`auditor.core.model.Window.aligned`), so a sample on a boundary
+  belongs to the bucket it starts;
+- every raw value goes through :func:`auditor.core.metrics.normalize`; garbage (NaN, ±Inf,
+  out of range) is dropped and *counted* in the bucket's ``dropped``, never averaged;
+- with a ``window``, samples outside ``[window.start, window.end)`` are ignored (not counted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Iterable
+
+from auditor.core.metrics import Metric, normalize
+from auditor.core.model import Bucket, GpuId, PodRef, Window
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One exported value as a scrape stored it: ``raw`` is in the exporter's unit.
+
+    ``t`` is Unix seconds (float). GPU_UTIL stays a percent here; :func:`aggregate` scales it.
+    """
+
+    pod: PodRef
+    gpu: GpuId
+    metric: Metric
+    t: float
+    raw: float
+
+
+def _bucket_start(t: float, step: float) -> float:
+    return t // step * step
+
+
+def aggregate(samples: Iterable[Sample], width: timedelta, window: Window | None = None) -> list[Bucket]:
+    """Roll raw samples up into ``width``-aligned buckets per (pod, GPU, metric).
+
+    Returns buckets sorted by (pod, GPU key, metric, start). A bucket whose samples were all
+    garbage is still returned, with ``count == 0`` and its ``dropped`` count, so coverage and
+    ``doctor`` can see the garbage.
+    """
+    step = width.total_seconds()
+    if step <= 0:
+        raise ValueError("bucket width must be positive")
+    lo = window.start.timestamp() if window else float("-inf")
+    hi = window.end.timestamp() if window else float("inf")
+    # key → [total, count, min, max, dropped]
+    acc: dict[tuple[PodRef, GpuId, Metric, float], list[float]] = {}
+    for s in samples:
+        if not (lo <= s.t < hi):
+            continue
+        key = (s.pod, s.gpu, s.metric, _bucket_start(s.t, step))
+        cell = acc.get(key)
+        if cell is None:
+            cell = acc[key] = [0.0, 0, float("inf"), float("-inf"), 0]
+        value = normalize(s.metric, s.raw)
+        if value is None:
+            cell[4] += 1
+            continue
+        cell[0] += value
+        cell[1] += 1
+        if value < cell[2]:
+            cell[2] = value
+        if value > cell[3]:
+            cell[3] = value
+    out = []
+    for (pod, gpu, metric, start), (total, count, mn, mx, dropped) in acc.items():
+        t0 = datetime.fromtimestamp(start, timezone.utc)
+        out.append(
+            Bucket(
+                pod=pod,
+                gpu=gpu,
+                metric=metric,
+                start=t0,
+                end=t0 + width,
+                total=total,
+                count=int(count),
+                minimum=mn if count else 0.0,
+                maximum=mx if count else 0.0,
+                dropped=int(dropped),
+            )
+        )
+    out.sort(key=lambda b: (b.pod, b.gpu.key, b.metric.value, b.start))
+    return out

@@ -1,0 +1,900 @@
+"""Rollup buckets of one job → its audit-JSON summary: means, percentiles, coverage,
+GPU-hours, waste, MFU estimate, per-GPU breakdown, verdict and findings. Pure.
+
+Definitions (docs/verdicts.md has the user-facing version):
+
+- **Row**: one (pod, GPU) pair; a GPU is a whole GPU or one MIG instance (``GpuId.key``).
+- **Means** combine bucket sums and counts, so they are exact sample means whatever the bucket
+  width; a job's mean pools the samples of all its GPUs (count-weighted).
+- **Percentiles** p10/p50/p90 are taken over the *bucket means*, each weighted by its sample
+  count (the smallest bucket mean whose cumulative weight reaches p). They describe how the
+  job varied over time at the bucket width, not the spread of individual samples.
+- **Observed span** of a row: from its first to its last bucket. Interior buckets count in full
+  (clipped to the audit window); the first and last bucket count for ``samples × interval``
+  (the job is assumed to have started/ended inside them rather than to have had a gap).
+- **Coverage**: valid samples / expected samples, expected = observed span / scrape interval,
+  for the busy signal and SM activity (the lower of the two when both exist). Dropped garbage
+  samples are not valid. Job coverage pools all rows.
+- **GPU-hours**: observed span × GPU fraction (MIG slices count as slices/7), divided in each
+  bucket by the number of pods seen on that GPU (time-slicing/MPS: never counted twice).
+- **Waste**: ``gpu_hours × (1 − sm_active)`` per row, summed; null when any row lacks SM.
+- **MFU estimate**: tensor activity × (SM clock / max SM clock) when both clocks are known,
+  else tensor activity alone; null without tensor activity.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Iterable, Mapping, Sequence
+
+from auditor.core.metrics import Metric
+from auditor.core.model import Bucket, Finding, GpuId, JobRef, PodRef, Verdict, Window
+from auditor.core.thresholds import Thresholds
+
+#: the activity fields of the audit JSON, in output order
+ACTIVITY_FIELDS: tuple[tuple[str, Metric], ...] = (
+    ("gpu_util", Metric.GPU_UTIL),
+    ("gr_engine_active", Metric.GR_ENGINE_ACTIVE),
+    ("sm_active", Metric.SM_ACTIVE),
+    ("sm_occupancy", Metric.SM_OCCUPANCY),
+    ("tensor_active", Metric.TENSOR_ACTIVE),
+    ("dram_active", Metric.DRAM_ACTIVE),
+    ("fp32_active", Metric.FP32_ACTIVE),
+    ("fp16_active", Metric.FP16_ACTIVE),
+)
+#: device readings reported as means in their own units
+DEVICE_FIELDS: tuple[tuple[str, Metric], ...] = (
+    ("power_w", Metric.POWER),
+    ("fb_used_mib", Metric.FB_USED),
+    ("sm_clock_mhz", Metric.SM_CLOCK),
+)
+
+ShareMap = Mapping[tuple[str, datetime], int]
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+@dataclass(slots=True)
+class Stat:
+    """Pooled statistics of one metric over a set of buckets."""
+
+    total: float = 0.0
+    count: int = 0
+    dropped: int = 0
+    minimum: float = float("inf")
+    maximum: float = float("-inf")
+    #: (bucket mean, weight) pairs for the percentiles
+    points: list[tuple[float, int]] = field(default_factory=list)
+
+    def add(self, b: Bucket) -> None:
+        self.dropped += b.dropped
+        if b.count <= 0:
+            return
+        self.total += b.total
+        self.count += b.count
+        self.minimum = min(self.minimum, b.minimum)
+        self.maximum = max(self.maximum, b.maximum)
+        self.points.append((b.total / b.count, b.count))
+
+    def merge(self, other: "Stat") -> None:
+        self.total += other.total
+        self.count += other.count
+        self.dropped += other.dropped
+        self.minimum = min(self.minimum, other.minimum)
+        self.maximum = max(self.maximum, other.maximum)
+        self.points.extend(other.points)
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+    @property
+    def exactly_zero(self) -> bool:
+        """Every valid sample read exactly 0 (the silent-zero signature)."""
+        return self.count > 0 and self.maximum == 0.0 and self.minimum == 0.0
+
+    def percentile(self, p: float) -> float | None:
+        """Count-weighted percentile of the bucket means (lower value at ties)."""
+        if not self.points:
+            return None
+        pts = sorted(self.points)
+        need = p * sum(w for _, w in pts)
+        acc = 0
+        for value, w in pts:
+            acc += w
+            if acc >= need - 1e-9:
+                return value
+        return pts[-1][0]
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "mean": _r(self.mean),
+            "p10": _r(self.percentile(0.10)),
+            "p50": _r(self.percentile(0.50)),
+            "p90": _r(self.percentile(0.90)),
+            "min": _r(self.minimum) if self.count else None,
+            "max": _r(self.maximum) if self.count else None,
+            "samples": self.count,
+            "dropped": self.dropped,
+        }
+
+
+def _r(v: float | None, nd: int = 6) -> float | None:
+    return None if v is None else round(v, nd)
+
+
+def rfc3339(t: datetime) -> str:
+    """RFC 3339 UTC with ``Z``, whole seconds unless there is a fraction (milliseconds)."""
+    v = t.astimezone(timezone.utc)
+    return v.isoformat(timespec="milliseconds" if v.microsecond else "seconds").replace("+00:00", "Z")
+
+
+# --------------------------------------------------------------------------- sharing
+
+
+def gpu_shares(buckets: Iterable[Bucket]) -> dict[tuple[str, datetime], int]:
+    """How many distinct pods were seen on each GPU (``GpuId.key``) in each bucket.
+
+    More than one means time-slicing or MPS (or a pod replaced inside the bucket): the GPU's
+    time is divided among them and the metrics are device-wide, not the pod's own.
+    """
+    pods: dict[tuple[str, datetime], set[PodRef]] = defaultdict(set)
+    for b in buckets:
+        if b.count or b.dropped:
+            pods[(b.gpu.key, b.start)].add(b.pod)
+    return {k: len(v) for k, v in pods.items()}
+
+
+# --------------------------------------------------------------------------- per-row view
+
+
+@dataclass(slots=True)
+class RowView:
+    """Everything computed for one (pod, GPU) pair."""
+
+    pod: PodRef
+    gpu: GpuId
+    stats: dict[Metric, Stat]
+    start: datetime
+    end: datetime
+    span_s: float
+    gpu_seconds: float  # presence × fraction / sharing
+    shared_seconds: float  # presence in buckets shared with other pods
+    max_share: int
+    coverage: float | None
+    busy_metric: Metric | None
+    #: per bucket start: GPU equivalents this row held there
+    presence: dict[datetime, float]
+
+    def mean(self, m: Metric) -> float | None:
+        s = self.stats.get(m)
+        return s.mean if s else None
+
+    @property
+    def busy(self) -> float | None:
+        return self.mean(self.busy_metric) if self.busy_metric else None
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpu_seconds / 3600.0
+
+    @property
+    def waste_gpu_hours(self) -> float | None:
+        sm = self.mean(Metric.SM_ACTIVE)
+        return None if sm is None else self.gpu_hours * (1.0 - sm)
+
+
+def _busy_metric(stats: Mapping[Metric, Stat], gpu: GpuId) -> Metric | None:
+    """GPU_UTIL where it exists (never on MIG), else GR_ENGINE_ACTIVE."""
+    if not gpu.instance and Metric.GPU_UTIL in stats and stats[Metric.GPU_UTIL].count:
+        return Metric.GPU_UTIL
+    if Metric.GR_ENGINE_ACTIVE in stats and stats[Metric.GR_ENGINE_ACTIVE].count:
+        return Metric.GR_ENGINE_ACTIVE
+    return None
+
+
+def _row(
+    pod: PodRef,
+    gpu: GpuId,
+    buckets: Sequence[Bucket],
+    *,
+    window: Window,
+    interval: float,
+    shares: ShareMap,
+) -> RowView:
+    stats: dict[Metric, Stat] = {}
+    scraped: dict[datetime, int] = defaultdict(int)  # bucket start → samples seen (max over metrics)
+    ends: dict[datetime, datetime] = {}
+    per_metric_bucket: dict[tuple[Metric, datetime], int] = defaultdict(int)
+    for b in buckets:
+        stats.setdefault(b.metric, Stat()).add(b)
+        per_metric_bucket[(b.metric, b.start)] += b.count + b.dropped
+        ends[b.start] = b.end
+    for (_, start), n in per_metric_bucket.items():
+        scraped[start] = max(scraped[start], n)
+    starts = sorted(s for s, n in scraped.items() if n > 0)
+    presence: dict[datetime, float] = {}
+    w0, w1 = window.start, window.end
+    if not starts:
+        t = max(w0, min(b.start for b in buckets)) if buckets else w0
+        row_start = row_end = t
+    else:
+        first, last = starts[0], starts[-1]
+        width = ends[first] - first
+        # every bucket from the first to the last counts, those without samples too: a scrape
+        # gap inside the span is time the pod held the GPU without telemetry (lower coverage)
+        s = first
+        while s <= last:
+            lo, hi = max(s, w0), min(s + width, w1)
+            full = max(0.0, (hi - lo).total_seconds())
+            presence[s] = min(full, scraped.get(s, 0) * interval) if s in (first, last) else full
+            s += width
+        if len(starts) == 1:
+            row_start = max(first, w0)
+            row_end = row_start + timedelta(seconds=presence[first])
+        else:
+            row_start = min(ends[first], w1) - timedelta(seconds=presence[first])
+            row_end = max(last, w0) + timedelta(seconds=presence[last])
+    span_s = sum(presence.values())
+    gpu_seconds = shared_s = 0.0
+    max_share = 1
+    held: dict[datetime, float] = {}
+    for s, secs in presence.items():
+        n = max(1, shares.get((gpu.key, s), 1))
+        max_share = max(max_share, n)
+        gpu_seconds += secs * gpu.fraction / n
+        held[s] = gpu.fraction / n
+        if n > 1:
+            shared_s += secs
+    busy_metric = _busy_metric(stats, gpu)
+    expected = span_s / interval if interval > 0 else 0.0
+    coverage: float | None = None
+    if expected > 0 and busy_metric is not None:
+        counts = [stats[busy_metric].count]
+        if Metric.SM_ACTIVE in stats:
+            counts.append(stats[Metric.SM_ACTIVE].count)
+        coverage = min(1.0, min(counts) / expected)
+    elif expected > 0:
+        coverage = 0.0
+    return RowView(
+        pod=pod,
+        gpu=gpu,
+        stats=stats,
+        start=row_start,
+        end=row_end,
+        span_s=span_s,
+        gpu_seconds=gpu_seconds,
+        shared_seconds=shared_s,
+        max_share=max_share,
+        coverage=coverage,
+        busy_metric=busy_metric,
+        presence=held,
+    )
+
+
+def estimate_interval(buckets: Iterable[Bucket]) -> float | None:
+    """Scrape interval guessed from the fullest bucket (width / samples) when the source
+    could not say; None without any sample."""
+    best: float | None = None
+    for b in buckets:
+        n = b.count + b.dropped
+        if n > 0:
+            iv = (b.end - b.start).total_seconds() / n
+            best = iv if best is None else min(best, iv)
+    return best
+
+
+# --------------------------------------------------------------------------- classification
+
+
+@dataclass(slots=True)
+class Evidence:
+    """What the classifier looks at: means of one GPU or one whole job."""
+
+    busy: float | None
+    busy_metric: Metric | None
+    sm: float | None
+    tensor: float | None
+    dram: float | None
+    fp32: float | None
+    fp16: float | None
+    power: float | None
+    samples: int
+    span_s: float
+    coverage: float | None
+    shared_fraction: float
+    model: str
+    #: rows (or this GPU) whose profiling fields read exactly 0 while busy: descriptions
+    silent_zero: list[dict[str, object]] = field(default_factory=list)
+
+
+_ADVICE = {
+    Verdict.IDLE: "Release the GPU when nothing runs (stop the notebook or pod, scale to zero, "
+    "use a shorter idle timeout); allocated-but-idle GPUs block other teams' work.",
+    Verdict.UNDERUTILIZED: "The GPU waits on the host: speed up the input pipeline (more DataLoader "
+    "workers, pin_memory, prefetching, preprocessing on the GPU), increase the batch size, and for "
+    "many tiny kernels use CUDA Graphs or torch.compile to cut launch gaps.",
+    Verdict.LOW_SM_EFFICIENCY: "Kernels keep the GPU 'busy' but occupy few SMs: launch more thread "
+    "blocks (larger batch or problem size, fewer serial small kernels), and if this is a distributed "
+    "job check for ranks waiting in collectives on a straggler (NCCL waits spin on a few SMs).",
+    Verdict.MEMORY_BOUND: "SMs wait on memory while no pipe does much math: fuse element-wise "
+    "kernels (torch.compile, fused optimizers), use FlashAttention / fused attention, and improve "
+    "data locality (contiguous layouts, larger gathers).",
+    Verdict.NO_TENSOR_CORES: "Math runs on CUDA cores, not tensor cores: train in bf16 with "
+    "mixed precision (torch.autocast), or at least enable TF32 "
+    "(torch.backends.cuda.matmul.allow_tf32 = True / torch.set_float32_matmul_precision('high')).",
+}
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v * 100:.1f} %"
+
+
+def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
+    """DESIGN.md's verdict table, in order, first match wins; the first finding says why."""
+    base = {
+        "busy_signal": ev.busy_metric.value if ev.busy_metric else None,
+        "busy": _r(ev.busy),
+        "sm_active": _r(ev.sm),
+        "coverage": _r(ev.coverage),
+    }
+    insufficient = Verdict.INSUFFICIENT_DATA
+    if ev.busy is None:
+        return insufficient, [
+            Finding(
+                "metric_missing",
+                "No utilization signal (neither DCGM_FI_DEV_GPU_UTIL nor DCGM_FI_PROF_GR_ENGINE_ACTIVE): "
+                "nothing can be judged. Check that dcgm-exporter runs on the node and the pod is attributed.",
+                {"missing": ["gpu_util", "gr_engine_active"]},
+            )
+        ]
+    if ev.samples < th.min_samples or ev.span_s < th.min_span.total_seconds():
+        return insufficient, [
+            Finding(
+                "too_short",
+                f"Only {ev.samples} samples over {ev.span_s:.0f} s: too little to judge "
+                f"(needs {th.min_samples} samples and {th.min_span.total_seconds():.0f} s).",
+                {**base, "samples": ev.samples, "span_seconds": round(ev.span_s, 3)},
+            )
+        ]
+    if ev.coverage is not None and ev.coverage < th.min_coverage:
+        return insufficient, [
+            Finding(
+                "low_coverage",
+                f"Only {_pct(ev.coverage)} of the expected samples are present (minimum "
+                f"{_pct(th.min_coverage)}): scrape gaps, exporter restarts or garbage values; no judgement.",
+                {**base, "min_coverage": th.min_coverage},
+            )
+        ]
+    if ev.shared_fraction > th.max_shared_fraction:
+        return insufficient, [
+            Finding(
+                "gpu_shared_unjudged",
+                f"{_pct(ev.shared_fraction)} of this job's GPU time is on GPUs shared with other pods "
+                "(time-slicing/MPS): the metrics are device-wide, not this job's; no judgement.",
+                {**base, "shared_fraction": _r(ev.shared_fraction)},
+            )
+        ]
+    if ev.silent_zero:
+        return insufficient, [
+            Finding(
+                "profiling_zero_suspect",
+                "Profiling fields read exactly 0 while the GPU is busy: a kernel always keeps at least "
+                "one SM active, so this is suspect telemetry (profiling paused by Nsight, a second host "
+                "engine, a DCGM bug after Xid errors), not low SM efficiency. Check dcgm-exporter's "
+                "profiling module on the node.",
+                {**base, "gpus": ev.silent_zero},
+            )
+        ]
+    if ev.busy < th.idle_util:
+        return Verdict.IDLE, [
+            Finding(
+                "idle",
+                f"GPUs allocated but idle: {ev.busy_metric.value if ev.busy_metric else 'utilization'} "
+                f"averages {_pct(ev.busy)}. {_ADVICE[Verdict.IDLE]}",
+                {**base, "threshold": th.idle_util, "power_w": _r(ev.power, 1)},
+            )
+        ]
+    if ev.busy < th.busy_util:
+        return Verdict.UNDERUTILIZED, [
+            Finding(
+                "underutilized",
+                f"Utilization averages {_pct(ev.busy)}, clearly below full (< {_pct(th.busy_util)}): "
+                f"the GPU often has no kernel to run. {_ADVICE[Verdict.UNDERUTILIZED]}",
+                {**base, "threshold": th.busy_util},
+            )
+        ]
+    if ev.sm is None:
+        return insufficient, [
+            Finding(
+                "metric_missing",
+                "The GPU is busy but there is no SM-activity series (DCGM_FI_PROF_SM_ACTIVE is off in "
+                "dcgm-exporter's shipped CSVs): whether the busy time does real work cannot be told. "
+                "Add DCGM_FI_PROF_SM_ACTIVE to the exporter's metrics CSV.",
+                {**base, "missing": ["sm_active"]},
+            )
+        ]
+    if ev.sm < th.low_sm:
+        return Verdict.LOW_SM_EFFICIENCY, [
+            Finding(
+                "low_sm_efficiency",
+                f"The GPU looks busy ({_pct(ev.busy)} utilization) but only {_pct(ev.sm)} of SM time "
+                f"has work: about {_pct(1 - ev.sm)} of the SMs sit idle. {_ADVICE[Verdict.LOW_SM_EFFICIENCY]}",
+                {**base, "threshold": th.low_sm},
+            )
+        ]
+    if ev.tensor is None:
+        return insufficient, [
+            Finding(
+                "metric_missing",
+                "SMs are busy but there is no tensor-pipe series (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE): "
+                "the kind of work cannot be told.",
+                {**base, "missing": ["tensor_active"]},
+            )
+        ]
+    pipe_ev = {
+        **base,
+        "tensor_active": _r(ev.tensor),
+        "dram_active": _r(ev.dram),
+        "fp32_active": _r(ev.fp32),
+        "fp16_active": _r(ev.fp16),
+    }
+    if ev.tensor < th.tensor_idle:
+        # The CUDA-core math signal needs the FP32 pipe; FP16 (which excludes HMMA) only adds to it.
+        math = max(ev.fp32, ev.fp16 or 0.0) if ev.fp32 is not None else None
+        extra: list[Finding] = []
+        if ev.fp32 is None:
+            extra.append(
+                Finding(
+                    "fp32_pipe_missing",
+                    "No FP32-pipe series (DCGM_FI_PROF_PIPE_FP32_ACTIVE, off by default): memory-bound "
+                    "and CUDA-core work were told apart by DRAM activity alone. Enable the FP32 pipe "
+                    "field for a surer split.",
+                    {"dram_active": _r(ev.dram), "dram_busy": th.dram_busy},
+                )
+            )
+        if math is not None and math < th.math_pipe_idle:
+            return Verdict.MEMORY_BOUND, [
+                Finding(
+                    "memory_bound",
+                    f"SMs are busy ({_pct(ev.sm)}) but neither the tensor ({_pct(ev.tensor)}) nor the "
+                    f"FP32/FP16 pipes ({_pct(math)}) do much math: the warps wait on memory "
+                    f"(DRAM {_pct(ev.dram)}; latency-bound gathers keep DRAM well below its peak). "
+                    f"{_ADVICE[Verdict.MEMORY_BOUND]}",
+                    {**pipe_ev, "reason": "no_math_pipe", "math_pipe_idle": th.math_pipe_idle},
+                ),
+                *extra,
+            ]
+        if ev.dram is not None and ev.dram >= th.dram_busy:
+            return Verdict.MEMORY_BOUND, [
+                Finding(
+                    "memory_bound",
+                    f"SMs are busy ({_pct(ev.sm)}), tensor pipes idle ({_pct(ev.tensor)}) and DRAM busy "
+                    f"({_pct(ev.dram)}): the work streams memory rather than doing math. "
+                    f"{_ADVICE[Verdict.MEMORY_BOUND]}",
+                    {**pipe_ev, "reason": "dram_busy", "dram_busy": th.dram_busy},
+                ),
+                *extra,
+            ]
+        if math is not None or ev.dram is not None:
+            why = (
+                f"the FP32/FP16 pipes are busy ({_pct(math)})"
+                if math is not None
+                else f"DRAM is quiet ({_pct(ev.dram)}), so the SMs compute on CUDA cores"
+            )
+            return Verdict.NO_TENSOR_CORES, [
+                Finding(
+                    "no_tensor_cores",
+                    f"SMs are busy ({_pct(ev.sm)}) but the tensor cores are idle ({_pct(ev.tensor)}); "
+                    f"{why}. {_ADVICE[Verdict.NO_TENSOR_CORES]}",
+                    {**pipe_ev, "reason": "math_pipe_busy" if math is not None else "dram_quiet"},
+                ),
+                *extra,
+            ]
+        return insufficient, [
+            Finding(
+                "metric_missing",
+                "Tensor pipes are idle, but with neither DRAM nor FP32-pipe series memory-bound and "
+                "CUDA-core work cannot be told apart.",
+                {**pipe_ev, "missing": ["dram_active", "fp32_active"]},
+            )
+        ]
+    findings = [
+        Finding(
+            "healthy",
+            f"SMs busy ({_pct(ev.sm)}) with tensor cores in use ({_pct(ev.tensor)}).",
+            pipe_ev,
+        )
+    ]
+    if ev.tensor < th.tensor_headroom:
+        findings.append(
+            Finding(
+                "tensor_headroom",
+                f"Tensor pipes are only {_pct(ev.tensor)} busy: there is room to grow (larger batch, "
+                "fused kernels, channels-last, fewer non-matmul bottlenecks).",
+                {"tensor_active": _r(ev.tensor), "threshold": th.tensor_headroom},
+            )
+        )
+    return Verdict.HEALTHY, findings
+
+
+def _silent_zero(row: RowView, th: Thresholds) -> dict[str, object] | None:
+    """This GPU reads SM activity exactly 0 while busy and (where known) drawing real power."""
+    sm = row.stats.get(Metric.SM_ACTIVE)
+    busy = row.busy
+    if sm is None or not sm.exactly_zero or busy is None or busy < th.busy_util:
+        return None
+    power = row.mean(Metric.POWER)
+    floor = th.power_floor(row.gpu.model)
+    if power is not None and floor is not None and power < floor:
+        return None  # drawing idle power: the zero is plausible, judge normally
+    return {
+        "gpu": row.gpu.key,
+        "busy": _r(busy),
+        "sm_active_max": 0.0,
+        "power_w": _r(power, 1),
+        "power_floor_w": floor,
+    }
+
+
+# --------------------------------------------------------------------------- MFU
+
+
+def _mfu(tensor: float | None, clock: float | None, max_clock: float | None) -> tuple[float | None, str | None]:
+    if tensor is None:
+        return None, None
+    if clock is not None and max_clock:
+        return tensor * min(1.0, clock / max_clock), "tensor_active*sm_clock/max_sm_clock"
+    return tensor, "tensor_active"
+
+
+def _max_clock(stats: Mapping[Metric, Stat], model: str, th: Thresholds) -> tuple[float | None, str | None]:
+    s = stats.get(Metric.MAX_SM_CLOCK)
+    if s is not None and s.count and s.maximum > 0:
+        return s.maximum, "DCGM_FI_DEV_MAX_SM_CLOCK"
+    v = th.max_clock(model)
+    return (v, "model table") if v else (None, None)
+
+
+# --------------------------------------------------------------------------- job summary
+
+
+def summarize_job(
+    job: JobRef,
+    buckets: Sequence[Bucket],
+    *,
+    window: Window,
+    now: datetime,
+    interval: float | None = None,
+    thresholds: Thresholds | None = None,
+    shares: ShareMap | None = None,
+) -> dict[str, object]:
+    """The audit-JSON object of one job from its buckets (DESIGN.md "Audit JSON").
+
+    ``interval`` is the scrape interval in seconds (estimated from the buckets when None);
+    ``shares`` comes from :func:`gpu_shares` over *all* pods' buckets of the window, so GPUs
+    shared with other jobs are seen.
+    """
+    th = thresholds or Thresholds()
+    shares = shares if shares is not None else gpu_shares(buckets)
+    iv = interval if interval and interval > 0 else (estimate_interval(buckets) or 0.0)
+    grouped: dict[tuple[PodRef, str], list[Bucket]] = defaultdict(list)
+    gpus: dict[tuple[PodRef, str], GpuId] = {}
+    ordered = sorted(buckets, key=lambda b: (b.pod, b.gpu.key, b.metric.value, b.start))
+    for b in ordered:
+        grouped[(b.pod, b.gpu.key)].append(b)
+        gpus.setdefault((b.pod, b.gpu.key), b.gpu)
+    rows = [
+        _row(pod, gpus[(pod, key)], bs, window=window, interval=iv, shares=shares)
+        for (pod, key), bs in sorted(grouped.items(), key=lambda kv: kv[0])
+    ]
+    models = sorted({r.gpu.model for r in rows if r.gpu.model})
+    model = models[0] if len(models) == 1 else (", ".join(models) if models else "")
+
+    # pooled statistics
+    pooled: dict[Metric, Stat] = {}
+    busy_pool = Stat()
+    for r in rows:
+        for m, s in r.stats.items():
+            pooled.setdefault(m, Stat()).merge(s)
+        if r.busy_metric is not None:
+            busy_pool.merge(r.stats[r.busy_metric])
+    busy_metrics = {r.busy_metric for r in rows if r.busy_metric is not None}
+    busy_metric = (
+        (Metric.GPU_UTIL if busy_metrics == {Metric.GPU_UTIL} else Metric.GR_ENGINE_ACTIVE) if busy_metrics else None
+    )
+
+    def mean(m: Metric) -> float | None:
+        s = pooled.get(m)
+        return s.mean if s else None
+
+    span_s = sum(r.span_s for r in rows)
+    expected = span_s / iv if iv > 0 else 0.0
+    if expected > 0:
+        valid = 0
+        for r in rows:
+            if r.busy_metric is None:
+                continue
+            counts = [r.stats[r.busy_metric].count]
+            if Metric.SM_ACTIVE in r.stats:
+                counts.append(r.stats[Metric.SM_ACTIVE].count)
+            valid += min(counts)
+        coverage: float | None = min(1.0, valid / expected)
+    else:
+        coverage = None
+    gpu_hours = sum(r.gpu_hours for r in rows)
+    shared_fraction = (sum(r.shared_seconds for r in rows) / span_s) if span_s > 0 else 0.0
+    wastes = [r.waste_gpu_hours for r in rows]
+    waste = None if (not rows or any(w is None for w in wastes)) else sum(w for w in wastes if w is not None)
+
+    # per-GPU breakdown with per-GPU verdicts
+    per_gpu = []
+    silent: list[dict[str, object]] = []
+    for r in rows:
+        sz = _silent_zero(r, th)
+        if sz:
+            silent.append(sz)
+        r_verdict, _ = classify(_evidence_row(r, th, sz), th)
+        mclock, mclock_src = _max_clock(r.stats, r.gpu.model, th)
+        r_mfu, _ = _mfu(r.mean(Metric.TENSOR_ACTIVE), r.mean(Metric.SM_CLOCK), mclock)
+        entry: dict[str, object] = {
+            "pod": r.pod.pod,
+            "namespace": r.pod.namespace,
+            "container": r.pod.container or None,
+            "gpu": r.gpu.index or None,
+            "uuid": r.gpu.uuid,
+            "mig_instance": r.gpu.instance or None,
+            "mig_profile": r.gpu.mig_profile or None,
+            "hostname": r.gpu.hostname or None,
+            "gpu_model": r.gpu.model or None,
+            "fraction": _r(r.gpu.fraction),
+            "start": rfc3339(r.start),
+            "end": rfc3339(r.end),
+            "gpu_hours": _r(r.gpu_hours),
+            "coverage": _r(r.coverage),
+            "busy_signal": r.busy_metric.value if r.busy_metric else None,
+        }
+        for name, m in ACTIVITY_FIELDS + DEVICE_FIELDS:
+            entry[name] = _r(r.mean(m))
+        entry.update(
+            {
+                "mfu_estimate": _r(r_mfu),
+                "waste_gpu_hours": _r(r.waste_gpu_hours),
+                "shared_with_pods": r.max_share - 1 if r.max_share > 1 else 0,
+                "verdict": r_verdict.value,
+                "stats": {m.value: r.stats[m].as_json() for m in sorted(r.stats, key=lambda m: m.value)},
+            }
+        )
+        per_gpu.append(entry)
+
+    ev = Evidence(
+        busy=busy_pool.mean,
+        busy_metric=busy_metric,
+        sm=mean(Metric.SM_ACTIVE),
+        tensor=mean(Metric.TENSOR_ACTIVE),
+        dram=mean(Metric.DRAM_ACTIVE),
+        fp32=mean(Metric.FP32_ACTIVE),
+        fp16=mean(Metric.FP16_ACTIVE),
+        power=mean(Metric.POWER),
+        samples=busy_pool.count,
+        span_s=max((r.span_s for r in rows), default=0.0),
+        coverage=coverage,
+        shared_fraction=shared_fraction,
+        model=model,
+        silent_zero=silent,
+    )
+    verdict, findings = classify(ev, th)
+    findings += _job_findings(rows, th, verdict, shared_fraction)
+
+    # MFU
+    tensor = mean(Metric.TENSOR_ACTIVE)
+    clock = mean(Metric.SM_CLOCK)
+    mclock, mclock_src = _max_clock(pooled, models[0] if len(models) == 1 else "", th)
+    mfu, mfu_method = _mfu(tensor, clock, mclock)
+    if mfu is not None:
+        findings.append(
+            Finding(
+                "mfu_estimate",
+                "MFU estimated from tensor-pipe activity"
+                + (" scaled by SM clock / max SM clock." if clock is not None and mclock else " alone (clocks unknown)."),
+                {
+                    "method": mfu_method,
+                    "tensor_active": _r(tensor),
+                    "sm_clock_mhz": _r(clock, 1),
+                    "max_sm_clock_mhz": mclock,
+                    "max_sm_clock_source": mclock_src,
+                },
+            )
+        )
+
+    start = min((r.start for r in rows), default=window.start)
+    end = max((r.end for r in rows), default=window.start)
+    out: dict[str, object] = {
+        "cluster": job.cluster,
+        "namespace": job.namespace,
+        "job": job.job,
+        "uid": job.uid,
+        "team": job.team or job.namespace,
+        "queue": job.queue,
+        "gpu_model": model or None,
+        "gpus": _r(_peak_gpus(rows), 4),
+        "pods": sorted({r.pod.pod for r in rows}),
+        "start": rfc3339(start),
+        "end": rfc3339(end),
+        "gpu_hours": _r(gpu_hours),
+        "busy_signal": busy_metric.value if busy_metric else None,
+    }
+    for name, m in ACTIVITY_FIELDS + DEVICE_FIELDS:
+        out[name] = _r(mean(m))
+    out.update(
+        {
+            "coverage": _r(coverage),
+            "mfu_estimate": _r(mfu),
+            "waste_gpu_hours": _r(waste),
+            "verdict": verdict.value,
+            "findings": [{"code": f.code, "message": f.message, "evidence": f.evidence} for f in findings],
+            "stats": {m.value: pooled[m].as_json() for m in sorted(pooled, key=lambda m: m.value)},
+            "per_gpu": per_gpu,
+            "window": {"start": rfc3339(window.start), "end": rfc3339(window.end)},
+            "scrape_interval_s": _r(iv, 3) if iv else None,
+            "computed_at": rfc3339(now),
+        }
+    )
+    return out
+
+
+def _peak_gpus(rows: Sequence[RowView]) -> float:
+    """GPU equivalents held at the busiest bucket (MIG fractions, shared GPUs divided)."""
+    per: dict[datetime, float] = defaultdict(float)
+    for r in rows:
+        for s, held in r.presence.items():
+            per[s] += held
+    return max(per.values(), default=sum(r.gpu.fraction for r in rows))
+
+
+def _evidence_row(r: RowView, th: Thresholds, sz: dict[str, object] | None) -> Evidence:
+    return Evidence(
+        busy=r.busy,
+        busy_metric=r.busy_metric,
+        sm=r.mean(Metric.SM_ACTIVE),
+        tensor=r.mean(Metric.TENSOR_ACTIVE),
+        dram=r.mean(Metric.DRAM_ACTIVE),
+        fp32=r.mean(Metric.FP32_ACTIVE),
+        fp16=r.mean(Metric.FP16_ACTIVE),
+        power=r.mean(Metric.POWER),
+        samples=r.stats[r.busy_metric].count if r.busy_metric else 0,
+        span_s=r.span_s,
+        coverage=r.coverage,
+        shared_fraction=(r.shared_seconds / r.span_s) if r.span_s > 0 else 0.0,
+        model=r.gpu.model,
+        silent_zero=[sz] if sz else [],
+    )
+
+
+def _gpu_label(r: RowView) -> str:
+    idx = f"gpu{r.gpu.index}" if r.gpu.index else r.gpu.uuid
+    if r.gpu.instance:
+        idx += f"/mig{r.gpu.instance}"
+    host = f"{r.gpu.hostname}:" if r.gpu.hostname else ""
+    return f"{r.pod.pod} {host}{idx}"
+
+
+def _job_findings(rows: Sequence[RowView], th: Thresholds, verdict: Verdict, shared_fraction: float) -> list[Finding]:
+    """Findings beyond the verdict's own: multi-GPU patterns, sharing, garbage, MIG, partial metrics."""
+    out: list[Finding] = []
+    if len(rows) >= 2:
+        busy = [(r, r.busy) for r in rows if r.busy is not None]
+        idle = [r for r, b in busy if b < th.idle_util]
+        if idle and verdict is not Verdict.IDLE:
+            out.append(
+                Finding(
+                    "idle_gpus_in_job",
+                    f"{len(idle)} of the job's {len(rows)} GPUs are idle while others work: request fewer "
+                    "GPUs or make sure every rank gets work.",
+                    {"idle_gpus": [_gpu_label(r) for r in idle], "gpus": len(rows), "threshold": th.idle_util},
+                )
+            )
+        waiting = [
+            r
+            for r, b in busy
+            if b >= th.busy_util and r.mean(Metric.SM_ACTIVE) is not None and r.mean(Metric.SM_ACTIVE) < th.low_sm
+        ]
+        straggler_found = False
+        if waiting:
+            top = min(r.busy or 0.0 for r in waiting)
+            stragglers = [r for r, b in busy if r not in waiting and r not in idle and b <= top - th.imbalance_util_gap]
+            if stragglers:
+                straggler_found = True
+                out.append(
+                    Finding(
+                        "collective_wait_straggler",
+                        f"{len(waiting)} GPU(s) read near-full utilization with little SM activity while "
+                        f"{len(stragglers)} GPU(s) of the same job are far less busy: the signature of ranks "
+                        "spinning in a collective (NCCL) waiting on a straggler. Find why the slow rank lags "
+                        "(its input pipeline, host CPU, a slower node or link) and balance the work.",
+                        {
+                            "waiting": [
+                                {"gpu": _gpu_label(r), "busy": _r(r.busy), "sm_active": _r(r.mean(Metric.SM_ACTIVE))}
+                                for r in waiting
+                            ],
+                            "stragglers": [
+                                {"gpu": _gpu_label(r), "busy": _r(r.busy), "sm_active": _r(r.mean(Metric.SM_ACTIVE))}
+                                for r in stragglers
+                            ],
+                            "util_gap": th.imbalance_util_gap,
+                        },
+                    )
+                )
+        sms = [(r, r.mean(Metric.SM_ACTIVE)) for r in rows if r.mean(Metric.SM_ACTIVE) is not None and r not in idle]
+        if not straggler_found and len(sms) >= 2:
+            lo = min(sms, key=lambda x: x[1] or 0.0)
+            hi = max(sms, key=lambda x: x[1] or 0.0)
+            if (hi[1] or 0.0) - (lo[1] or 0.0) >= th.imbalance_sm_gap:
+                out.append(
+                    Finding(
+                        "gpu_imbalance",
+                        f"SM activity differs widely across the job's GPUs ({_pct(lo[1])} on {_gpu_label(lo[0])} "
+                        f"vs {_pct(hi[1])} on {_gpu_label(hi[0])}): the work is not evenly split.",
+                        {
+                            "per_gpu_sm_active": {_gpu_label(r): _r(v) for r, v in sms},
+                            "spread_threshold": th.imbalance_sm_gap,
+                        },
+                    )
+                )
+    shared = [r for r in rows if r.max_share > 1]
+    if shared:
+        out.append(
+            Finding(
+                "gpu_shared",
+                "GPU(s) of this job were used by several pods at once (time-slicing or MPS): their "
+                "GPU-hours are split among the pods, and their metrics are device-wide, not this job's.",
+                {
+                    "gpus": {_gpu_label(r): r.max_share for r in shared},
+                    "shared_fraction": _r(shared_fraction),
+                },
+            )
+        )
+    dropped: dict[str, int] = defaultdict(int)
+    for r in rows:
+        for m, s in r.stats.items():
+            if s.dropped:
+                dropped[m.value] += s.dropped
+    if dropped:
+        out.append(
+            Finding(
+                "garbage_dropped",
+                "Some samples were garbage (NaN, out of range, e.g. GPU_UTIL 4294967295) and were "
+                "dropped, not averaged; they count against coverage.",
+                {"dropped": dict(sorted(dropped.items()))},
+            )
+        )
+    mig = [r for r in rows if r.gpu.instance]
+    if mig:
+        out.append(
+            Finding(
+                "mig_busy_from_gr_engine",
+                "MIG instances have no GPU_UTIL series; their busy signal is DCGM_FI_PROF_GR_ENGINE_ACTIVE "
+                "and each counts as its slice fraction of a GPU.",
+                {"instances": {_gpu_label(r): r.gpu.mig_profile or None for r in mig}},
+            )
+        )
+    present = [set(r.stats) for r in rows]
+    if len(rows) >= 2:
+        partial = sorted(
+            m.value
+            for m in (Metric.SM_ACTIVE, Metric.TENSOR_ACTIVE, Metric.DRAM_ACTIVE, Metric.FP32_ACTIVE)
+            if any(m in p for p in present) and not all(m in p for p in present)
+        )
+        if partial:
+            out.append(
+                Finding(
+                    "metric_partial",
+                    "Some metrics exist on only part of the job's GPUs (a node whose exporter lacks them): "
+                    "job means use the GPUs that have them; waste is null when SM activity is partial.",
+                    {"metrics": partial},
+                )
+            )
+    return out

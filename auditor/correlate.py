@@ -1,0 +1,59 @@
+"""Pods → jobs. The engine asks a :class:`JobResolver` which job each pod belongs to.
+
+Discovery through the Kubernetes API (owner chains, Kueue Workloads, team labels) plugs in here
+through the same protocol; this module holds the resolvers that need no cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Protocol
+
+from auditor.core.model import JobRef, PodRef
+
+
+class JobResolver(Protocol):
+    def resolve(self, pods: Iterable[PodRef]) -> dict[PodRef, JobRef]:
+        """The job of each pod it can attribute; pods left out are reported as unattributed."""
+        ...
+
+
+class NoKubeResolver:
+    """``--no-kube``: each pod is its own job ``Pod/<name>`` and its team is its namespace.
+
+    Containers of one pod are one job (the container label is ignored for identity).
+    """
+
+    def __init__(self, cluster: str = "default") -> None:
+        self.cluster = cluster
+
+    def resolve(self, pods: Iterable[PodRef]) -> dict[PodRef, JobRef]:
+        return {
+            p: JobRef(cluster=self.cluster, namespace=p.namespace, kind="Pod", name=p.pod, team=p.namespace)
+            for p in pods
+        }
+
+
+class StaticResolver:
+    """A fixed (namespace, pod) → job table, e.g. for ``demo``; unknown pods fall back to
+    ``fallback`` (a :class:`NoKubeResolver` by default) or are left out when it is None."""
+
+    def __init__(
+        self,
+        table: Mapping[tuple[str, str], JobRef],
+        fallback: JobResolver | None = None,
+    ) -> None:
+        self.table = dict(table)
+        self.fallback = fallback
+
+    def resolve(self, pods: Iterable[PodRef]) -> dict[PodRef, JobRef]:
+        out: dict[PodRef, JobRef] = {}
+        rest: list[PodRef] = []
+        for p in pods:
+            job = self.table.get((p.namespace, p.pod))
+            if job is not None:
+                out[p] = job
+            else:
+                rest.append(p)
+        if rest and self.fallback is not None:
+            out.update(self.fallback.resolve(rest))
+        return out

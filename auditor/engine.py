@@ -1,0 +1,152 @@
+"""One audit: read a window from a source, attribute pods to jobs, store the rollup, summarize.
+
+This is wiring, not logic: the math and the verdicts are in :mod:`auditor.core.summary` (pure),
+the reading in the source, the persistence in the store. With a store, the store's buckets are
+the source of truth: the engine writes the window's buckets (idempotently), reads the job's
+buckets back and summarizes those, so a summary never depends on which process read which part
+of the history. Without a store (``store=None``) it summarizes the source's buckets directly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Callable
+
+from auditor.core.model import Bucket, JobRef, Window
+from auditor.core.summary import gpu_shares, summarize_job
+from auditor.core.thresholds import Thresholds
+from auditor.correlate import JobResolver, NoKubeResolver
+from auditor.sources.base import MetricSource, SourceReport
+
+if TYPE_CHECKING:  # the store imports SQLAlchemy; the engine runs without it when store=None
+    from auditor.store import Store
+
+__all__ = ["AuditResult", "JobResolver", "NoKubeResolver", "run_audit", "sort_summaries"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AuditResult:
+    """Per-job audit-JSON summaries (most waste first), what the source saw, the run's id."""
+
+    summaries: list[dict]
+    report: SourceReport
+    run_id: int | None
+
+
+def sort_summaries(summaries: list[dict]) -> list[dict]:
+    """Most wasted GPU-hours first; unknown waste after known, then by GPU-hours, then name."""
+
+    def key(s: dict) -> tuple:
+        w = s.get("waste_gpu_hours")
+        return (w is None, -(w or 0.0), -(s.get("gpu_hours") or 0.0), s.get("namespace", ""), s.get("job", ""))
+
+    return sorted(summaries, key=key)
+
+
+def run_audit(
+    source: MetricSource,
+    resolver: JobResolver,
+    store: "Store | None",
+    window: Window,
+    *,
+    now: datetime,
+    thresholds: Thresholds | None = None,
+    width: timedelta = timedelta(minutes=5),
+    cumulative: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> AuditResult:
+    """Audit ``window``: one source read, then per job store → read back → summarize → save.
+
+    ``cumulative`` (store only): summarize each job over all of its stored buckets, not just
+    those of this window — what the operator's periodic cycles report. ``progress`` receives
+    short human-readable status lines (the CLI prints them on stderr).
+    """
+    say = progress or (lambda _msg: None)
+    started = datetime.now(timezone.utc)
+    th = thresholds or Thresholds()
+    try:
+        say(f"reading {window.start.isoformat()} .. {window.end.isoformat()} ({width.total_seconds():.0f} s buckets)")
+        result = source.read(window, width)
+        report = result.report
+        pods = sorted({b.pod for b in result.buckets})
+        mapping = resolver.resolve(pods)
+        unattributed = [p for p in pods if p not in mapping]
+        if unattributed:
+            report.warnings.append(
+                f"{len(unattributed)} pod(s) could not be attributed to a job: "
+                + ", ".join(f"{p.namespace}/{p.pod}" for p in unattributed[:10])
+            )
+        by_job: dict[str, list[Bucket]] = defaultdict(list)
+        jobs: dict[str, JobRef] = {}
+        for b in result.buckets:
+            job = mapping.get(b.pod)
+            if job is None:
+                continue
+            jobs.setdefault(job.key, job)
+            by_job[job.key].append(b)
+        shares = gpu_shares(result.buckets)
+        interval = report.scrape_interval
+        say(f"{len(result.buckets)} buckets, {len(pods)} pods, {len(jobs)} jobs")
+        summaries: list[dict] = []
+        for key in sorted(by_job):
+            job, buckets = jobs[key], by_job[key]
+            sum_window = window
+            if store is not None:
+                first = max(window.start, min(b.start for b in buckets))
+                last = min(window.end, max(b.end for b in buckets))
+                job_id = store.upsert_job(job, first, last)
+                store.replace_buckets(job_id, buckets)
+                buckets = store.buckets(job_id, None if cumulative else window)
+                if cumulative and buckets:
+                    sum_window = Window(min(window.start, min(b.start for b in buckets)), window.end)
+            summary = summarize_job(
+                job, buckets, window=sum_window, now=now, interval=interval, thresholds=th, shares=shares
+            )
+            if store is not None:
+                store.save_summary(job_id, summary)
+            summaries.append(summary)
+        summaries = sort_summaries(summaries)
+        run_id = None
+        if store is not None:
+            verdicts: dict[str, int] = defaultdict(int)
+            for s in summaries:
+                verdicts[str(s["verdict"])] += 1
+            run_id = store.record_run(
+                window,
+                started,
+                datetime.now(timezone.utc),
+                jobs=len(summaries),
+                queries=report.queries,
+                status="ok" if not report.warnings else "ok_with_warnings",
+                detail={
+                    "verdicts": dict(sorted(verdicts.items())),
+                    "present": sorted(m.value for m in report.present),
+                    "dropped": {m.value: n for m, n in sorted(report.dropped.items(), key=lambda kv: kv[0].value)},
+                    "labels": dict(report.labels),
+                    "warnings": list(report.warnings),
+                    "unattributed_pods": len(unattributed),
+                    "width_s": width.total_seconds(),
+                    "thresholds": th.as_dict(),
+                },
+            )
+        return AuditResult(summaries=summaries, report=report, run_id=run_id)
+    except Exception as exc:
+        if store is not None:
+            try:
+                store.record_run(
+                    window,
+                    started,
+                    datetime.now(timezone.utc),
+                    jobs=0,
+                    queries=0,
+                    status="failed",
+                    detail={"error": f"{type(exc).__name__}: {exc}"},
+                )
+            except Exception:  # the original error matters more than the bookkeeping
+                log.warning("could not record the failed audit run", exc_info=True)
+        raise

@@ -1,0 +1,206 @@
+"""A small self-contained HTML page of audit summaries (the ``demo`` report).
+
+Self-contained on purpose: the charts are PNGs inlined as ``data:`` URIs (matplotlib, Agg
+backend), the style is inline, and nothing is fetched from anywhere, so the file can be mailed
+or opened from a CI artifact. Values are escaped by Jinja2's autoescaping.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections import defaultdict
+from datetime import datetime
+from typing import Sequence
+
+import jinja2
+
+from auditor.render.table import notes
+
+VERDICT_COLORS = {
+    "healthy": "#2e7d32",
+    "no_tensor_cores": "#f9a825",
+    "memory_bound": "#ef6c00",
+    "low_sm_efficiency": "#c62828",
+    "underutilized": "#6a1b9a",
+    "idle": "#546e7a",
+    "insufficient_data": "#9e9e9e",
+}
+
+_TEMPLATE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>{{ title }}</title>
+<style>
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1200px;color:#222;padding:0 1rem}
+h1{margin-bottom:.2rem} .sub{color:#666;margin-top:0}
+.kpis{display:flex;gap:1rem;margin:1rem 0;flex-wrap:wrap}
+.kpi{background:#f5f5f5;border-radius:8px;padding:.7rem 1rem;min-width:9rem}
+.kpi b{display:block;font-size:1.5rem}
+table{border-collapse:collapse;width:100%;font-size:.9rem;margin:1rem 0}
+th,td{border-bottom:1px solid #e0e0e0;padding:.35rem .5rem;text-align:right;vertical-align:top}
+th{background:#fafafa} td.l,th.l{text-align:left}
+.v{color:#fff;border-radius:4px;padding:.1rem .4rem;font-size:.8rem;white-space:nowrap}
+details{margin:.4rem 0 .8rem 0} summary{cursor:pointer}
+.f{margin:.3rem 0 .3rem 1rem} .code{font-family:monospace;background:#eee;padding:0 .3rem;border-radius:3px}
+.ev{font-family:monospace;font-size:.75rem;color:#555;white-space:pre-wrap;margin-left:1rem}
+img{max-width:100%}
+</style></head><body>
+<h1>{{ title }}</h1>
+<p class="sub">Window {{ window_start }} – {{ window_end }} · generated {{ generated }}{% if source %} · {{ source }}{% endif %}</p>
+<div class="kpis">
+<div class="kpi"><b>{{ summaries|length }}</b>jobs</div>
+<div class="kpi"><b>{{ "%.1f"|format(total_hours) }}</b>GPU-hours</div>
+<div class="kpi"><b>{{ "%.1f"|format(waste_hours) }}</b>GPU-hours without SM activity</div>
+<div class="kpi"><b>{{ flagged }}</b>jobs to look at</div>
+</div>
+<p>“GPU utilization” only says that <i>some</i> kernel was running; <b>SM activity</b> says how much of the GPU
+did work. Jobs are sorted by wasted GPU-hours (allocated GPU-hours × (1 − SM activity)).</p>
+{% for chart in charts %}<figure><img alt="{{ chart.alt }}" src="data:image/png;base64,{{ chart.png }}"><figcaption>{{ chart.caption }}</figcaption></figure>{% endfor %}
+<h2>Verdicts</h2>
+<table><tr><th class="l">namespace</th><th class="l">job</th><th class="l">team</th><th>GPUs</th><th>GPU-h</th>
+<th>util</th><th>SM</th><th>tensor</th><th>DRAM</th><th>MFU≈</th><th>coverage</th><th>waste GPU-h</th><th class="l">verdict</th><th class="l">notes</th></tr>
+{% for s in summaries %}<tr><td class="l">{{ s.namespace }}</td><td class="l">{{ s.job }}</td><td class="l">{{ s.team }}</td>
+<td>{{ num(s.gpus) }}</td><td>{{ num(s.gpu_hours) }}</td><td>{{ pct(s.gpu_util if s.gpu_util is not none else s.gr_engine_active) }}</td>
+<td>{{ pct(s.sm_active) }}</td><td>{{ pct(s.tensor_active) }}</td><td>{{ pct(s.dram_active) }}</td><td>{{ pct(s.mfu_estimate) }}</td>
+<td>{{ pct(s.coverage) }}</td><td>{{ num(s.waste_gpu_hours) }}</td>
+<td class="l"><span class="v" style="background:{{ color(s.verdict) }}">{{ s.verdict }}</span></td><td class="l">{{ note(s) }}</td></tr>
+{% endfor %}</table>
+<h2>Findings</h2>
+{% for s in summaries %}<details{% if s.verdict not in ("healthy",) %} open{% endif %}><summary><b>{{ s.namespace }}/{{ s.job }}</b> —
+<span class="v" style="background:{{ color(s.verdict) }}">{{ s.verdict }}</span> ({{ s.per_gpu|length }} GPU{{ "s" if s.per_gpu|length != 1 }}, {{ s.start }} – {{ s.end }})</summary>
+{% for f in s.findings %}<div class="f"><span class="code">{{ f.code }}</span> {{ f.message }}<div class="ev">{{ ev(f.evidence) }}</div></div>{% endfor %}
+{% if s.per_gpu|length > 1 %}<table><tr><th class="l">pod</th><th class="l">GPU</th><th>util</th><th>SM</th><th>tensor</th><th>DRAM</th><th>coverage</th><th class="l">verdict</th></tr>
+{% for g in s.per_gpu %}<tr><td class="l">{{ g.pod }}</td><td class="l">{{ g.hostname }} #{{ g.gpu }}{% if g.mig_instance %} MIG {{ g.mig_profile }}{% endif %}</td>
+<td>{{ pct(g.gpu_util if g.gpu_util is not none else g.gr_engine_active) }}</td><td>{{ pct(g.sm_active) }}</td><td>{{ pct(g.tensor_active) }}</td>
+<td>{{ pct(g.dram_active) }}</td><td>{{ pct(g.coverage) }}</td><td class="l">{{ g.verdict }}</td></tr>{% endfor %}</table>{% endif %}
+</details>
+{% endfor %}
+<p class="sub">Finding codes are documented in docs/findings.md; verdict rules and thresholds in docs/verdicts.md.</p>
+</body></html>
+"""
+
+
+def _pct(v: object) -> str:
+    return "–" if v is None else f"{float(v) * 100:.1f}%"  # type: ignore[arg-type]
+
+
+def _num(v: object) -> str:
+    return "–" if v is None else f"{float(v):.2f}"  # type: ignore[arg-type]
+
+
+def _ev(evidence: object) -> str:
+    import json
+
+    return json.dumps(evidence, sort_keys=True, default=str)
+
+
+def _png(fig: object) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")  # type: ignore[attr-defined]
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def charts(summaries: Sequence[dict]) -> list[dict[str, str]]:
+    """The page's charts as base64 PNGs: utilization vs SM activity per job, waste per team."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out: list[dict[str, str]] = []
+    if not summaries:
+        return out
+    labels = [f"{s['namespace']}/{s['job']}" for s in summaries]
+    util = [
+        (s.get("gpu_util") if s.get("gpu_util") is not None else s.get("gr_engine_active")) for s in summaries
+    ]
+    series = [
+        ("GPU utilization", util, "#90a4ae"),
+        ("SM activity", [s.get("sm_active") for s in summaries], "#1565c0"),
+        ("tensor activity", [s.get("tensor_active") for s in summaries], "#2e7d32"),
+    ]
+    n = len(summaries)
+    fig, ax = plt.subplots(figsize=(10, 0.45 * n + 1.2))
+    h = 0.26
+    for k, (name, values, color) in enumerate(series):
+        ys = [i + (k - 1) * h for i in range(n)]
+        xs = [(v or 0.0) * 100 for v in values]
+        ax.barh(ys, xs, height=h, label=name, color=color)
+        for y, v in zip(ys, values):
+            if v is None:
+                ax.text(1, y, "no data", va="center", fontsize=7, color="#777")
+    ax.set_yticks(range(n), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 105)
+    ax.set_xlabel("% (job mean)")
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, fontsize=8, frameon=False)
+    ax.set_title("GPU utilization hides idle SMs: utilization vs SM and tensor activity", pad=22)
+    fig.tight_layout()
+    out.append(
+        {
+            "png": _png(fig),
+            "alt": "bar chart: GPU utilization, SM activity and tensor activity per job",
+            "caption": "A job at 100 % utilization can have almost no SM activity (low_sm_efficiency).",
+        }
+    )
+    plt.close(fig)
+
+    by_team: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for s in summaries:
+        if s.get("waste_gpu_hours") is not None:
+            by_team[str(s.get("team") or s.get("namespace"))][str(s["verdict"])] += float(s["waste_gpu_hours"])
+    if by_team:
+        teams = sorted(by_team, key=lambda t: -sum(by_team[t].values()))
+        fig, ax = plt.subplots(figsize=(8, 0.5 * len(teams) + 1.2))
+        left = [0.0] * len(teams)
+        for verdict, color in VERDICT_COLORS.items():
+            vals = [by_team[t].get(verdict, 0.0) for t in teams]
+            if any(vals):
+                ax.barh(range(len(teams)), vals, left=left, color=color, label=verdict)
+                left = [a + b for a, b in zip(left, vals)]
+        ax.set_yticks(range(len(teams)), teams)
+        ax.invert_yaxis()
+        ax.set_xlabel("GPU-hours without SM activity")
+        ax.legend(fontsize=8, loc="lower right")
+        ax.set_title("Wasted GPU-hours per team, by verdict")
+        fig.tight_layout()
+        out.append(
+            {
+                "png": _png(fig),
+                "alt": "bar chart: wasted GPU-hours per team",
+                "caption": "Waste = allocated GPU-hours × (1 − SM activity); jobs without SM data are left out.",
+            }
+        )
+        plt.close(fig)
+    return out
+
+
+def render_html(
+    summaries: Sequence[dict],
+    *,
+    title: str,
+    generated_at: datetime,
+    window_start: str,
+    window_end: str,
+    source: str = "",
+    with_charts: bool = True,
+) -> str:
+    """The whole page as one string."""
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    env.globals.update(pct=_pct, num=_num, ev=_ev, note=notes, color=lambda v: VERDICT_COLORS.get(v, "#999"))
+    tpl = env.from_string(_TEMPLATE)
+    total = sum(float(s.get("gpu_hours") or 0.0) for s in summaries)
+    waste = sum(float(s["waste_gpu_hours"]) for s in summaries if s.get("waste_gpu_hours") is not None)
+    flagged = sum(1 for s in summaries if s.get("verdict") not in ("healthy", "insufficient_data"))
+    return tpl.render(
+        title=title,
+        summaries=list(summaries),
+        generated=generated_at.isoformat(timespec="seconds"),
+        window_start=window_start,
+        window_end=window_end,
+        source=source,
+        total_hours=total,
+        waste_hours=waste,
+        flagged=flagged,
+        charts=charts(summaries) if with_charts else [],
+    )

@@ -1,0 +1,30 @@
+"""``gpu-auditor demo`` end to end (replay → store → table → HTML), no server."""
+
+import json
+import re
+
+from auditor.cli.main import main
+
+
+def test_demo(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    table = captured.out
+    assert "low_sm_efficiency" in table and "VERDICT" in table
+    for verdict in ("healthy", "idle", "underutilized", "memory_bound", "no_tensor_cores", "insufficient_data"):
+        assert verdict in table
+    assert "straggler" in table
+    assert "demo:" in captured.err  # progress on stderr
+    summaries = json.loads((out / "summaries.json").read_text())
+    by_job = {s["job"]: s for s in summaries}
+    assert by_job["PyTorchJob/llm-finetune"]["verdict"] == "low_sm_efficiency"
+    assert by_job["PyTorchJob/llm-finetune"]["gpus"] == 4
+    assert by_job["Job/legacy-ranker"]["sm_active"] is None
+    assert len({s["team"] for s in summaries}) == 4
+    html = (out / "index.html").read_text()
+    assert html.startswith("<!DOCTYPE html>") and "data:image/png;base64," in html
+    assert not re.findall(r'(?:src|href)="(?!data:)', html)  # self-contained
+    assert (out / "demo.sqlite").exists()
+    # a second run replaces the file rather than piling up
+    assert main(["demo", "--out", str(out), "--no-html"]) == 0

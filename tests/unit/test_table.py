@@ -1,0 +1,29 @@
+from auditor.render.table import format_table, notes
+
+
+def row(**kw):
+    base = {"namespace": "ns", "job": "Pod/x", "team": "t", "gpus": 1.0, "gpu_hours": 2.0, "gpu_util": 1.0,
+            "sm_active": 0.03, "tensor_active": None, "dram_active": 0.0, "mfu_estimate": None, "coverage": 1.0,
+            "waste_gpu_hours": 1.94, "verdict": "low_sm_efficiency", "findings": []}
+    base.update(kw)
+    return base
+
+
+def test_table_columns_and_missing_values():
+    out = format_table([row(), row(job="Pod/y", sm_active=None, waste_gpu_hours=None, verdict="insufficient_data",
+                                  findings=[{"code": "fp32_pipe_missing"}])])
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["NAMESPACE", "JOB", "TEAM"] and "VERDICT" in lines[0]
+    assert "low_sm_efficiency" in lines[1] and "3.0%" in lines[1] and "100%" in lines[1]
+    assert " - " in lines[2] and "no FP32 series" in lines[2]  # missing is '-', never 0
+    assert lines[-1].startswith("2 jobs, 4.00 GPU-hours")
+
+
+def test_mig_util_from_gr_engine_is_marked():
+    out = format_table([row(gpu_util=None, gr_engine_active=0.99, gpus=3 / 7)])
+    assert "99%*" in out and "0.43" in out and "GR_ENGINE_ACTIVE" in out
+
+
+def test_empty():
+    assert format_table([]) == "no GPU jobs found in the window\n"
+    assert notes({"findings": [{"code": "collective_wait_straggler"}, {"code": "x"}]}) == "straggler"
