@@ -1,0 +1,310 @@
+"""``gpu-auditor explain NAMESPACE/KIND/NAME``: the numbers and windows behind one job's verdict.
+
+Everything comes from the store (the job's last summary and its rollup buckets), so ``explain``
+needs no Prometheus and shows exactly what the verdict was computed from. The time-series picture
+is a unicode sparkline per GPU — GPU utilization (the number users see) above SM activity (what
+the SMs really did) — where a blank cell means *no data* for that bucket, never zero. ``--png``
+draws the same series with matplotlib (Agg backend, no display needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from datetime import datetime
+from pathlib import Path
+from typing import Sequence
+
+from auditor.core.metrics import Metric
+from auditor.core.model import Bucket
+from auditor.errors import BadInput
+
+BARS = "▁▂▃▄▅▆▇█"
+NO_DATA = " "
+#: the rows of the picture, top to bottom: (label, metric)
+SERIES = (
+    ("gpu util", Metric.GPU_UTIL),
+    ("gr engine", Metric.GR_ENGINE_ACTIVE),
+    ("SM active", Metric.SM_ACTIVE),
+    ("tensor", Metric.TENSOR_ACTIVE),
+    ("DRAM", Metric.DRAM_ACTIVE),
+)
+MAX_COLUMNS = 72
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "explain",
+        help="show the numbers and time windows behind one job's verdict",
+        description=(
+            "Print one audited job's verdict, findings with their evidence, per-GPU means and a per-bucket "
+            "picture of GPU utilization against SM activity, from the store. Exit 1 if the job is not in the store."
+        ),
+    )
+    p.add_argument("job", metavar="NAMESPACE/KIND/NAME", help="e.g. team-a/Pod/train-0 or ml/Job/bert-finetune")
+    p.add_argument("--db", metavar="URL", help="store: sqlite:///path or postgresql://... (default: the user's SQLite file)")
+    p.add_argument("--cluster", metavar="NAME", help="the job's cluster, where several share one store")
+    p.add_argument("--png", metavar="FILE", help="also draw the time series into a PNG file")
+    p.add_argument("--output", choices=("text", "json"), default="text", help="text (default), or the summary and buckets as JSON")
+    p.set_defaults(handler=run)
+
+
+def parse_ref(text: str) -> tuple[str, str, str]:
+    parts = text.strip().split("/")
+    if len(parts) != 3 or not all(parts):
+        raise BadInput(f"job {text!r}: use NAMESPACE/KIND/NAME, e.g. team-a/Pod/train-0")
+    return parts[0], parts[1], parts[2]
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from auditor.store import Store
+
+    namespace, kind, name = parse_ref(args.job)
+    if args.png and not Path(args.png).parent.exists():
+        raise BadInput(f"--png {args.png}: directory {Path(args.png).parent} does not exist")
+    store = Store.open(args.db)
+    try:
+        found = store.find_job(namespace, kind, name, args.cluster)
+        if found is None and kind[:1].islower():
+            kind = kind[:1].upper() + kind[1:]
+            found = store.find_job(namespace, kind, name, args.cluster)
+        if found is None:
+            print(
+                f"gpu-auditor: no audited job {namespace}/{kind}/{name} in the store"
+                + (f" (cluster {args.cluster})" if args.cluster else "")
+                + "; run `gpu-auditor audit` over its time range first",
+                file=sys.stderr,
+            )
+            return 1
+        job_id, job = found
+        summary = next(
+            (
+                s
+                for s in store.summaries(cluster=job.cluster, namespace=namespace)
+                if s.get("job") == job.job
+            ),
+            None,
+        )
+        buckets = store.buckets(job_id)
+    finally:
+        store.close()
+    if summary is None:
+        print(f"gpu-auditor: job {job.key} has buckets but no summary yet; re-run the audit", file=sys.stderr)
+        return 1
+    if args.output == "json":
+        print(json.dumps({"summary": summary, "buckets": [_bucket_json(b) for b in buckets]}, indent=2, default=str))
+    else:
+        print(render(summary, buckets))
+    if args.png:
+        draw_png(summary, buckets, args.png)
+        print(f"wrote {args.png}", file=sys.stderr)
+    return 0
+
+
+# -- text --------------------------------------------------------------------------------------------
+
+
+def _pct(v: object) -> str:
+    return "-" if v is None else f"{float(v) * 100:.1f}%"
+
+
+def _num(v: object, fmt: str = "{:.2f}") -> str:
+    return "-" if v is None else fmt.format(float(v))
+
+
+def render(summary: dict, buckets: Sequence[Bucket]) -> str:
+    """The whole explanation as text."""
+    out: list[str] = []
+    ref = f"{summary.get('namespace')}/{summary.get('job')}"
+    out.append(f"{ref}   cluster {summary.get('cluster')}   team {summary.get('team')}")
+    out.append(f"verdict: {summary.get('verdict')}")
+    win = summary.get("window") or {}
+    out.append(
+        f"observed {summary.get('start')} → {summary.get('end')}"
+        + (f"   (audit window {win.get('start')} → {win.get('end')})" if win else "")
+    )
+    out.append(
+        f"GPUs {_num(summary.get('gpus'), '{:g}')} {summary.get('gpu_model') or ''}   "
+        f"GPU-hours {_num(summary.get('gpu_hours'))}   waste {_num(summary.get('waste_gpu_hours'))}   "
+        f"coverage {_pct(summary.get('coverage'))}   sample interval {_num(summary.get('scrape_interval_s'), '{:g}')} s"
+    )
+    out.append(
+        "means: "
+        + "   ".join(
+            f"{k} {_pct(summary.get(k))}"
+            for k in ("gpu_util", "gr_engine_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active", "fp32_active")
+            if k in summary
+        )
+        + f"   MFU~ {_pct(summary.get('mfu_estimate'))}"
+    )
+    stats = summary.get("stats") or {}
+    if stats:
+        out.append("")
+        out.append(f"  {'metric':<18}{'mean':>9}{'p10':>9}{'p50':>9}{'p90':>9}{'samples':>9}{'dropped':>9}")
+        for metric, st in stats.items():
+            unit = _pct if _is_ratio(metric) else (lambda v: _num(v, "{:.1f}"))
+            out.append(
+                f"  {metric:<18}{unit(st.get('mean')):>9}{unit(st.get('p10')):>9}{unit(st.get('p50')):>9}"
+                f"{unit(st.get('p90')):>9}{st.get('samples', 0):>9}{st.get('dropped', 0):>9}"
+            )
+    findings = summary.get("findings") or []
+    if findings:
+        out.append("")
+        out.append("findings:")
+        for f in findings:
+            out.append(f"  - [{f.get('code')}] {f.get('message')}")
+            ev = f.get("evidence") or {}
+            if ev:
+                out.append("      evidence: " + ", ".join(f"{k}={_short(v)}" for k, v in ev.items()))
+    per_gpu = summary.get("per_gpu") or []
+    if per_gpu:
+        out.append("")
+        out.append("per GPU:")
+        out.append(f"  {'pod':<24}{'host':<14}{'gpu':<8}{'util':>8}{'SM':>8}{'tensor':>8}{'DRAM':>8}{'cov':>7}  verdict")
+        for g in per_gpu:
+            gpu = str(g.get("gpu") or "") + (f"/{g['mig_instance']}" if g.get("mig_instance") else "")
+            util = g.get("gpu_util") if g.get("gpu_util") is not None else g.get("gr_engine_active")
+            out.append(
+                f"  {str(g.get('pod'))[:23]:<24}{str(g.get('hostname') or '-')[:13]:<14}{gpu[:7]:<8}"
+                f"{_pct(util):>8}{_pct(g.get('sm_active')):>8}{_pct(g.get('tensor_active')):>8}"
+                f"{_pct(g.get('dram_active')):>8}{_pct(g.get('coverage')):>7}  {g.get('verdict')}"
+            )
+    if buckets:
+        out.append("")
+        out.extend(timeline(buckets))
+    return "\n".join(out)
+
+
+def _is_ratio(metric: str) -> bool:
+    return metric not in ("power", "fb_used", "sm_clock", "max_sm_clock")
+
+
+def _short(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    text = json.dumps(v, default=str) if isinstance(v, (list, dict)) else str(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _series(buckets: Sequence[Bucket]) -> tuple[list[datetime], dict[tuple[str, str], dict[Metric, dict[datetime, tuple[float, int]]]]]:
+    """Bucket starts, and per (pod, GPU) per metric: start → (total, count)."""
+    starts = sorted({b.start for b in buckets})
+    per: dict[tuple[str, str], dict[Metric, dict[datetime, tuple[float, int]]]] = defaultdict(lambda: defaultdict(dict))
+    for b in buckets:
+        key = (b.pod.pod, b.gpu.key)
+        t, c = per[key][b.metric].get(b.start, (0.0, 0))
+        per[key][b.metric][b.start] = (t + b.total, c + b.count)
+    return starts, per
+
+
+def sparkline(values: Sequence[float | None]) -> str:
+    """Ratios 0–1 as bars on a fixed scale; ``None`` (no data) is a blank, never a zero bar."""
+    out = []
+    for v in values:
+        if v is None:
+            out.append(NO_DATA)
+        else:
+            i = int(round(max(0.0, min(1.0, v)) * (len(BARS) - 1)))
+            out.append(BARS[i])
+    return "".join(out)
+
+
+def _columns(starts: list[datetime], series: dict[datetime, tuple[float, int]], per_col: int) -> list[float | None]:
+    """Mean per column, merging ``per_col`` adjacent buckets (sum/count combine exactly)."""
+    out: list[float | None] = []
+    for i in range(0, len(starts), per_col):
+        t = c = 0
+        for s in starts[i : i + per_col]:
+            tt, cc = series.get(s, (0.0, 0))
+            t += tt
+            c += cc
+        out.append(t / c if c else None)
+    return out
+
+
+def timeline(buckets: Sequence[Bucket]) -> list[str]:
+    """The per-GPU picture: one sparkline row per metric, time left to right."""
+    starts, per = _series(buckets)
+    if not starts:
+        return []
+    per_col = max(1, -(-len(starts) // MAX_COLUMNS))
+    width = buckets[0].end - buckets[0].start
+    col_span = width * per_col
+    lines = [
+        f"timeline: {starts[0].isoformat().replace('+00:00', 'Z')} → "
+        f"{(starts[-1] + width).isoformat().replace('+00:00', 'Z')}, one column per {_span(col_span)}, "
+        f"bars 0–100 %, blank = no data"
+    ]
+    for (pod, gpu_key), metrics in sorted(per.items()):
+        lines.append(f"  {pod} on {gpu_key}")
+        for label, metric in SERIES:
+            if metric not in metrics:
+                continue
+            cols = _columns(starts, metrics[metric], per_col)
+            known = [v for v in cols if v is not None]
+            mean = f"{sum(known) / len(known) * 100:5.1f}%" if known else "    -"
+            lines.append(f"    {label:<10}│{sparkline(cols)}│ {mean}")
+    return lines
+
+
+def _span(d) -> str:
+    s = int(d.total_seconds())
+    if s % 3600 == 0:
+        return f"{s // 3600} h"
+    if s % 60 == 0:
+        return f"{s // 60} min"
+    return f"{s} s"
+
+
+def _bucket_json(b: Bucket) -> dict:
+    return {
+        "pod": b.pod.pod,
+        "namespace": b.pod.namespace,
+        "gpu": b.gpu.key,
+        "metric": b.metric.value,
+        "start": b.start.isoformat().replace("+00:00", "Z"),
+        "end": b.end.isoformat().replace("+00:00", "Z"),
+        "mean": b.mean,
+        "count": b.count,
+        "min": b.minimum if b.count else None,
+        "max": b.maximum if b.count else None,
+        "dropped": b.dropped,
+    }
+
+
+# -- PNG ---------------------------------------------------------------------------------------------
+
+
+def draw_png(summary: dict, buckets: Sequence[Bucket], path: str) -> None:
+    """GPU util vs SM activity (and tensor, DRAM) per GPU over time, one panel per GPU (at most 8)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    starts, per = _series(buckets)
+    keys = sorted(per)[:8]
+    if not keys:
+        raise BadInput("no buckets stored for this job: nothing to draw")
+    fig, axes = plt.subplots(len(keys), 1, figsize=(10, 2.2 * len(keys) + 0.8), sharex=True, squeeze=False)
+    for ax, key in zip(axes[:, 0], keys):
+        for label, metric in SERIES:
+            series = per[key].get(metric)
+            if not series:
+                continue
+            xs = [s for s in starts if s in series and series[s][1]]
+            ys = [series[s][0] / series[s][1] * 100 for s in xs]
+            ax.plot(xs, ys, marker=".", linewidth=1.2, label=label)
+        ax.set_ylim(-2, 102)
+        ax.set_ylabel("%")
+        ax.set_title(f"{key[0]} on {key[1]}", fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(loc="upper right", fontsize=8, ncol=5)
+    fig.suptitle(f"{summary.get('namespace')}/{summary.get('job')}: {summary.get('verdict')}", fontsize=11)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

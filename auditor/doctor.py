@@ -1,0 +1,289 @@
+"""``doctor``: check the telemetry chain an audit depends on, and say what to fix.
+
+An audit is only as honest as its inputs: SM activity is off in every shipped dcgm-exporter CSV,
+``honorLabels: false`` hides workload pods in ``exported_pod``, GPUs without pod labels cannot be
+attributed. Each check here looks at one link of the chain through the same Prometheus source the
+audit uses (one bucketed read of the last hour, plus a couple of metadata calls) and returns a
+:class:`Check` with a status and, when something is off, the concrete fix.
+
+Required checks (a failure makes ``doctor`` exit 1): Prometheus reachable, DCGM series present,
+a busy signal (GPU_UTIL or GR_ENGINE_ACTIVE), SM activity present. The rest are advice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+
+from auditor.core.metrics import SPECS, Metric
+from auditor.core.model import Window
+from auditor.errors import AuditorError
+from auditor.sources import promql
+
+OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
+
+CSV_LINES = {
+    Metric.SM_ACTIVE: "DCGM_FI_PROF_SM_ACTIVE,        gauge, The ratio of cycles an SM has at least 1 warp assigned.",
+    Metric.SM_OCCUPANCY: "DCGM_FI_PROF_SM_OCCUPANCY,     gauge, The ratio of number of warps resident on an SM.",
+    Metric.TENSOR_ACTIVE: "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, Ratio of cycles the tensor (HMMA) pipe is active.",
+    Metric.DRAM_ACTIVE: "DCGM_FI_PROF_DRAM_ACTIVE,      gauge, Ratio of cycles the device memory interface is active.",
+    Metric.FP32_ACTIVE: "DCGM_FI_PROF_PIPE_FP32_ACTIVE, gauge, Ratio of cycles the fp32 pipes are active.",
+    Metric.FP16_ACTIVE: "DCGM_FI_PROF_PIPE_FP16_ACTIVE, gauge, Ratio of cycles the fp16 pipes are active.",
+    Metric.MAX_SM_CLOCK: "DCGM_FI_DEV_MAX_SM_CLOCK,      gauge, Maximum supported SM clock (MHz).",
+    Metric.SM_CLOCK: "DCGM_FI_DEV_SM_CLOCK,          gauge, SM clock frequency (in MHz).",
+    Metric.POWER: "DCGM_FI_DEV_POWER_USAGE,       gauge, Power draw (in W).",
+}
+
+ENABLE_HOW = (
+    "add to dcgm-exporter's counters CSV (Helm chart: the `exporter-metrics-config-map` ConfigMap via "
+    "`customMetrics`; GPU Operator: a ConfigMap with key `dcgm-metrics.csv` referenced by "
+    "`dcgmExporter.config.name`) and restart the exporter pods:\n"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One line of the checklist."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+    required: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return self.required and self.status == FAIL
+
+
+def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) -> list[Check]:
+    """Run every check against ``source`` (a :class:`~auditor.sources.prometheus.PrometheusSource`)."""
+    checks: list[Check] = []
+    client = source.client
+    try:
+        info = client.buildinfo()
+        client.query("vector(1)")
+    except AuditorError as exc:
+        checks.append(Check("Prometheus reachable", FAIL, str(exc), "check the URL, the network path and the credentials", True))
+        return checks
+    version = info.get("version") or "version not reported"
+    checks.append(Check("Prometheus reachable", OK, f"{source.url} ({version})", required=True))
+
+    width = timedelta(minutes=5)
+    window = Window(now - lookback, now)
+    try:
+        result = source.read(window, width)
+    except AuditorError as exc:
+        checks.append(Check("DCGM series readable", FAIL, str(exc), "", True))
+        return checks
+    report, stats = result.report, source.stats
+    hours = lookback.total_seconds() / 3600
+
+    if not stats.names:
+        checks.append(
+            Check(
+                "DCGM series present",
+                FAIL,
+                f"no DCGM_FI_* series in the last {hours:g} h",
+                "is dcgm-exporter running on the GPU nodes and scraped? Check its ServiceMonitor/PodMonitor "
+                "(or scrape config) and `up{job=~\".*dcgm.*\"}`; with --match, check the matcher",
+                True,
+            )
+        )
+        return checks
+    new = [n for n in stats.names if n.endswith("_RATIO")]
+    style = "DCGM 4.6 *_RATIO names" if new and len(new) == len(stats.names) else (
+        "classic and DCGM 4.6 names mixed" if new else "classic names"
+    )
+    checks.append(Check("DCGM series present", OK, f"{len(stats.names)} names ({style}): {', '.join(stats.names)}", required=True))
+
+    present = report.present
+    busy = [m for m in (Metric.GPU_UTIL, Metric.GR_ENGINE_ACTIVE) if m in present]
+    checks.append(
+        Check(
+            "busy signal (GPU_UTIL or GR_ENGINE_ACTIVE)",
+            OK if busy else FAIL,
+            ", ".join(m.value for m in busy) if busy else "neither GPU_UTIL nor GR_ENGINE_ACTIVE has series",
+            "" if busy else ENABLE_HOW + "DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).\n"
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE, gauge, Ratio of time the graphics engine is active.",
+            True,
+        )
+    )
+    if stats.mig and Metric.GR_ENGINE_ACTIVE not in present:
+        checks.append(Check("MIG busy signal", WARN, "MIG instances found but no GR_ENGINE_ACTIVE (MIG has no GPU_UTIL)", ENABLE_HOW + "DCGM_FI_PROF_GR_ENGINE_ACTIVE, gauge, Ratio of time the graphics engine is active."))
+
+    if Metric.SM_ACTIVE in present:
+        missing_hosts = sorted(h for h, ms in stats.hosts.items() if Metric.SM_ACTIVE not in ms)
+        if missing_hosts:
+            checks.append(
+                Check(
+                    "profiling: SM activity",
+                    WARN,
+                    f"present, but not on {len(missing_hosts)} node(s): {', '.join(missing_hosts[:10])}"
+                    + (" ..." if len(missing_hosts) > 10 else ""),
+                    "those nodes' exporters lack the SM_ACTIVE line or profiling (SYS_ADMIN, Volta+ datacenter GPU); "
+                    + ENABLE_HOW + CSV_LINES[Metric.SM_ACTIVE],
+                    True,
+                )
+            )
+        else:
+            checks.append(Check("profiling: SM activity", OK, f"{_names(Metric.SM_ACTIVE, stats.names)} present", required=True))
+    else:
+        checks.append(
+            Check(
+                "profiling: SM activity",
+                FAIL,
+                "DCGM_FI_PROF_SM_ACTIVE absent: it is commented out in every shipped dcgm-exporter CSV, "
+                "so audits can only say idle/underutilized, and SM-based verdicts become insufficient_data",
+                ENABLE_HOW + CSV_LINES[Metric.SM_ACTIVE] + "\n" + CSV_LINES[Metric.SM_OCCUPANCY]
+                + "\n(profiling also needs the SYS_ADMIN capability and a Volta or newer datacenter GPU; "
+                "look for 'Skipping line ... metric not enabled' in the exporter log)",
+                True,
+            )
+        )
+    advisory = {
+        Metric.TENSOR_ACTIVE: "needed for no_tensor_cores/memory_bound and the MFU estimate",
+        Metric.DRAM_ACTIVE: "needed to tell memory-bound work from compute",
+        Metric.SM_OCCUPANCY: "adds occupancy to the evidence",
+        Metric.FP32_ACTIVE: "separates fp32 math on CUDA cores from latency-bound memory work",
+        Metric.POWER: "feeds the silent-zero telemetry guard",
+        Metric.MAX_SM_CLOCK: "scales the MFU estimate by clock",
+    }
+    have = [m for m in advisory if m in present]
+    lack = [m for m in advisory if m not in present]
+    if have:
+        checks.append(Check("optional fields present", OK, ", ".join(_names(m, stats.names) for m in have)))
+    if lack:
+        checks.append(
+            Check(
+                "optional fields absent",
+                WARN,
+                "; ".join(f"{m.value} ({advisory[m]})" for m in lack),
+                ENABLE_HOW + "\n".join(CSV_LINES[m] for m in lack),
+            )
+        )
+
+    labels = report.labels
+    if labels.get("pod") == "exported_pod":
+        checks.append(
+            Check(
+                "label convention",
+                WARN,
+                "workload pods are in exported_pod/exported_namespace: dcgm-exporter is scraped with honorLabels: false "
+                "(pod names the exporter itself). gpu-auditor reads exported_pod, but other dashboards aggregating "
+                "by pod collapse every GPU of a node into the exporter",
+                "set `honorLabels: true` on dcgm-exporter's ServiceMonitor (Helm: serviceMonitor.honorLabels=true; "
+                "GPU Operator: dcgmExporter.serviceMonitor.honorLabels=true)",
+            )
+        )
+    else:
+        checks.append(Check("label convention", OK, f"workload pods in {labels.get('pod', 'pod')}/{labels.get('namespace', 'namespace')}"))
+    checks.append(
+        Check(
+            "device labels",
+            INFO,
+            f"host label {labels.get('hostname', '(none)')}, GPU id {labels.get('uuid', '(none)')}"
+            + (", MIG instances (GPU_I_ID)" if stats.mig else ""),
+        )
+    )
+
+    total, attributed = len(stats.gpus), len(stats.attributed)
+    share = attributed / total if total else 0.0
+    if stats.exporter_pods:
+        checks.append(
+            Check(
+                "pod attribution",
+                WARN,
+                f"pod label names dcgm-exporter itself ({', '.join(sorted(stats.exporter_pods)[:5])})",
+                "scrape dcgm-exporter with honorLabels: true so workload pods keep their own labels",
+            )
+        )
+    if attributed == 0:
+        checks.append(
+            Check(
+                "pod attribution",
+                WARN,
+                f"0 of {total} GPUs carry a workload pod label in the last {hours:g} h",
+                "if GPUs were in use: run dcgm-exporter with --kubernetes (DCGM_EXPORTER_KUBERNETES=true) and the "
+                "kubelet pod-resources socket mounted; pods must request nvidia.com/gpu (or nvidia.com/mig-*) "
+                "— GPUs seen only through NVIDIA_VISIBLE_DEVICES are never attributed",
+            )
+        )
+    else:
+        checks.append(Check("pod attribution", OK, f"{attributed} of {total} GPUs ({share:.0%}) attributed to pods"
+                + (f"; {total - attributed} had no pod label (not in use, or not attributed)" if attributed < total else "")))
+
+    if report.dropped:
+        checks.append(
+            Check(
+                "garbage values",
+                WARN,
+                "dropped: " + ", ".join(f"{m.value} {n}" for m, n in sorted(report.dropped.items(), key=lambda kv: kv[0].value)),
+                "values like GPU_UTIL 4294967295 or NaN come from driver/DCGM bugs (DCGM #199); the audit drops them",
+            )
+        )
+    if report.scrape_interval:
+        checks.append(
+            Check(
+                "sample interval",
+                INFO,
+                f"about {report.scrape_interval:g} s between samples"
+                + (" (faster than dcgm-exporter's 30 s default collect interval: each value is stored more than once)"
+                   if report.scrape_interval < 30 else ""),
+            )
+        )
+    for w in client.warnings:
+        checks.append(Check("Prometheus warning", WARN, w))
+
+    try:
+        ksm = client.label_values(
+            "__name__",
+            [promql.selector("", source.matchers, {"__name__": "kube_pod_owner|kube_pod_info|kube_pod_container_resource_requests"})],
+            int((now - lookback).timestamp() * 1000), int(now.timestamp() * 1000),
+        )
+    except AuditorError as exc:
+        ksm = []
+        checks.append(Check("kube-state-metrics", WARN, f"could not check: {exc}"))
+    else:
+        if ksm:
+            checks.append(Check("kube-state-metrics", OK, f"{', '.join(sorted(ksm))} present"))
+        else:
+            checks.append(
+                Check(
+                    "kube-state-metrics",
+                    WARN,
+                    "no kube_pod_owner/kube_pod_info series",
+                    "optional with --no-kube; install kube-state-metrics (it ships with kube-prometheus-stack) to see "
+                    "pod owners and GPU requests in Prometheus",
+                )
+            )
+    return checks
+
+
+def _names(metric: Metric, found: list[str]) -> str:
+    return " / ".join(n for n in SPECS[metric].names if n in found) or metric.value
+
+
+def format_checks(checks: list[Check]) -> str:
+    """The checklist as text: one line per check, the fix indented under it."""
+    marks = {OK: "[ ok ]", WARN: "[warn]", FAIL: "[FAIL]", INFO: "[info]"}
+    lines: list[str] = []
+    for c in checks:
+        lines.append(f"{marks.get(c.status, '[ ?? ]')} {c.name}: {c.detail}")
+        if c.fix and c.status in (WARN, FAIL):
+            for i, text in enumerate(c.fix.splitlines()):
+                lines.append(("       fix: " if i == 0 else "            ") + text)
+    failed = [c for c in checks if c.failed]
+    lines.append("")
+    lines.append(
+        f"{len(failed)} required check(s) failed: {', '.join(c.name for c in failed)}" if failed
+        else "all required checks passed"
+    )
+    return "\n".join(lines)
+
+
+def as_json(checks: list[Check]) -> list[dict]:
+    return [asdict(c) | {"failed": c.failed} for c in checks]
+
+
+__all__ = ["Check", "run_checks", "format_checks", "as_json"]

@@ -1,0 +1,648 @@
+"""The Prometheus source: rollup buckets for every pod and GPU of a window, in a fixed number of queries.
+
+How it reads (see :mod:`auditor.sources.promql` for the query shapes and boundary semantics):
+
+1. one ``/api/v1/label/__name__/values`` call finds which DCGM exporter names (classic and DCGM
+   4.6 ``*_RATIO`` names) have series in the window;
+2. per present name, four ``query_range`` calls at ``step = width`` (sum, count, min and max
+   ``_over_time``) return those aggregates of every series per aligned bucket ``[start, end)``,
+   split by time only where the 11,000-points-per-series limit (or Prometheus's sample limit)
+   demands it;
+3. buckets whose min/max/sum betray garbage (NaN, negative, GPU_UTIL 4294967295, a small
+   overshoot that must be clamped) are re-read as raw samples — only those series, only the span
+   of those buckets — and aggregated here, dropping and counting the garbage.
+
+So the number of queries depends on the metric names and the window length, never on the number
+of pods or jobs. Label conventions (``pod`` vs ``exported_pod``, ``Hostname`` vs ``hostname``,
+``UUID`` vs ``uuid``, MIG ``GPU_I_ID``) are detected from the series themselves.
+
+HTTP goes through one ``requests`` session configured for prometheus-api-client's
+:class:`PrometheusConnect` (auth, TLS, bounded retries on 429/5xx). Queries are sent through that
+session directly rather than through ``custom_query``, because the client drops the response's
+``warnings`` (Thanos partial responses, for one), which an audit must not ignore.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+from array import array
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterable, Mapping
+
+import requests
+import urllib3
+from prometheus_api_client import PrometheusConnect
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+from auditor.core.metrics import BY_NAME, SPECS, Metric
+from auditor.core.model import Bucket, GpuId, PodRef, Window
+from auditor.core.rollup import Sample, aggregate
+from auditor.errors import BadInput, QueryRefused, SourceUnavailable
+from auditor.sources import promql
+from auditor.sources.base import SourceReport, SourceResult
+
+log = logging.getLogger(__name__)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_TOO_MANY = re.compile(r"too many samples|exceeded maximum resolution", re.I)
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+#: at most this many buckets of raw samples per garbage re-read query
+RAW_SPAN_BUCKETS = 288
+_NANS = array("d", [math.nan]) * 4096
+_EMPTY = array("d")
+
+
+def _dt(ms: int) -> datetime:
+    return _EPOCH + timedelta(milliseconds=ms)
+
+
+def _ms(value: datetime) -> int:
+    return (value - _EPOCH) // timedelta(milliseconds=1)
+
+
+class PrometheusClient:
+    """A small, strict Prometheus HTTP API client: errors become our exception types.
+
+    ``timeout`` is both the client's read timeout and the server-side query ``timeout``;
+    ``retries`` bounds re-tries on connection failures and on HTTP 429/5xx only (a 400/422 is the
+    query's fault and is never retried). Every API call is counted in :attr:`queries`, and
+    response ``warnings`` are collected in :attr:`warnings`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        bearer_token: str | None = None,
+        basic_auth: tuple[str, str] | None = None,
+        ca_file: str | None = None,
+        insecure: bool = False,
+        timeout: float = 60.0,
+        retries: int = 2,
+        backoff: float = 0.5,
+    ) -> None:
+        if not re.match(r"^https?://[^/]+", url or ""):
+            raise BadInput(f"--prometheus: {url!r} is not an http(s) URL (e.g. http://prometheus:9090)")
+        if bearer_token and basic_auth:
+            raise BadInput("Prometheus auth: give a bearer token or basic auth, not both")
+        self.url = url.rstrip("/")
+        self.timeout = float(timeout)
+        self._timeouts = (min(10.0, self.timeout), self.timeout + 5)
+        self.queries = 0
+        self.warnings: list[str] = []
+        self._lock = threading.Lock()
+        session = requests.Session()
+        if insecure:
+            session.verify = False
+            # one clear warning instead of urllib3's on every request
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+            log.warning("TLS certificate verification is off for Prometheus at %s (--prometheus-insecure)", self.url)
+        elif ca_file:
+            session.verify = ca_file
+        if bearer_token:
+            session.headers["Authorization"] = f"Bearer {bearer_token}"
+        if basic_auth:
+            session.auth = basic_auth
+        retry = Retry(
+            total=retries,
+            connect=retries,
+            read=0,
+            status=retries,
+            other=0,
+            backoff_factor=backoff,
+            status_forcelist=RETRY_STATUSES,
+            allowed_methods=None,
+            raise_on_status=False,
+            respect_retry_after_header=True,
+        )
+        # PrometheusConnect mounts the retrying adapter on our URL; we keep the session.
+        self.connect = PrometheusConnect(url=self.url, session=session, retry=retry, timeout=self.timeout)
+        session.mount(self.url, HTTPAdapter(max_retries=retry, pool_maxsize=16))
+        # Passed per request too: requests lets REQUESTS_CA_BUNDLE override a session-level
+        # verify setting (psf/requests#3829), which would silently ignore --prometheus-ca-file.
+        self.session = session
+
+    def close(self) -> None:
+        self.session.close()
+
+    # -- raw calls ---------------------------------------------------------------------------
+    def call(self, path: str, params: Mapping[str, Any] | list[tuple[str, str]], *, method: str = "POST") -> Any:
+        """Call ``/api/v1/<path>`` and return its ``data``; raise our errors on failure."""
+        url = f"{self.url}/api/v1/{path}"
+        with self._lock:
+            self.queries += 1
+        try:
+            if method == "GET":
+                resp = self.session.get(url, params=params, timeout=self._timeouts, verify=self.session.verify)
+            else:
+                resp = self.session.post(url, data=params, timeout=self._timeouts, verify=self.session.verify)
+        except requests.exceptions.SSLError as exc:
+            raise SourceUnavailable(
+                f"Prometheus at {self.url}: TLS failed ({exc.__class__.__name__}); "
+                "give the server's CA with --prometheus-ca-file, or --prometheus-insecure to skip verification"
+            ) from exc
+        except requests.exceptions.Timeout as exc:
+            raise SourceUnavailable(f"Prometheus at {self.url} did not answer within {self.timeout:g}s ({path})") from exc
+        except requests.exceptions.RequestException as exc:
+            reason = _root_reason(exc)
+            raise SourceUnavailable(f"Prometheus at {self.url} is unreachable: {reason}") from exc
+        return self._decode(resp, path)
+
+    def _decode(self, resp: requests.Response, path: str) -> Any:
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        error = ""
+        if isinstance(body, dict):
+            error = f"{body.get('errorType', 'error')}: {body.get('error', '')}".strip(": ")
+            for w in body.get("warnings") or []:
+                with self._lock:
+                    if w not in self.warnings:
+                        self.warnings.append(str(w))
+        status = resp.status_code
+        if status in (400, 422):
+            raise QueryRefused(f"Prometheus at {self.url} refused the query ({path}, HTTP {status}): {error or resp.text[:300]}")
+        if status in (401, 403):
+            raise QueryRefused(
+                f"Prometheus at {self.url} refused access (HTTP {status}); check the bearer token or basic-auth credentials"
+            )
+        if status == 404:
+            raise SourceUnavailable(f"no Prometheus HTTP API at {self.url} (HTTP 404 for /api/v1/{path}); check the URL and path prefix")
+        if status != 200 or not isinstance(body, dict):
+            detail = error or resp.text[:300].strip()
+            raise SourceUnavailable(f"Prometheus at {self.url} failed ({path}, HTTP {status}): {detail}")
+        if body.get("status") != "success":
+            raise QueryRefused(f"Prometheus at {self.url} answered {path} with an error: {error}")
+        return body.get("data")
+
+    # -- API -------------------------------------------------------------------------------------
+    def query(self, expr: str, at_ms: int | None = None) -> dict:
+        params = {"query": expr, "timeout": f"{self.timeout:g}s"}
+        if at_ms is not None:
+            params["time"] = promql.format_ts(at_ms)
+        return self.call("query", params)
+
+    def query_range(self, expr: str, start_ms: int, end_ms: int, step_ms: int) -> dict:
+        return self.call(
+            "query_range",
+            {
+                "query": expr,
+                "start": promql.format_ts(start_ms),
+                "end": promql.format_ts(end_ms),
+                "step": promql.format_ts(step_ms),
+                "timeout": f"{self.timeout:g}s",
+            },
+        )
+
+    def label_values(self, label: str, match: Iterable[str], start_ms: int, end_ms: int) -> list[str]:
+        params = [("match[]", m) for m in match]
+        params += [("start", promql.format_ts(start_ms)), ("end", promql.format_ts(end_ms))]
+        return list(self.call(f"label/{label}/values", params, method="GET") or [])
+
+    def series(self, match: Iterable[str], start_ms: int, end_ms: int) -> list[dict[str, str]]:
+        params = [("match[]", m) for m in match]
+        params += [("start", promql.format_ts(start_ms)), ("end", promql.format_ts(end_ms))]
+        return list(self.call("series", params) or [])
+
+    def buildinfo(self) -> dict:
+        """``/api/v1/status/buildinfo`` (Prometheus 2.14+); ``{}`` where a backend lacks it."""
+        try:
+            return dict(self.call("status/buildinfo", {}, method="GET") or {})
+        except (SourceUnavailable, QueryRefused) as exc:
+            if "HTTP 404" in str(exc) or "HTTP 405" in str(exc):
+                return {}
+            raise
+
+
+def _root_reason(exc: BaseException) -> str:
+    """The innermost useful message of a requests/urllib3 exception chain (e.g. 'Connection refused')."""
+    text = str(exc)
+    m = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+    if m:
+        return m.group(1).strip()
+    m = re.search(r"(NameResolutionError|Failed to resolve|Connection refused|timed out|Max retries exceeded)", text)
+    return m.group(1) if m else exc.__class__.__name__
+
+
+@dataclass
+class ReadStats:
+    """Details of the last read beyond :class:`SourceReport`, for ``doctor``."""
+
+    version: str = ""
+    names: list[str] = field(default_factory=list)
+    #: device keys (UUID or UUID/GPU_I_ID) seen, and those with a workload pod
+    gpus: set[str] = field(default_factory=set)
+    attributed: set[str] = field(default_factory=set)
+    #: hostname → metrics seen there (for per-node presence checks)
+    hosts: dict[str, set[Metric]] = field(default_factory=dict)
+    mig: bool = False
+    exporter_pods: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _Series:
+    name: str
+    metric: Metric
+    labels: dict[str, str]
+    #: aggregate ("sum", "count", "min", "max") → raw value per bucket of the read (NaN: none)
+    aggs: dict[str, array] = field(default_factory=dict)
+
+
+class PrometheusSource:
+    """:class:`~auditor.sources.base.MetricSource` over a Prometheus-compatible query API.
+
+    ``matchers`` are extra label equalities added to every selector (e.g. ``{"cluster": "prod"}``
+    where several clusters share one Prometheus/Thanos). ``pod_labels`` forces a convention
+    (``"pod"``, ``"exported_pod"`` or ``"pod_name"``) instead of detecting it.
+    ``max_points`` is the points-per-series limit to split under (11,000 in Prometheus).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        bearer_token: str | None = None,
+        basic_auth: tuple[str, str] | None = None,
+        ca_file: str | None = None,
+        insecure: bool = False,
+        timeout: float = 60.0,
+        retries: int = 2,
+        matchers: Mapping[str, str] | None = None,
+        pod_labels: str | None = None,
+        metrics: Iterable[Metric] | None = None,
+        max_points: int = promql.MAX_POINTS_PER_SERIES,
+        concurrency: int = 4,
+    ) -> None:
+        self.client = PrometheusClient(
+            url,
+            bearer_token=bearer_token,
+            basic_auth=basic_auth,
+            ca_file=ca_file,
+            insecure=insecure,
+            timeout=timeout,
+            retries=retries,
+        )
+        self.url = self.client.url
+        self.matchers = dict(matchers or {})
+        self.forced: promql.LabelConvention | None = None
+        if pod_labels:
+            conv = [c for c in promql.POD_CONVENTIONS if c[0] == pod_labels]
+            if not conv:
+                raise BadInput(f"pod label convention {pod_labels!r}: use pod, exported_pod or pod_name")
+            self.forced = promql.LabelConvention(*conv[0])
+        self.metrics = tuple(metrics) if metrics is not None else tuple(SPECS)
+        self.max_points = max(2, int(max_points))
+        self.concurrency = max(1, int(concurrency))
+        self._major: int | None = None
+        self.stats = ReadStats()
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- the MetricSource protocol ---------------------------------------------------------------
+    def read(self, window: Window, width: timedelta) -> SourceResult:
+        width_ms = int(width / timedelta(milliseconds=1))
+        if width_ms < 1000:
+            raise BadInput(f"bucket width {width} is below one second")
+        aligned = window.aligned(width)
+        start_ms, end_ms = _ms(aligned.start), _ms(aligned.end)
+        client = self.client
+        q0, w0 = client.queries, len(client.warnings)
+        report = SourceReport()
+        stats = ReadStats()
+        major = self._server_major(stats)
+        rng = promql.range_ms(width_ms, major)
+
+        names = self._present_names(start_ms, end_ms)
+        stats.names = names
+        first_end = start_ms + width_ms
+        series = self._read_aggregates(names, first_end, end_ms, width_ms, rng)
+
+        conv = self.forced or promql.detect_convention(s.labels for s in series)
+        report.labels = conv.describe()
+        report.labels.update(_device_labels(s.labels for s in series))
+
+        #: (pod, GPU key, metric) → one list of time-ordered buckets per series (or re-read part)
+        groups: dict[tuple[PodRef, str, Metric], list[list[Bucket]]] = {}
+        starts: dict[int, tuple[datetime, datetime]] = {}
+
+        def times(end: int) -> tuple[datetime, datetime]:
+            t = starts.get(end)
+            if t is None:
+                t = starts[end] = (_dt(end - width_ms), _dt(end))
+            return t
+
+        dirty: dict[str, list[tuple[_Series, PodRef, GpuId, list[int]]]] = {}
+        counts: list[int] = []
+        for s in series:
+            gpu = promql.gpu_of(s.labels)
+            if gpu is None:
+                report.warnings.append(f"{s.name} series without a GPU identity skipped: {_short(s.labels)}")
+                continue
+            stats.gpus.add(gpu.key)
+            stats.mig = stats.mig or bool(gpu.instance)
+            if gpu.hostname:
+                stats.hosts.setdefault(gpu.hostname, set()).add(s.metric)
+            if s.aggs:
+                report.present.add(s.metric)
+            pod = promql.pod_of(s.labels, conv)
+            if pod is not None and promql.looks_like_exporter(s.labels, conv):
+                stats.exporter_pods.add(f"{pod.namespace}/{pod.pod}")
+                pod = None
+            if pod is None:
+                continue
+            stats.attributed.add(gpu.key)
+            spec = SPECS[s.metric]
+            bad: list[int] = []
+            clean: list[Bucket] = []
+            cnts = s.aggs.get("count")
+            if cnts is None:  # an incomplete answer: no counts, so re-read whatever it has raw
+                seen = {i for a in s.aggs.values() for i, v in enumerate(a) if v == v}
+                dirty.setdefault(s.name, []).append((s, pod, gpu, [first_end + i * width_ms for i in sorted(seen)]))
+                continue
+            sums, mins, maxs = (s.aggs.get(a, _EMPTY) for a in ("sum", "min", "max"))
+            for i, count in enumerate(cnts):
+                if count != count:  # NaN: no sample in this bucket
+                    continue
+                end = first_end + i * width_ms
+                b = _clean_bucket(
+                    pod, gpu, s.metric, times(end), count, _at(sums, i), _at(mins, i), _at(maxs, i),
+                    spec.scale, spec.low, spec.high,
+                )
+                if b is None:
+                    bad.append(end)
+                    continue
+                counts.append(b.count)
+                clean.append(b)
+            if clean:
+                groups.setdefault((pod, gpu.key, s.metric), []).append(clean)
+            if bad:
+                dirty.setdefault(s.name, []).append((s, pod, gpu, sorted(bad)))
+
+        for name, items in sorted(dirty.items()):
+            for b in self._reread_garbage(name, items, width_ms, major):
+                if b.dropped:
+                    report.dropped[b.metric] = report.dropped.get(b.metric, 0) + b.dropped
+                if b.count:
+                    counts.append(b.count)
+                groups.setdefault((b.pod, b.gpu.key, b.metric), []).append([b])
+
+        unattributed = stats.gpus - stats.attributed
+        if unattributed:
+            report.warnings.append(
+                f"{len(unattributed)} of {len(stats.gpus)} GPUs had no workload pod label in the window "
+                "(not in use, or not attributed): not audited as jobs"
+            )
+        if stats.exporter_pods:
+            report.warnings.append(
+                "series whose pod label names dcgm-exporter itself were not treated as jobs "
+                f"({', '.join(sorted(stats.exporter_pods))}); if workloads run there, scrape with honorLabels: true"
+            )
+        if conv.pod == "exported_pod" and not self.forced:
+            report.warnings.append(
+                "dcgm-exporter is scraped with honorLabels: false (workload pods are in exported_pod); read them from there"
+            )
+        report.scrape_interval = _interval(counts, width_ms)
+        report.queries = client.queries - q0
+        report.warnings.extend(client.warnings[w0:])
+        self.stats = stats
+        return SourceResult(buckets=_merge(groups, report), report=report)
+
+    # -- steps -------------------------------------------------------------------------------------
+    def _server_major(self, stats: ReadStats) -> int:
+        """Prometheus's major version (range-selector boundary semantics changed in 3.0)."""
+        info = self.client.buildinfo() if self._major is None else {"version": self.stats.version}
+        version = str(info.get("version", "") or "")
+        stats.version = version
+        if self._major is None:
+            m = re.match(r"v?(\d+)\.", version)
+            self._major = int(m.group(1)) if m else 2
+            if not m:
+                log.info("Prometheus at %s reports no version; assuming 2.x range-selector semantics", self.url)
+        return self._major
+
+    def _present_names(self, start_ms: int, end_ms: int) -> list[str]:
+        known = [n for m in self.metrics for n in SPECS[m].names]
+        match = promql.selector("", self.matchers, {"__name__": promql.regex_alternation(known)})
+        found = self.client.label_values("__name__", [match], start_ms, end_ms)
+        return sorted(n for n in found if n in set(known))
+
+    def _read_aggregates(self, names: list[str], first_end: int, last_end: int, width_ms: int, rng: int) -> list[_Series]:
+        """Run the bucket queries (concurrently) and fold each answer in as it arrives.
+
+        Answers are parsed and dropped one by one, and each series keeps its aggregates in flat
+        arrays (NaN = no sample), so peak memory is a few answers plus the arrays, not every
+        decoded answer at once.
+        """
+        jobs = [
+            (name, agg, a, b)
+            for name in names
+            for agg in promql.AGGREGATES
+            for a, b in promql.chunks(first_end, last_end, width_ms, self.max_points - 1)
+        ]
+        n = (last_end - first_end) // width_ms + 1
+        by_key: dict[tuple[str, frozenset], _Series] = {}
+        index: dict[object, int] = {}
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            futures = {
+                pool.submit(self._range_chunk, name, agg, a, b, width_ms, rng): (name, agg) for name, agg, a, b in jobs
+            }
+            for future in as_completed(futures):
+                name, agg = futures[future]
+                metric = BY_NAME[name]
+                result = future.result()
+                del futures[future]
+                for item in result:
+                    labels = item.get("metric", {})
+                    labels.pop("__name__", None)
+                    key = (name, frozenset(labels.items()))
+                    s = by_key.get(key)
+                    if s is None:
+                        s = by_key[key] = _Series(name, metric, labels)
+                    values = s.aggs.get(agg)
+                    if values is None:
+                        values = s.aggs[agg] = array("d", _NANS[:n] if n <= len(_NANS) else [math.nan] * n)
+                    points = item.get("values") or ()
+                    if not points:
+                        continue
+                    first, last = (_index(index, p[0], first_end, width_ms) for p in (points[0], points[-1]))
+                    if last - first + 1 == len(points):  # no gaps: one slice assignment
+                        values[first : last + 1] = array("d", [float(v) for _, v in points])
+                        continue
+                    for ts, value in points:
+                        values[_index(index, ts, first_end, width_ms)] = float(value)
+                del result
+        return list(by_key.values())
+
+    def _range_chunk(self, name: str, agg: str, first_end: int, last_end: int, width_ms: int, rng: int) -> list[dict]:
+        """One query_range over bucket ends ``first_end..last_end``; halves itself on sample limits."""
+        expr = promql.bucket_query(promql.selector(name, self.matchers), agg, rng)
+        try:
+            data = self.client.query_range(expr, first_end - 1, last_end - 1, width_ms)
+        except QueryRefused as exc:
+            if not _TOO_MANY.search(str(exc)) or first_end == last_end:
+                raise
+            mid = first_end + ((last_end - first_end) // width_ms // 2) * width_ms
+            log.info("splitting %s at %s: %s", expr, mid, exc)
+            return self._range_chunk(name, agg, first_end, mid, width_ms, rng) + self._range_chunk(
+                name, agg, mid + width_ms, last_end, width_ms, rng
+            )
+        return list((data or {}).get("result", []))
+
+    def _reread_garbage(
+        self, name: str, items: list[tuple[_Series, PodRef, GpuId, list[int]]], width_ms: int, major: int
+    ) -> list[Bucket]:
+        """Raw samples of just the dirty series and buckets, aggregated here with garbage dropped."""
+        metric = BY_NAME[name]
+        wanted: dict[frozenset, tuple[PodRef, GpuId, set[int]]] = {
+            frozenset(s.labels.items()): (pod, gpu, set(ends)) for s, pod, gpu, ends in items
+        }
+        ends = sorted({e for _, _, _, es in items for e in es})
+        # narrow the raw read to the dirty GPUs when they all name themselves the same way
+        spellings = {"UUID" if s.labels.get("UUID") else "uuid" if s.labels.get("uuid") else "" for s, *_ in items}
+        regex: dict[str, str] = {}
+        if len(spellings) == 1 and "" not in spellings:
+            label = spellings.pop()
+            regex[label] = promql.regex_alternation(s.labels[label] for s, *_ in items)
+        sel = promql.selector(name, self.matchers, regex)
+        samples: dict[frozenset, list[tuple[int, float]]] = {}
+        for first, last in _spans(ends, width_ms, RAW_SPAN_BUCKETS):
+            span = last - first + width_ms
+            rng = promql.range_ms(span, major)
+            data = self.client.query(f"{sel}[{rng}ms]", at_ms=last - 1)
+            for item in (data or {}).get("result", []):
+                labels = dict(item.get("metric", {}))
+                labels.pop("__name__", None)
+                key = frozenset(labels.items())
+                if key in wanted:
+                    samples.setdefault(key, []).extend((promql.parse_ts_ms(t), float(v)) for t, v in item.get("values", []))
+        out: list[Bucket] = []
+        for key, (pod, gpu, bucket_ends) in wanted.items():
+            per_bucket: dict[int, list[float]] = {e: [] for e in bucket_ends}
+            for ts, v in samples.get(key, []):
+                end = ts - ts % width_ms + width_ms
+                if end in per_bucket:
+                    per_bucket[end].append(v)
+            for end, values in sorted(per_bucket.items()):
+                out.append(_aggregate(pod, gpu, metric, _dt(end - width_ms), _dt(end), values))
+        return out
+
+
+def _index(cache: dict, ts: float, first_end: int, width_ms: int) -> int:
+    """Bucket index of an evaluation timestamp (``end - 1ms``) in the read's bucket grid."""
+    i = cache.get(ts)
+    if i is None:
+        i = cache[ts] = (promql.parse_ts_ms(ts) + 1 - first_end) // width_ms
+    return i
+
+
+def _spans(ends: list[int], width_ms: int, max_buckets: int) -> list[tuple[int, int]]:
+    """Cover sorted bucket ends with runs of at most ``max_buckets`` buckets (first, last end)."""
+    out: list[tuple[int, int]] = []
+    for e in ends:
+        if out and e - out[-1][0] < max_buckets * width_ms:
+            out[-1] = (out[-1][0], e)
+        else:
+            out.append((e, e))
+    return out
+
+
+def _aggregate(pod: PodRef, gpu: GpuId, metric: Metric, start: datetime, end: datetime, raw: list[float]) -> Bucket:
+    """One bucket from raw samples through the core's rollup (garbage dropped and counted there)."""
+    width = end - start
+    t0 = start.timestamp()
+    rolled = aggregate((Sample(pod, gpu, metric, t0, r) for r in raw), width)
+    if not rolled:
+        return Bucket(pod, gpu, metric, start, end, 0.0, 0, 0.0, 0.0, 0)
+    return rolled[0]
+
+
+def _at(values: array, i: int) -> float | None:
+    v = values[i] if i < len(values) else math.nan
+    return None if v != v else v
+
+
+def _clean_bucket(
+    pod: PodRef, gpu: GpuId, metric: Metric, span: tuple[datetime, datetime], count: float,
+    total: float | None, lo: float | None, hi: float | None, scale: float, low: float, high: float,
+) -> Bucket | None:
+    """The bucket from server-side aggregates, or ``None`` when they show a sample needing a look.
+
+    A NaN sum (a NaN sample), a missing aggregate, or min/max outside the metric's valid range
+    (garbage, or an overshoot that must be clamped) sends the bucket to the raw re-read.
+    """
+    if total is None or lo is None or hi is None:
+        return None
+    if not math.isfinite(total) or not (lo * scale >= low) or not (hi * scale <= high):
+        return None
+    return Bucket(pod, gpu, metric, span[0], span[1], total * scale, int(count), lo * scale, hi * scale, 0)
+
+
+def _merge(groups: dict[tuple[PodRef, str, Metric], list[list[Bucket]]], report: SourceReport) -> list[Bucket]:
+    """All buckets, sorted by (pod, GPU, metric, start), one per (pod, GPU, metric, start).
+
+    Where two series give the same pod, GPU, metric and bucket (HA Prometheus pairs, two scrape
+    jobs on one exporter, a classic → ``_RATIO`` rename mid-bucket) the fuller bucket is kept:
+    adding them would double-count samples.
+    """
+    out: list[Bucket] = []
+    duplicates = False
+    order = sorted(groups, key=lambda k: (k[0].namespace, k[0].pod, k[0].container, k[1], k[2].value))
+    for key in order:
+        parts = groups[key]
+        if len(parts) == 1:
+            out.extend(parts[0])
+            continue
+        best: dict[datetime, Bucket] = {}
+        for part in parts:
+            for b in part:
+                old = best.get(b.start)
+                if old is None:
+                    best[b.start] = b
+                    continue
+                duplicates = True
+                if (b.count, b.dropped) > (old.count, old.dropped):
+                    best[b.start] = b
+        out.extend(best[t] for t in sorted(best))
+    if duplicates:
+        report.warnings.append(
+            "duplicate series for the same pod, GPU and metric (HA replicas or two scrape jobs?): kept the fuller one"
+        )
+    return out
+
+
+def _interval(counts: list[int], width_ms: int) -> float | None:
+    """Scrape-interval estimate: bucket width over a high percentile of samples per bucket."""
+    full = sorted(c for c in counts if c > 0)
+    if not full:
+        return None
+    c = full[min(len(full) - 1, int(len(full) * 0.9))]
+    return round(width_ms / 1000 / c, 3)
+
+
+def _device_labels(label_sets: Iterable[Mapping[str, str]]) -> dict[str, str]:
+    """Which spelling of the host and UUID labels the series use."""
+    out: dict[str, str] = {}
+    for labels in label_sets:
+        for key, names in (("hostname", ("Hostname", "hostname")), ("uuid", ("UUID", "uuid"))):
+            if key not in out:
+                name, _ = promql.first_label(labels, *names)
+                if name:
+                    out[key] = name
+        if "mig" not in out and labels.get("GPU_I_ID"):
+            out["mig"] = "GPU_I_ID"
+        if len(out) == 3:
+            break
+    return out
+
+
+def _short(labels: Mapping[str, str]) -> str:
+    keys = ("Hostname", "hostname", "instance", "gpu", "pod", "exported_pod")
+    return ",".join(f"{k}={labels[k]}" for k in keys if k in labels) or "(no identifying labels)"
