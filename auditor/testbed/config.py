@@ -1,0 +1,71 @@
+"""Pinned versions and where the test bed keeps things.
+
+The versions here are the single source of truth: the build script receives them through its
+environment, so the Python side always looks for the very binaries the script builds.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+K8S_VERSION = "1.36.3"
+ETCD_VERSION = "3.6.16"
+HELM_VERSION = "3.21.4"
+
+#: CRD sources: (Go module, pinned version, directory inside the module, label used in the cache)
+#: Kueue: its plain ``crd/bases`` (the kustomized bundle adds conversion webhooks, which need a
+#: Kueue webhook Service that cannot run here). Prometheus Operator: only the two kinds the chart
+#: ships. Kubeflow: the v1 training operator's job kinds and Trainer v2's TrainJob. JobSet's module
+#: (``sigs.k8s.io/jobset``) answers 403 on the Go module proxy, so JobSet is absent.
+@dataclass(frozen=True)
+class CrdSource:
+    module: str
+    version: str
+    subdir: str
+    files: tuple[str, ...] | None = None  # None: every *.yaml except kustomization.yaml
+
+    @property
+    def label(self) -> str:
+        return f"{self.module.replace('/', '_')}@{self.version}"
+
+
+CRD_SOURCES: tuple[CrdSource, ...] = (
+    CrdSource("sigs.k8s.io/kueue", "v0.17.0", "config/components/crd/bases"),
+    CrdSource(
+        "github.com/prometheus-operator/prometheus-operator",
+        "v0.85.0",
+        "example/prometheus-operator-crd",
+        ("monitoring.coreos.com_servicemonitors.yaml", "monitoring.coreos.com_prometheusrules.yaml"),
+    ),
+    CrdSource("github.com/kubeflow/training-operator", "v1.8.1", "manifests/base/crds"),
+    CrdSource("github.com/kubeflow/trainer/v2", "v2.0.0", "manifests/base/crds"),
+)
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+BUILD_SCRIPT = PACKAGE_DIR / "build-binaries.sh"
+REPO_ROOT = PACKAGE_DIR.parent.parent
+
+
+def cache_dir() -> Path:
+    """Per-user cache for built binaries and CRDs, outside the repo (``GPU_AUDITOR_CACHE`` overrides)."""
+    env = os.environ.get("GPU_AUDITOR_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "gpu-auditor"
+
+
+def bin_dir() -> Path:
+    return cache_dir() / "bin" / f"k8s-v{K8S_VERSION}-etcd-v{ETCD_VERSION}-helm-v{HELM_VERSION}"
+
+
+def crd_dir() -> Path:
+    return cache_dir() / "crds"
+
+
+def default_state_dir() -> Path:
+    """``<repo>/.testbed`` (git-ignored); ``GPU_AUDITOR_TESTBED_DIR`` overrides."""
+    env = os.environ.get("GPU_AUDITOR_TESTBED_DIR")
+    return Path(env).resolve() if env else REPO_ROOT / ".testbed"

@@ -1,0 +1,142 @@
+"""Shared fixtures: the real local test bed (kube-apiserver + etcd, Prometheus, PostgreSQL).
+
+A healthy test bed already running from ``make testbed-up`` (``.testbed/``) is reused and left
+running; otherwise a private one is started for this session and stopped at its end. Tests that
+need a server fail (never skip) when it cannot start. Such tests carry ``@pytest.mark.testbed``;
+any test using one of these fixtures gets the mark automatically, so ``-m 'not testbed'`` runs
+the rest without servers.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from auditor.testbed import Testbed, TestbedError, attach, down, up
+
+SERVER_FIXTURES = {"testbed", "prometheus", "postgres_url", "kube_admin", "namespace"}
+
+#: a failure while preparing binaries before the run, reported by the fixture (not the hook)
+_PREPARE_ERROR: list[BaseException] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.testbed)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the Go binaries before the run if needed: a cold build takes minutes, longer than
+    the per-test timeout, which would otherwise count it against the first test."""
+    if not any(item.get_closest_marker("testbed") for item in session.items) or attach() is not None:
+        return
+    from auditor.testbed import binaries
+
+    capture = session.config.pluginmanager.getplugin("capturemanager")
+    try:
+        with capture.global_and_fixture_disabled():
+            binaries.build()
+            binaries.crd_files()
+    except Exception as exc:  # noqa: BLE001 - reported by the `testbed` fixture as a failure
+        _PREPARE_ERROR.append(exc)
+
+
+@pytest.fixture(scope="session")
+def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
+    """The running test bed: attributes ``kubeconfig, prometheus_url, prometheus_data_dir,
+    database_url, kubectl, helm, promtool`` (strings, as in ``.testbed/env``)."""
+    if _PREPARE_ERROR:
+        pytest.fail(f"test bed binaries could not be prepared: {_PREPARE_ERROR[0]}", pytrace=False)
+    shared = attach()
+    if shared is not None:
+        yield shared
+        return
+    private_dir = tmp_path_factory.mktemp("testbed")
+    try:
+        bed = up(private_dir)
+    except TestbedError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield bed
+    finally:
+        down(private_dir, quiet=True)
+
+
+@dataclass
+class PrometheusHandle:
+    """The test bed's Prometheus: ``url``, ``data_dir`` and ``backfill(openmetrics_text)``."""
+
+    url: str
+    data_dir: str
+    _bed: Testbed = field(repr=False)
+
+    def backfill(self, openmetrics_text: str) -> None:
+        """Write the samples as TSDB blocks and restart Prometheus: queryable on return.
+
+        A trailing ``# EOF`` is added when missing. All tests share one TSDB: give your series
+        a unique label value (e.g. a uuid in ``namespace`` or a ``case`` label).
+        """
+        self._bed.backfill(openmetrics_text)
+
+
+@pytest.fixture
+def prometheus(testbed: Testbed) -> PrometheusHandle:
+    return PrometheusHandle(url=testbed.prometheus_url, data_dir=testbed.prometheus_data_dir, _bed=testbed)
+
+
+def _with_database(url: str, database: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, parts.fragment))
+
+
+@pytest.fixture
+def postgres_url(testbed: Testbed) -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for this test (``postgresql://...``), dropped afterwards."""
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(testbed.postgres_admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _with_database(testbed.postgres_admin_url, name)
+    finally:
+        with psycopg.connect(testbed.postgres_admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def kube_admin(testbed: Testbed) -> Iterator["kubernetes.client.ApiClient"]:  # type: ignore[name-defined] # noqa: F821
+    """A ``kubernetes.client.ApiClient`` for the admin user (``system:masters``)."""
+    from kubernetes import config as kube_config
+
+    client = kube_config.new_client_from_config(config_file=testbed.kubeconfig)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def namespace(kube_admin: "kubernetes.client.ApiClient") -> Iterator[str]:  # type: ignore[name-defined] # noqa: F821
+    """A fresh namespace for this test; deleted afterwards (the namespace controller finalizes it)."""
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    core = k8s.CoreV1Api(kube_admin)
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name, labels={"gpu-auditor.io/test": "true"})))
+    try:
+        yield name
+    finally:
+        try:
+            core.delete_namespace(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
