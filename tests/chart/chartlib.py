@@ -1,0 +1,86 @@
+"""Chart-test helpers (imported by the tests and by conftest.py): the real helm and kubectl binaries of the test bed, run against its apiserver.
+
+The session fixture `testbed` (tests/conftest.py) provides the binaries and the kubeconfig; these
+helpers only wrap them, so every test talks to the real programs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "gpu-auditor"
+FULL_VALUES = CHART / "ci" / "full-values.yaml"
+
+
+@dataclass(frozen=True)
+class Result:
+    rc: int
+    out: str
+    err: str
+
+
+class ToolError(AssertionError):
+    """A helm/kubectl call that should have worked failed; carries its stderr."""
+
+
+@dataclass
+class Chart:
+    """Runs helm and kubectl for the tests, always with the test bed's kubeconfig."""
+
+    helm_bin: str
+    kubectl_bin: str
+    kubeconfig: str
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["KUBECONFIG"] = self.kubeconfig
+        # Keep helm's caches and config out of the user's home.
+        for var, sub in (("HELM_CACHE_HOME", "cache"), ("HELM_CONFIG_HOME", "config"), ("HELM_DATA_HOME", "data")):
+            env.setdefault(var, str(ROOT / ".testbed" / "helm" / sub))
+        return env
+
+    def run(self, argv: list[str], *, input: str | None = None, check: bool = True, timeout: float = 120) -> Result:
+        proc = subprocess.run(argv, input=input, capture_output=True, text=True, env=self._env(), timeout=timeout)
+        res = Result(proc.returncode, proc.stdout, proc.stderr)
+        if check and proc.returncode != 0:
+            raise ToolError(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr}{proc.stdout}")
+        return res
+
+    def helm(self, *args: str, check: bool = True, timeout: float = 120) -> Result:
+        return self.run([self.helm_bin, *args], check=check, timeout=timeout)
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> Result:
+        return self.run([self.kubectl_bin, *args], input=input, check=check)
+
+    @staticmethod
+    def value_args(values: Iterable[Path | str] = (), sets: Iterable[str] = ()) -> list[str]:
+        args: list[str] = []
+        for v in values:
+            args += ["-f", str(v)]
+        for s in sets:
+            args += ["--set", s]
+        return args
+
+    def template_text(self, *, namespace: str = "gpu-auditor", release: str = "ga",
+                      values: Iterable[Path | str] = (), sets: Iterable[str] = (), check: bool = True) -> Result:
+        return self.helm("template", release, str(CHART), "--namespace", namespace,
+                         *self.value_args(values, sets), check=check)
+
+    def render(self, **kw: Any) -> list[dict]:
+        """The rendered objects (empty documents dropped)."""
+        return [d for d in yaml.safe_load_all(self.template_text(**kw).out) if d]
+
+
+def find(objs: list[dict], kind: str, name: str | None = None) -> list[dict]:
+    return [o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+
+
+def pod_specs(objs: list[dict]) -> list[dict]:
+    return [o["spec"]["template"]["spec"] for o in objs if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet", "Job")]
