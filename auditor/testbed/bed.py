@@ -153,6 +153,13 @@ def up(state_dir: Path | None = None, *, build_log: Path | None = None) -> Testb
 def _up(state_dir: Path, build_log: Path | None) -> Testbed:
     t0 = time.monotonic()
     existing = attach(state_dir)
+    # A backfill restarts Prometheus for ~0.3 s; a probe landing then must not get a running test
+    # bed wiped, so look again a few times before starting afresh.
+    for _ in range(5):
+        if existing is not None or State.load(state_dir) is None:
+            break
+        time.sleep(1)
+        existing = attach(state_dir)
     if existing is not None:
         _say(f"reusing the healthy test bed in {state_dir}")
         return existing
