@@ -452,6 +452,35 @@ class Store:
                 deleted += conn.execute(stmt).rowcount or 0
         return deleted
 
+    # ------------------------------------------------------------------ operator state
+    # Added for the operator (issue 4): its cycle cursor is the last run it recorded, and a job's
+    # end is kept in ``jobs.ended_at`` (reserved for it in 0001). No schema change.
+
+    def runs(self, *, limit: int = 100) -> list[dict]:
+        """The latest audit runs, newest first: ``id, window_start, window_end, started,
+        finished, jobs, queries, status, detail``."""
+        r = _runs.c
+        q = sa.select(_runs).order_by(r.id.desc()).limit(max(1, int(limit)))
+        with self._guard("read audit runs"), self._connect() as conn:
+            return [dict(row) for row in conn.execute(q).mappings()]
+
+    def open_jobs(self, cluster: str) -> list[tuple[int, JobRef, datetime, datetime]]:
+        """Jobs of ``cluster`` without an end: ``(id, job, first_seen, last_seen)``."""
+        j = _jobs.c
+        q = sa.select(_jobs).where(j.cluster == cluster, j.ended_at.is_(None)).order_by(j.id)
+        with self._guard(f"read open jobs of cluster {cluster}"), self._connect() as conn:
+            return [(int(row["id"]), _job_ref(row), row["first_seen"], row["last_seen"]) for row in conn.execute(q).mappings()]
+
+    def set_job_ended(self, job_id: int, ended_at: datetime | None) -> None:
+        """Record when a job ended (None: it runs again, e.g. new pods under the same name)."""
+        with self._guard(f"mark job {job_id} ended"):
+            if ended_at is not None:
+                _aware(ended_at, "ended_at")
+        stmt = sa.update(_jobs).where(_jobs.c.id == job_id).values(ended_at=ended_at)
+        with self._guard(f"mark job {job_id} ended"), self._connect(write=True) as conn:
+            if conn.execute(stmt).rowcount == 0:
+                raise _Invalid(f"no job with id {job_id}")
+
     # ------------------------------------------------------------------ plumbing
 
     @contextmanager

@@ -1,0 +1,136 @@
+"""``gpu-auditor run [--once] [--output json] [--config FILE]``: the operator.
+
+Settings come from ``--config`` (the file the Helm chart renders), then ``GPU_AUDITOR_*``
+variables, then these flags (auditor/settings.py). ``--once`` runs one cycle under the Lease and
+exits; with ``--output json`` it prints, in the audit JSON shape, the cumulative summary of every
+job that cycle touched. Without ``--once`` it runs until SIGTERM/SIGINT, then releases the Lease.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from typing import Any
+
+from auditor.cli.audit import add_prometheus_flags
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "run",
+        help="the operator: audit the cluster's GPU jobs on a schedule (leader-elected)",
+        description=(
+            "Discover GPU pods through the Kubernetes API, resolve them to their jobs and teams, and audit "
+            "their DCGM history from Prometheus every interval into the store. Only the holder of the Lease "
+            "audits. Exit codes: 0 done, 1 failed, 2 bad usage or settings."
+        ),
+    )
+    p.add_argument("--config", metavar="FILE", help="settings file (YAML; docs/operator.md lists the keys)")
+    p.add_argument("--once", action="store_true", help="run one cycle (taking the Lease) and exit")
+    p.add_argument("--output", choices=("table", "json"), default="table",
+                   help="with --once: print the touched jobs as a table (default) or as audit JSON")
+    add_prometheus_flags(p, required=False)
+    kube = p.add_mutually_exclusive_group()
+    kube.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
+    kube.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
+    p.add_argument("--db", metavar="URL", help="store: sqlite:///path or postgresql://... (settings: store.url)")
+    p.add_argument("--policies", metavar="DIR", help="policy directory (settings: policies.dir)")
+    p.add_argument("--cluster", metavar="NAME", help="cluster name recorded on each job (settings: cluster)")
+    p.set_defaults(handler=run)
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags that were given, as settings keys (flags win over the file and the environment)."""
+    out: dict[str, Any] = {}
+    prom: dict[str, Any] = {}
+    if args.prometheus:  # the flag, or GPU_AUDITOR_PROMETHEUS_URL (its default)
+        prom["url"] = args.prometheus
+    if args.prometheus_timeout != 60.0:
+        prom["timeout"] = args.prometheus_timeout
+    if args.prometheus_retries != 2:
+        prom["retries"] = args.prometheus_retries
+    if args.pod_labels != "auto":
+        prom["label_convention"] = args.pod_labels
+    if args.prometheus_ca_file:
+        prom["ca_file"] = args.prometheus_ca_file
+    if args.prometheus_insecure:
+        prom["tls_verify"] = False
+    if args.match:
+        matchers = {}
+        for item in args.match:
+            label, sep, value = item.partition("=")
+            if not sep or not label.strip():
+                from auditor.errors import BadInput
+
+                raise BadInput(f"--match {item!r}: use LABEL=VALUE, e.g. cluster=prod")
+            matchers[label.strip()] = value
+        prom["matchers"] = matchers
+    if prom:
+        out["prometheus"] = prom
+    kube: dict[str, Any] = {}
+    if args.kubeconfig:
+        kube.update(kubeconfig=args.kubeconfig, in_cluster=False)
+    if args.in_cluster:
+        kube["in_cluster"] = True
+    if kube:
+        out["kubernetes"] = kube
+    if args.db:
+        out["store"] = {"url": args.db, "url_env": None}
+    if args.policies:
+        out["policies"] = {"dir": args.policies}
+    if args.cluster:
+        out["cluster"] = args.cluster
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from auditor.operator_loop import Operator
+    from auditor.settings import load_settings
+
+    settings = load_settings(args.config, overrides=overrides_from_args(args))
+    logging.getLogger().setLevel(min(logging.getLogger().level or logging.WARNING,
+                                     getattr(logging, settings.log_level.upper())))
+    token = None
+    if args.prometheus_token_file:
+        from auditor.cli.audit import _read_secret
+
+        token = _read_secret(args.prometheus_token_file, "--prometheus-token-file")
+    source = None
+    if token:
+        from auditor.operator_loop.service import build_source
+
+        source = build_source(settings, token=token)
+    if settings.policies.dir or args.policies:
+        log.info("policies are not evaluated by this version yet; auditing only")
+    op = Operator(settings, source=source)
+    if args.once:
+        result = op.run_once()
+        if args.output == "json":
+            print(json.dumps(result.summaries, indent=2, default=str))
+        else:
+            from auditor.render.table import format_table
+
+            print(format_table(result.summaries))
+        w = result.window
+        print(
+            f"cycle {w.start.isoformat()} → {w.end.isoformat()}: {len(result.summaries)} job(s) summarized, "
+            f"{len(result.finalized)} final, {result.queries} Prometheus queries",
+            file=sys.stderr,
+        )
+        for warning in result.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        return 0
+
+    def _stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: shutting down (releasing the Lease)", signum)
+        op.request_stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    op.run_forever()
+    return 0

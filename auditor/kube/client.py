@@ -1,0 +1,142 @@
+"""Connecting to the API server: kubeconfig or in-cluster, optional impersonation, raw JSON calls.
+
+The adapter works on plain JSON (dicts) rather than the client's generated model classes:
+deserializing thousands of pods into models costs more than the rest of discovery, and the
+custom resources (Kueue, Kubeflow, Ray, ...) have no models anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from auditor.errors import BadInput, SourceUnavailable
+
+log = logging.getLogger(__name__)
+
+#: Ask for metadata only (PartialObjectMetadata): owners need labels and ownerReferences, not
+#: their (sometimes large) pod templates.
+METADATA_ACCEPT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+
+
+@dataclass(frozen=True)
+class KubeConfig:
+    """Where the API server is and who we are."""
+
+    kubeconfig: str | None = None
+    in_cluster: bool = False
+    context: str | None = None
+    #: act as this user, e.g. ``system:serviceaccount:NS:NAME`` (the apiserver adds a service
+    #: account's groups itself); for proving least privilege
+    impersonate: str | None = None
+
+
+def api_client(cfg: KubeConfig) -> client.ApiClient:
+    """An ApiClient for ``cfg`` (BadInput when the kubeconfig cannot be loaded)."""
+    conf = client.Configuration()
+    try:
+        if cfg.in_cluster:
+            config.load_incluster_config(client_configuration=conf)
+        else:
+            config.load_kube_config(config_file=cfg.kubeconfig, context=cfg.context, client_configuration=conf)
+    except (config.ConfigException, OSError, TypeError) as exc:
+        where = "in-cluster service account" if cfg.in_cluster else f"kubeconfig {cfg.kubeconfig or '(default)'}"
+        raise BadInput(f"cannot load the {where}: {exc}") from None
+    api = client.ApiClient(conf)
+    if cfg.impersonate:
+        api.set_default_header("Impersonate-User", cfg.impersonate)
+    return api
+
+
+def call_json(
+    api: client.ApiClient,
+    path: str,
+    *,
+    method: str = "GET",
+    query: list[tuple[str, Any]] | None = None,
+    body: Any = None,
+    accept: str = "application/json",
+    content_type: str = "application/json",
+    timeout: float = 30.0,
+) -> dict:
+    """One API request, the response body as a dict. Raises :class:`ApiException` on HTTP errors."""
+    resp = raw_request(api, path, method=method, query=query, body=body, accept=accept,
+                       content_type=content_type, timeout=timeout)
+    try:
+        data = resp.read()
+        if not 200 <= resp.status <= 299:
+            raise ApiException(status=resp.status, reason=resp.reason, body=data.decode("utf-8", "replace"))
+    finally:
+        resp.release_conn()
+    return json.loads(data) if data else {}
+
+
+def raw_request(
+    api: client.ApiClient,
+    path: str,
+    *,
+    method: str = "GET",
+    query: list[tuple[str, Any]] | None = None,
+    body: Any = None,
+    accept: str = "application/json",
+    content_type: str = "application/json",
+    timeout: float | tuple | None = 30.0,
+) -> Any:
+    """The request as the generated client makes it (auth, default headers such as
+    impersonation), returning the unread ``urllib3`` response (watches stream from it)."""
+    headers = {"Accept": accept}
+    if body is not None:
+        headers["Content-Type"] = content_type
+    m, url, hdrs, body_, post = api.param_serialize(
+        method=method, resource_path=path, query_params=query or [], header_params=headers,
+        body=body, auth_settings=["BearerToken"],
+    )
+    rest = api.call_api(m, url, header_params=hdrs, body=body_, post_params=post, _request_timeout=timeout)
+    return rest.response
+
+
+def resource_path(api_version: str, plural: str, namespace: str | None = None, name: str | None = None) -> str:
+    """``/api/v1/...`` for the core group, ``/apis/GROUP/VERSION/...`` otherwise."""
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    if namespace:
+        base += f"/namespaces/{namespace}"
+    base += f"/{plural}"
+    if name:
+        base += f"/{name}"
+    return base
+
+
+def preferred_version(api: client.ApiClient, group: str) -> str | None:
+    """The server's preferred ``group/version`` for an API group, None when it is not served."""
+    try:
+        doc = call_json(api, f"/apis/{group}")
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    pv = doc.get("preferredVersion") or {}
+    return pv.get("groupVersion")
+
+
+def served_resources(api: client.ApiClient, group_version: str) -> set[str]:
+    """The resource names (plurals) one group/version serves; empty when not served."""
+    path = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
+    try:
+        doc = call_json(api, path)
+    except ApiException as exc:
+        if exc.status == 404:
+            return set()
+        raise
+    return {r["name"] for r in doc.get("resources", []) if "/" not in r["name"]}
+
+
+def unavailable(exc: Exception, what: str) -> SourceUnavailable:
+    """An API failure as our retryable error, naming what we were doing."""
+    status = getattr(exc, "status", None)
+    reason = getattr(exc, "reason", None) or str(exc)
+    return SourceUnavailable(f"Kubernetes API: {what} failed: {status or ''} {reason}".strip())

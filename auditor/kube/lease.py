@@ -1,0 +1,266 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease, with a release on clean shutdown.
+
+Why not ``kubernetes.leaderelection``: its elector runs a blocking loop that cannot be stopped,
+never gives the lease back (a successor waits a whole lease duration after every clean restart),
+and has no "try for N seconds" mode for ``run --once``. This one follows client-go's rules:
+
+* a candidate takes the Lease when it does not exist, when it is free (no holder: released) or
+  when the holder has not renewed it for ``lease_duration`` (by this candidate's own clock since
+  it last saw the record change — never by comparing clocks across machines);
+* the holder renews every ``retry_period``; if it cannot renew for ``renew_deadline`` it stops
+  leading (the caller stops auditing) before anyone else may take over;
+* every write is a compare-and-swap on ``resourceVersion`` (409 Conflict: someone else won);
+* :meth:`release` clears the holder so a standby takes over at its next try, not after the
+  lease duration.
+
+Permissions: ``create`` leases, ``get``/``update`` the one Lease by name (auditor/permissions.yaml,
+feature ``leaderElection``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Callable
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from auditor.kube.client import call_json
+
+log = logging.getLogger(__name__)
+
+
+def _micro(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    """Holds (or waits for) one Lease. Thread-safe; the renew loop runs in its own thread.
+
+    ``on_started(…)``/``on_stopped(…)`` are called from the elector's thread when leadership
+    is gained or lost. :attr:`is_leader` is the current state; :meth:`ensure_leader` is the check
+    to make right before acting (it is False as soon as a renewal is overdue).
+    """
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        *,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_duration: timedelta = timedelta(seconds=15),
+        renew_deadline: timedelta = timedelta(seconds=10),
+        retry_period: timedelta = timedelta(seconds=2),
+        on_started: Callable[[], None] | None = None,
+        on_stopped: Callable[[], None] | None = None,
+    ) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.lease_duration = lease_duration.total_seconds()
+        self.renew_deadline = renew_deadline.total_seconds()
+        self.retry_period = retry_period.total_seconds()
+        self.on_started = on_started
+        self.on_stopped = on_stopped
+        self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+        self._lock = threading.RLock()
+        self._leader = False
+        self._last_renew = 0.0  # monotonic time of our last successful write as holder
+        self._observed: tuple | None = None  # (holder, renewTime, transitions) last seen
+        self._observed_at = 0.0  # monotonic time it was first seen
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.transitions = 0
+        self.last_error: str | None = None
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def is_leader(self) -> bool:
+        with self._lock:
+            return self._leader and time.monotonic() - self._last_renew < self.renew_deadline
+
+    def ensure_leader(self) -> bool:
+        return self.is_leader
+
+    # ------------------------------------------------------------------ loop
+
+    def start(self) -> "LeaderElector":
+        self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            was = self.is_leader
+            ok = self.try_acquire_or_renew()
+            if ok and not was:
+                log.info("became the leader (Lease %s/%s, identity %s)", self.namespace, self.name, self.identity)
+                if self.on_started:
+                    self._safe(self.on_started)
+            elif was and not self.is_leader:
+                self._lose("could not renew the Lease within the renew deadline")
+            self._stop.wait(self.retry_period)
+
+    def _lose(self, why: str) -> None:
+        with self._lock:
+            if not self._leader:
+                return
+            self._leader = False
+        log.warning("lost leadership: %s", why)
+        if self.on_stopped:
+            self._safe(self.on_stopped)
+
+    @staticmethod
+    def _safe(fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - a callback must not end the elector
+            log.exception("leader-election callback failed")
+
+    def acquire(self, timeout: float) -> bool:
+        """Try to become the leader for up to ``timeout`` seconds (``run --once``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.try_acquire_or_renew():
+                return True
+            if time.monotonic() >= deadline or self._stop.is_set():
+                return False
+            self._stop.wait(min(self.retry_period, max(0.0, deadline - time.monotonic())))
+
+    def stop(self, release: bool = True) -> None:
+        """Stop the loop; with ``release`` give the Lease back if we hold it."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.retry_period + 5)
+        if release:
+            self.release()
+
+    # ------------------------------------------------------------------ one step
+
+    def try_acquire_or_renew(self) -> bool:
+        """One attempt; True when we hold the Lease afterwards."""
+        now_wall = datetime.now(timezone.utc)
+        now = time.monotonic()
+        try:
+            lease = call_json(self.api, self._path, timeout=self.renew_deadline)
+        except ApiException as exc:
+            if exc.status != 404:
+                return self._failed(f"get Lease: {exc.status} {exc.reason}")
+            body = self._body(None, now_wall, transitions=0, acquire=True)
+            try:
+                call_json(self.api, f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases",
+                          method="POST", body=body, timeout=self.renew_deadline)
+            except ApiException as exc2:
+                return self._failed(f"create Lease: {exc2.status} {exc2.reason}")
+            except Exception as exc2:  # noqa: BLE001
+                return self._failed(f"create Lease: {exc2}")
+            return self._won(now)
+        except Exception as exc:  # noqa: BLE001 - connection trouble counts as a failed renewal
+            return self._failed(f"get Lease: {exc}")
+
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        record = (holder, spec.get("renewTime"), spec.get("leaseTransitions"))
+        with self._lock:
+            if record != self._observed:
+                self._observed, self._observed_at = record, now
+            observed_at = self._observed_at
+        duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
+        mine = holder == self.identity
+        if holder and not mine and now - observed_at < duration:
+            with self._lock:
+                was = self._leader
+                self._leader = False
+            if was:
+                self._lose(f"the Lease is held by {holder}")
+            return False
+        transitions = int(spec.get("leaseTransitions") or 0) + (0 if mine else 1)
+        body = self._body(lease, now_wall, transitions=transitions, acquire=not mine, spec=spec)
+        try:
+            call_json(self.api, self._path, method="PUT", body=body, timeout=self.renew_deadline)
+        except ApiException as exc:
+            if exc.status == 409:
+                return self._failed("the Lease changed under us (409 Conflict)")
+            return self._failed(f"update Lease: {exc.status} {exc.reason}")
+        except Exception as exc:  # noqa: BLE001
+            return self._failed(f"update Lease: {exc}")
+        return self._won(now)
+
+    def _body(self, lease: dict | None, now: datetime, *, transitions: int, acquire: bool, spec: dict | None = None) -> dict:
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": max(1, int(round(self.lease_duration))),
+                "acquireTime": _micro(now) if acquire or not (spec or {}).get("acquireTime") else spec["acquireTime"],
+                "renewTime": _micro(now),
+                "leaseTransitions": transitions,
+            },
+        }
+        if lease is not None:
+            body["metadata"]["resourceVersion"] = (lease.get("metadata") or {}).get("resourceVersion")
+            for k in ("labels", "annotations"):
+                v = (lease.get("metadata") or {}).get(k)
+                if v:
+                    body["metadata"][k] = v
+        return body
+
+    def _won(self, at: float) -> bool:
+        with self._lock:
+            if not self._leader:
+                self.transitions += 1
+            self._leader = True
+            self._last_renew = at
+            self.last_error = None
+        return True
+
+    def _failed(self, why: str) -> bool:
+        self.last_error = why
+        log.debug("leader election: %s", why)
+        return self.is_leader  # still the leader until the renew deadline passes
+
+    def release(self) -> bool:
+        """Give the Lease back (holder cleared) if we hold it; True when released."""
+        with self._lock:
+            was = self._leader
+            self._leader = False
+        try:
+            lease = call_json(self.api, self._path, timeout=5)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not read the Lease to release it: %s", exc)
+            return False
+        spec = lease.get("spec") or {}
+        if spec.get("holderIdentity") != self.identity:
+            return False
+        now = datetime.now(timezone.utc)
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.namespace,
+                         "resourceVersion": (lease.get("metadata") or {}).get("resourceVersion")},
+            "spec": {
+                # client-go's release: no holder, a 1 s duration, renew time now
+                "holderIdentity": None,
+                "leaseDurationSeconds": 1,
+                "acquireTime": spec.get("acquireTime"),
+                "renewTime": _micro(now),
+                "leaseTransitions": spec.get("leaseTransitions") or 0,
+            },
+        }
+        try:
+            call_json(self.api, self._path, method="PUT", body=body, timeout=5)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not release the Lease: %s", exc)
+            return False
+        log.info("released the Lease %s/%s", self.namespace, self.name)
+        if was and self.on_stopped:
+            self._safe(self.on_stopped)
+        return True

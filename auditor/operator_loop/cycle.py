@@ -1,0 +1,259 @@
+"""One operator cycle: from the previous cycle's end to now, into the store's rollup.
+
+A cycle's cost follows the new samples, not the age of the jobs:
+
+* the window starts where the previous successful cycle of this cluster ended (read back from the
+  store's audit runs, so a restart or a new leader resumes there), aligned down to a bucket so the
+  still-open bucket is re-read whole and replaced (the store's upsert is idempotent);
+* the first cycle of a cluster (no cursor yet) starts where its oldest running job started, so
+  every job's history is read from its start; later jobs start after the cursor, and a job that
+  was running unnoticed (e.g. not resolvable yet) had its samples read by the cycles anyway;
+* a gap (an outage, a restart) is caught up in chunks of ``catch_up_chunk``, never skipped;
+  nothing older than ``max_lookback`` is read;
+* each chunk is one store transaction, committed only if this process is still the leader at the
+  end, so a cycle that lost its lease leaves nothing behind for the new leader to repeat.
+
+Summaries are cumulative over every stored bucket of a job (``run_audit(cumulative=True)``) and
+carry the Kubernetes view (``kube``: Workload, queues, pods) and ``final``. A job whose pods all
+finished or were deleted gets its final summary in the first cycle that ends ``end_settle``
+after its end (late scrapes included), and ``jobs.ended_at`` is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
+from auditor.core.model import Window
+from auditor.engine import run_audit, sort_summaries
+from auditor.errors import AuditorError
+from auditor.kube.resolver import JobInfo, KubeResolver
+from auditor.sources.base import MetricSource
+
+log = logging.getLogger(__name__)
+
+ORIGIN = "operator"
+#: how long after a job's end its final summary waits for late samples
+END_SETTLE = timedelta(minutes=1)
+
+
+class LostLeadership(AuditorError):
+    """The lease lapsed during a cycle: its writes are rolled back."""
+
+
+def align_down(t: datetime, width: timedelta) -> datetime:
+    step = width.total_seconds()
+    return datetime.fromtimestamp(t.timestamp() // step * step, timezone.utc)
+
+
+def _job_key_of(summary: dict) -> str:
+    return f"{summary.get('cluster')}/{summary.get('namespace')}/{summary.get('job')}"
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class CycleResult:
+    window: Window | None
+    summaries: list[dict] = field(default_factory=list)
+    jobs_seen: int = 0
+    finalized: list[str] = field(default_factory=list)
+    chunks: int = 0
+    queries: int = 0
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class _CycleStore:
+    """The store as the engine sees it during a cycle: summaries get the Kubernetes view and
+    ``final``; runs get ``origin``/``cluster``/``holder`` (the cursor is read back from them)."""
+
+    def __init__(self, store: Any, view: dict[str, JobInfo], *, cycle_end: datetime, settle: timedelta, detail: dict) -> None:
+        self._store = store
+        self._view = view
+        self._cycle_end = cycle_end
+        self._settle = settle
+        self._detail = detail
+        self.saved: dict[str, tuple[int, dict]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def save_summary(self, job_id: int, summary: dict) -> None:
+        key = _job_key_of(summary)
+        info = self._view.get(key)
+        enrich(summary, info, self._cycle_end, self._settle)
+        self._store.save_summary(job_id, summary)
+        self.saved[key] = (job_id, summary)
+
+    def record_run(self, window: Window, started: datetime, finished: datetime, **kw: Any) -> int:
+        kw["detail"] = {**kw.get("detail", {}), **self._detail}
+        return self._store.record_run(window, started, finished, **kw)
+
+
+def enrich(summary: dict, info: JobInfo | None, cycle_end: datetime, settle: timedelta) -> None:
+    """Add what Kubernetes says about the job to its audit-JSON summary (in place)."""
+    if info is not None:
+        summary["kube"] = info.as_json()
+        if info.workload or info.local_queue:
+            summary["queue"] = info.local_queue
+        ended = info.ended
+        summary["final"] = bool(ended is not None and ended <= cycle_end - settle)
+        summary["ended"] = _iso(ended) if summary["final"] and ended else None
+    else:
+        summary.setdefault("final", False)
+        summary.setdefault("ended", None)
+
+
+class CycleRunner:
+    """Runs cycles for one cluster against one store, source and resolver."""
+
+    def __init__(
+        self,
+        *,
+        store: Any,
+        source: MetricSource,
+        resolver: KubeResolver,
+        cluster: str,
+        width: timedelta = timedelta(minutes=5),
+        max_lookback: timedelta = timedelta(days=7),
+        catch_up_chunk: timedelta = timedelta(hours=6),
+        end_settle: timedelta = END_SETTLE,
+        holder: str = "",
+        still_leader: Callable[[], bool] = lambda: True,
+        thresholds: Any = None,
+    ) -> None:
+        self.store = store
+        self.source = source
+        self.resolver = resolver
+        self.cluster = cluster
+        self.width = width
+        self.max_lookback = max_lookback
+        self.catch_up_chunk = catch_up_chunk
+        self.end_settle = end_settle
+        self.holder = holder
+        self.still_leader = still_leader
+        self.thresholds = thresholds
+        self._covered: set[str] = set()  # job keys whose history this process has read
+
+    # ------------------------------------------------------------------ cursor
+
+    def cursor(self) -> datetime | None:
+        """End of this cluster's last successful operator cycle, aligned down to a bucket."""
+        for run in self.store.runs(limit=500):
+            d = run.get("detail") or {}
+            if d.get("origin") == ORIGIN and d.get("cluster") == self.cluster and str(run.get("status", "")).startswith("ok"):
+                return align_down(run["window_end"], self.width)
+        return None
+
+    def plan(self, now: datetime, view: dict[str, JobInfo]) -> Window:
+        """The window this cycle reads (see the module docstring).
+
+        With a cursor, the cycle continues from it: every sample since the first cycle has been
+        read by some cycle (each reads every pod's series in its window), so a job first seen
+        now that started earlier needs nothing older. The very first cycle of a cluster reads
+        back to the start of its oldest running job, at most ``max_lookback``.
+        """
+        floor = align_down(now - self.max_lookback, self.width)
+        cursor = self.cursor()
+        if cursor is not None:
+            start = cursor
+        else:
+            starts = [j.start for j in view.values() if j.start is not None]
+            start = min(starts) if starts else now - self.width
+        start = max(align_down(start, self.width), floor)
+        if start >= now:
+            start = align_down(now - self.width, self.width)
+        return Window(start, now)
+
+    def chunks(self, window: Window) -> list[Window]:
+        step = max(self.width, (self.catch_up_chunk // self.width) * self.width)
+        out, t = [], window.start
+        while t < window.end:
+            out.append(Window(t, min(t + step, window.end)))
+            t += step
+        return out
+
+    # ------------------------------------------------------------------ cycle
+
+    def run(self, now: datetime | None = None) -> CycleResult:
+        t0 = time.monotonic()
+        now = now or datetime.now(timezone.utc)
+        view = self.resolver.jobs(now)
+        open_jobs = {ref.key: (job_id, ref, last_seen) for job_id, ref, _first, last_seen in self.store.open_jobs(self.cluster)}
+        window = self.plan(now, view)
+        result = CycleResult(window=window, jobs_seen=len(view))
+        log.info("cycle %s → %s: %d GPU job(s) in the cluster", _iso(window.start), _iso(window.end), len(view))
+        detail = {"origin": ORIGIN, "cluster": self.cluster, "holder": self.holder}
+        touched: dict[str, tuple[int, dict]] = {}
+        for chunk in self.chunks(window):
+            proxy = _CycleStore(self.store, view, cycle_end=now, settle=self.end_settle, detail=detail)
+            with self.store.batch():
+                audit = run_audit(
+                    self.source, self.resolver, proxy, chunk, now=now, width=self.width,
+                    cumulative=True, thresholds=self.thresholds,
+                )
+                self._reopen(proxy.saved, open_jobs)
+                if not self.still_leader():
+                    raise LostLeadership("the Lease was lost during the cycle; its writes are rolled back")
+            result.chunks += 1
+            result.queries += audit.report.queries
+            result.warnings.extend(audit.report.warnings)
+            touched.update(proxy.saved)
+        result.finalized = self._finalize(now, view, open_jobs, touched)
+        self._covered = set(view)
+        result.summaries = sort_summaries([s for _id, s in touched.values()])
+        result.seconds = time.monotonic() - t0
+        return result
+
+    def _reopen(self, saved: dict[str, tuple[int, dict]], open_jobs: dict) -> None:
+        """A running job that the store had as ended (same name, new pods) is open again."""
+        for key, (job_id, summary) in saved.items():
+            if key not in open_jobs and key not in self._covered and not summary.get("final"):
+                self.store.set_job_ended(job_id, None)
+
+    def _finalize(self, now: datetime, view: dict[str, JobInfo], open_jobs: dict, touched: dict) -> list[str]:
+        """Mark ended jobs final: their summary gets ``final: true`` and the job its ``ended_at``."""
+        done: list[str] = []
+        settle_before = now - self.end_settle
+        with self.store.batch():
+            for key, (job_id, summary) in touched.items():
+                if summary.get("final"):
+                    ended = view[key].ended if key in view else None
+                    self.store.set_job_ended(job_id, ended or now)
+                    done.append(key)
+            for key, (job_id, ref, last_seen) in open_jobs.items():
+                if key in touched:
+                    continue
+                info = view.get(key)
+                if info is not None:
+                    ended = info.ended
+                    if ended is None or ended > settle_before:
+                        continue
+                elif last_seen > now - self.width - self.end_settle:
+                    continue  # gone from the API, but samples came in recently: wait
+                else:
+                    ended = last_seen
+                summary = self.store.summary(job_id)
+                if summary is not None:
+                    if info is not None:
+                        summary["kube"] = info.as_json()
+                    summary["final"] = True
+                    summary["ended"] = _iso(ended)
+                    self.store.save_summary(job_id, summary)
+                    touched[key] = (job_id, summary)
+                self.store.set_job_ended(job_id, ended)
+                done.append(key)
+            if not self.still_leader():
+                raise LostLeadership("the Lease was lost during the cycle; its writes are rolled back")
+        for key in done:
+            if key in view:
+                self.resolver.forget(view[key])
+        if done:
+            log.info("final summaries: %s", ", ".join(done))
+        return done

@@ -1,0 +1,82 @@
+"""``/healthz``, ``/readyz`` and ``/metrics`` on one small HTTP server (a thread).
+
+``/healthz``: the process works (the scheduler runs, the last cycle did not hang past three
+intervals). ``/readyz``: started — store open, informers synced — whether leader or standby (a
+standby must be ready to take over quickly). ``/metrics``: prometheus-client's text format from
+the operator's own registry; no per-job labels (a label per job would grow without bound).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+log = logging.getLogger(__name__)
+
+
+class OperatorMetrics:
+    """The operator's metrics, in their own registry (no process-global state)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.cycle_seconds = Histogram(
+            "gpu_auditor_cycle_duration_seconds", "Wall time of one audit cycle",
+            buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800), registry=r,
+        )
+        self.cycles = Counter("gpu_auditor_cycles", "Audit cycles by outcome", ["status"], registry=r)
+        self.jobs_audited = Gauge("gpu_auditor_jobs_audited", "Jobs summarized by the last cycle", registry=r)
+        self.summaries = Counter("gpu_auditor_job_summaries", "Job summaries written by cycles", registry=r)
+        self.final_summaries = Counter("gpu_auditor_final_summaries", "Final summaries of ended jobs", registry=r)
+        self.errors = Counter("gpu_auditor_errors", "Errors by stage", ["stage"], registry=r)
+        self.leader = Gauge("gpu_auditor_leader", "1 while this replica holds the Lease", registry=r)
+        self.gpu_jobs = Gauge("gpu_auditor_discovered_jobs", "GPU jobs in the cluster (last cycle)", registry=r)
+        self.last_cycle = Gauge("gpu_auditor_last_cycle_timestamp_seconds", "End of the last cycle", registry=r)
+        self.last_success = Gauge("gpu_auditor_last_success_timestamp_seconds", "End of the last successful cycle", registry=r)
+        self.prometheus_queries = Counter("gpu_auditor_prometheus_queries", "Prometheus queries made", registry=r)
+        self.kube_requests = Gauge("gpu_auditor_kube_api_requests", "Kubernetes API requests made since start", registry=r)
+        self.window_seconds = Gauge("gpu_auditor_cycle_window_seconds", "Length of the last cycle's window", registry=r)
+
+
+class HealthServer:
+    """Serves the three endpoints; ``port=0`` picks a free port (see :attr:`port`)."""
+
+    def __init__(self, host: str, port: int, *, metrics: OperatorMetrics,
+                 healthy: Callable[[], tuple[bool, str]], ready: Callable[[], tuple[bool, str]]) -> None:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    body, ctype, code = generate_latest(owner.metrics.registry), CONTENT_TYPE_LATEST, 200
+                elif path in ("/healthz", "/readyz"):
+                    ok, why = (healthy if path == "/healthz" else ready)()
+                    body, ctype, code = (why or "ok").encode() + b"\n", "text/plain; charset=utf-8", 200 if ok else 503
+                else:
+                    body, ctype, code = b"not found\n", "text/plain; charset=utf-8", 404
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, fmt: str, *args: object) -> None:
+                log.debug("http: " + fmt, *args)
+
+        self.metrics = metrics
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, name="health-http", daemon=True)
+
+    def start(self) -> "HealthServer":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,376 @@
+"""The operator's settings: one typed object, from the settings file and ``GPU_AUDITOR_*`` variables.
+
+The file is the one the Helm chart renders (docs/install.md, "The settings file"); the same keys
+work from a hand-written file (``gpu-auditor run --config FILE``). Precedence, lowest first:
+built-in defaults, the file, environment variables, command-line flags. Everything is validated
+once at start: a typo (an unknown key) or a bad value stops the program with a message that
+names the key, instead of being ignored and silently running on a default.
+
+Secrets never sit in the file: a ``*_env`` key names the environment variable that carries the
+value (the chart fills it from a Secret), resolved only when the value is used. The effective
+settings are logged with every password in a URL masked (:meth:`Settings.masked`).
+
+Environment variables: ``GPU_AUDITOR_<KEY>`` sets a top-level scalar (``GPU_AUDITOR_INTERVAL=1m``),
+``GPU_AUDITOR_<SECTION>__<KEY>`` a nested one (``GPU_AUDITOR_LEADER_ELECTION__LEASE_DURATION=10s``);
+lists are comma-separated (``GPU_AUDITOR_TEAM_SOURCES=podLabel:team,namespace``). The CLI's own
+``GPU_AUDITOR_PROMETHEUS_URL`` sets ``prometheus.url``. Other ``GPU_AUDITOR_*`` names (secrets such
+as ``GPU_AUDITOR_DATABASE_URL``) are only read where a ``*_env`` key names them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from auditor.errors import BadInput
+from auditor.timeparse import parse_duration
+
+log = logging.getLogger(__name__)
+
+ENV_PREFIX = "GPU_AUDITOR_"
+
+
+def _duration(value: Any) -> timedelta:
+    """``5m``-style text (the chart's format), a number of seconds, or a timedelta."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 30s, 5m, 1h")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ValueError("duration must be positive")
+        return timedelta(seconds=float(value))
+    if isinstance(value, str):
+        try:
+            return parse_duration(value, what="duration")
+        except BadInput as exc:
+            raise ValueError(str(exc).removeprefix("duration: ")) from None
+    raise ValueError("expected a duration such as 30s, 5m, 1h")
+
+
+Duration = Annotated[timedelta, BeforeValidator(_duration)]
+
+
+class _Section(BaseModel):
+    """Unknown keys are errors (``extra='forbid'``): a typo must not be a silent default."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class KubernetesSettings(_Section):
+    in_cluster: bool = False
+    kubeconfig: str | None = None
+    context: str | None = None
+    #: Act as this user (``system:serviceaccount:NS:NAME``) — for testing least privilege.
+    impersonate: str | None = None
+
+
+class PrometheusSettings(_Section):
+    url: str | None = None
+    label_convention: Literal["auto", "pod", "exported_pod", "pod_name"] = "auto"
+    timeout: Duration = timedelta(seconds=60)
+    tls_verify: bool = True
+    ca_file: str | None = None
+    retries: int = Field(default=2, ge=0, le=10)
+    #: extra label matchers on every DCGM series (the CLI's ``--match``)
+    matchers: dict[str, str] = Field(default_factory=dict)
+    bearer_token_env: str | None = None
+    username_env: str | None = None
+    password_env: str | None = None
+
+
+class RetentionSettings(_Section):
+    buckets: Duration = timedelta(days=90)
+    summaries: Duration = timedelta(days=730)
+
+
+class StoreSettings(_Section):
+    url: str | None = None
+    url_env: str | None = None
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
+
+    @model_validator(mode="after")
+    def _one_url(self) -> "StoreSettings":
+        if self.url and self.url_env:
+            raise ValueError("give store.url or store.url_env, not both")
+        return self
+
+
+class PoliciesSettings(_Section):
+    builtin: bool = True
+    dir: str | None = None
+
+
+class LeaderElectionSettings(_Section):
+    enabled: bool = True
+    namespace: str | None = None  # None: POD_NAMESPACE, else "gpu-auditor"
+    lease_name: str = "gpu-auditor"
+    lease_duration: Duration = timedelta(seconds=15)
+    renew_deadline: Duration = timedelta(seconds=10)
+    retry_period: Duration = timedelta(seconds=2)
+    identity: str | None = None  # None: POD_NAME, else hostname_pid
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "LeaderElectionSettings":
+        if not self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ValueError("need retry_period < renew_deadline < lease_duration")
+        return self
+
+
+class FeaturesSettings(_Section):
+    annotate: bool = True
+    events: bool = True
+    kueue: bool = True
+    requeue: bool = False
+
+
+class SlackSettings(_Section):
+    webhook_url_env: str | None = None
+
+
+class WebhookSettings(_Section):
+    url_env: str | None = None
+    hmac_key_env: str | None = None
+
+
+class RouteSettings(_Section):
+    slack_webhook_url_env: str | None = None
+    webhook_url_env: str | None = None
+
+
+class NotificationsSettings(_Section):
+    slack: SlackSettings = Field(default_factory=SlackSettings)
+    webhook: WebhookSettings = Field(default_factory=WebhookSettings)
+    routes: dict[str, RouteSettings] = Field(default_factory=dict)
+
+
+class ReportsSettings(_Section):
+    weekly_schedule: str = "0 8 * * 1"
+
+
+class HttpSettings(_Section):
+    port: int = Field(default=8080, ge=0, le=65535)  # 0: any free port (tests)
+    host: str = "0.0.0.0"
+
+
+_TEAM_SOURCE = re.compile(r"^(podLabel|jobLabel|namespaceLabel):[A-Za-z0-9._/-]+$|^(kueueQueue|kueueLocalQueue|kueueClusterQueue|namespace)$")
+
+
+class Settings(_Section):
+    """Everything ``gpu-auditor run`` needs; see docs/operator.md for each key."""
+
+    cluster: str = "default"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+    prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
+    #: time between audit cycles
+    interval: Duration = timedelta(minutes=5)
+    bucket_width: Duration = timedelta(minutes=5)
+    #: how far back a job seen for the first time (or the first cycle ever) is read
+    max_lookback: Duration = timedelta(days=7)
+    #: a catch-up after an outage is read in pieces of at most this length
+    catch_up_chunk: Duration = timedelta(hours=6)
+    #: pods with DCGM series that the Kubernetes API no longer knows: ``pod`` audits each as its
+    #: own job ``Pod/<name>`` (history is kept), ``skip`` leaves them out
+    unresolved_pods: Literal["pod", "skip"] = "pod"
+    #: how long a deleted pod is remembered, so that its last samples are still attributed
+    deleted_pod_memory: Duration = timedelta(hours=1)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    policies: PoliciesSettings = Field(default_factory=PoliciesSettings)
+    leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
+    features: FeaturesSettings = Field(default_factory=FeaturesSettings)
+    team_sources: list[str] = Field(
+        default_factory=lambda: ["podLabel:team", "jobLabel:team", "namespaceLabel:team", "kueueQueue", "namespace"]
+    )
+    notifications: NotificationsSettings = Field(default_factory=NotificationsSettings)
+    reports: ReportsSettings = Field(default_factory=ReportsSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
+
+    @field_validator("team_sources")
+    @classmethod
+    def _team_sources(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if not _TEAM_SOURCE.match(item):
+                raise ValueError(
+                    f"{item!r} is not a team source (use podLabel:KEY, jobLabel:KEY, namespaceLabel:KEY, "
+                    "kueueQueue, kueueLocalQueue, kueueClusterQueue or namespace)"
+                )
+        if not value:
+            raise ValueError("at least one team source is needed (e.g. namespace)")
+        return value
+
+    @model_validator(mode="after")
+    def _widths(self) -> "Settings":
+        if self.bucket_width < timedelta(seconds=1):
+            raise ValueError("bucket_width must be at least 1s")
+        if self.catch_up_chunk < self.bucket_width:
+            raise ValueError("catch_up_chunk must be at least one bucket_width")
+        return self
+
+    # ------------------------------------------------------------------ use
+
+    def database_url(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The store URL, from ``store.url`` or the variable ``store.url_env`` names (None: default SQLite)."""
+        env = os.environ if environ is None else environ
+        if self.store.url_env:
+            value = env.get(self.store.url_env)
+            if not value:
+                raise BadInput(f"store.url_env: environment variable {self.store.url_env} is not set")
+            return value
+        return self.store.url
+
+    def secret(self, env_name: str | None, key: str, environ: Mapping[str, str] | None = None) -> str | None:
+        """The value of the variable a ``*_env`` key names (``key`` for the error message)."""
+        if not env_name:
+            return None
+        env = os.environ if environ is None else environ
+        value = env.get(env_name)
+        if value is None:
+            raise BadInput(f"{key}: environment variable {env_name} is not set")
+        return value
+
+    def masked(self) -> dict[str, Any]:
+        """The effective settings as plain data, passwords in URLs masked (for the log)."""
+        from auditor.store.urls import display_url
+
+        data = self.model_dump(mode="python")
+
+        def walk(node: Any) -> Any:
+            if isinstance(node, timedelta):
+                secs = node.total_seconds()
+                for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+                    if secs >= n and secs % n == 0:
+                        return f"{int(secs // n)}{unit}"
+                return f"{secs:g}s"
+            if isinstance(node, dict):
+                return {k: walk(v) for k, v in node.items()}
+            if isinstance(node, list):
+                return [walk(v) for v in node]
+            if isinstance(node, str) and "://" in node and "@" in node:
+                return display_url(node)
+            return node
+
+        return walk(data)
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``GPU_AUDITOR_*`` variables that are settings, as a nested dict (strings; pydantic converts)."""
+    out: dict[str, Any] = {}
+    top_scalars = {name for name, f in Settings.model_fields.items() if f.default_factory is None}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        rest = name[len(ENV_PREFIX):].lower()
+        if name == "GPU_AUDITOR_PROMETHEUS_URL":
+            out.setdefault("prometheus", {})["url"] = value
+            continue
+        if "__" in rest:
+            path = rest.split("__")
+            node = out
+            for part in path[:-1]:
+                node = node.setdefault(part, {})
+                if not isinstance(node, dict):
+                    raise BadInput(f"environment variable {name}: {part} is not a section")
+            node[path[-1]] = value
+        elif rest == "team_sources":
+            out["team_sources"] = [s.strip() for s in value.split(",") if s.strip()]
+        elif rest in top_scalars:
+            out[rest] = value
+        # anything else (secrets named by *_env keys, the CLI's own variables) is not a setting
+    return out
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _env_name(loc: tuple) -> str:
+    parts = [str(p) for p in loc if not isinstance(p, int)]
+    if parts == ["prometheus", "url"]:
+        return "GPU_AUDITOR_PROMETHEUS_URL"
+    return ENV_PREFIX + "__".join(p.upper() for p in parts)
+
+
+def _describe(exc: ValidationError, origin: str, env: bool = False) -> str:
+    """pydantic's errors as one line per key: ``settings.yaml: leader_election.lease_durration:
+    unknown key``."""
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if env:
+            key = f"{key} (variable {_env_name(err['loc'])})"
+        if err["type"] == "extra_forbidden":
+            parent = ".".join(str(p) for p in err["loc"][:-1])
+            lines.append(f"{origin}: unknown key {key}" + (f" in section {parent!r}" if parent else ""))
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{origin}: {key}: {msg}")
+    return "; ".join(lines)
+
+
+def load_settings(
+    path: str | Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Defaults ← the YAML file at ``path`` ← ``GPU_AUDITOR_*`` variables ← ``overrides`` (flags).
+
+    Raises :class:`BadInput` naming the file and the key for anything unknown or invalid.
+    """
+    env = os.environ if environ is None else environ
+    data: dict[str, Any] = {}
+    origin = "settings"
+    if path is not None:
+        origin = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise BadInput(f"settings file {path}: cannot read ({exc.strerror})") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise BadInput(f"settings file {path}: not valid YAML: {exc}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise BadInput(f"settings file {path}: the top level must be a mapping of keys, got {type(loaded).__name__}")
+        data = loaded
+    try:
+        Settings.model_validate(data)  # the file alone first: its errors name the file
+    except ValidationError as exc:
+        raise BadInput(_describe(exc, origin)) from None
+    merged = _merge(data, _env_overrides(env))
+    try:
+        Settings.model_validate(merged)
+    except ValidationError as exc:
+        raise BadInput(_describe(exc, "environment", env=True)) from None
+    if overrides:
+        merged = _merge(merged, overrides)
+    try:
+        return Settings.model_validate(merged)
+    except ValidationError as exc:
+        raise BadInput(_describe(exc, "command line")) from None
+
+
+def log_effective(settings: Settings, logger: logging.Logger = log) -> None:
+    """Log the effective settings once at start (passwords masked)."""
+    import json
+
+    logger.info("effective settings: %s", json.dumps(settings.masked(), sort_keys=True))
