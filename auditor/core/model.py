@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from enum import Enum
+from typing import NamedTuple
 
 from auditor.core.metrics import Metric
 
@@ -99,14 +100,17 @@ class JobRef:
         return f"{self.cluster}/{self.namespace}/{self.kind}/{self.name}"
 
 
-@dataclass(frozen=True, slots=True)
-class Bucket:
+class Bucket(NamedTuple):
     """The rollup of one metric on one GPU for one pod over ``[start, end)``.
 
     ``total``/``count`` are the sum and number of valid samples (in the metric's unit, see
     :mod:`auditor.core.metrics`), so means over any set of buckets combine exactly;
     ``minimum``/``maximum`` bound them; ``dropped`` counts garbage samples that were discarded.
     A bucket with ``count == 0`` carries only a ``dropped`` count.
+
+    A named tuple rather than a frozen dataclass: an audit of a large cluster holds millions of
+    buckets, and a frozen dataclass costs about ten times as much to create (one
+    ``object.__setattr__`` per field). It is just as immutable and hashable, with the same fields.
     """
 
     pod: PodRef

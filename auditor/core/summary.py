@@ -24,7 +24,10 @@ Definitions (docs/verdicts.md has the user-facing version):
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import defaultdict
+from itertools import accumulate, groupby
+from operator import attrgetter, itemgetter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Iterable, Mapping, Sequence
@@ -52,6 +55,11 @@ DEVICE_FIELDS: tuple[tuple[str, Metric], ...] = (
 )
 
 ShareMap = Mapping[tuple[str, datetime], int]
+
+_METRIC = attrgetter("metric")
+_WEIGHT = itemgetter(1)
+_METRIC_START = attrgetter("metric", "start")
+_POD_GPU = attrgetter("pod", "gpu")
 
 
 # --------------------------------------------------------------------------- statistics
@@ -98,23 +106,29 @@ class Stat:
 
     def percentile(self, p: float) -> float | None:
         """Count-weighted percentile of the bucket means (lower value at ties)."""
+        return self.percentiles(p)[0]
+
+    def percentiles(self, *ps: float) -> list[float | None]:
+        """:meth:`percentile` for several ``p`` at once, sorting the points only once."""
         if not self.points:
-            return None
+            return [None] * len(ps)
         pts = sorted(self.points)
-        need = p * sum(w for _, w in pts)
-        acc = 0
-        for value, w in pts:
-            acc += w
-            if acc >= need - 1e-9:
-                return value
-        return pts[-1][0]
+        cumulative = list(accumulate(map(_WEIGHT, pts)))
+        total = cumulative[-1]
+        out: list[float | None] = []
+        for p in ps:
+            # the first point whose cumulative weight reaches p of the total
+            i = bisect_left(cumulative, p * total - 1e-9)
+            out.append(pts[i][0] if i < len(pts) else pts[-1][0])
+        return out
 
     def as_json(self) -> dict[str, object]:
+        p10, p50, p90 = self.percentiles(0.10, 0.50, 0.90)
         return {
             "mean": _r(self.mean),
-            "p10": _r(self.percentile(0.10)),
-            "p50": _r(self.percentile(0.50)),
-            "p90": _r(self.percentile(0.90)),
+            "p10": _r(p10),
+            "p50": _r(p50),
+            "p90": _r(p90),
             "min": _r(self.minimum) if self.count else None,
             "max": _r(self.maximum) if self.count else None,
             "samples": self.count,
@@ -142,10 +156,29 @@ def gpu_shares(buckets: Iterable[Bucket]) -> dict[tuple[str, datetime], int]:
     time is divided among them and the metrics are device-wide, not the pod's own.
     """
     pods: dict[tuple[str, datetime], set[PodRef]] = defaultdict(set)
-    for b in buckets:
-        if b.count or b.dropped:
-            pods[(b.gpu.key, b.start)].add(b.pod)
+    for (pod, gpu), run in groupby(buckets, key=_POD_GPU):
+        key = gpu.key
+        for b in run:
+            if b.count or b.dropped:
+                pods[(key, b.start)].add(pod)
     return {k: len(v) for k, v in pods.items()}
+
+
+def shared_gpus(buckets: Sequence[Bucket]) -> dict[tuple[str, datetime], int]:
+    """:func:`gpu_shares` without its entries of 1: only the GPUs and buckets with several pods.
+
+    Every consumer reads shares with a default of 1, so this is the same map for them, and it
+    looks at single buckets only on GPUs that more than one pod used at all — on a cluster
+    without sharing, one step per (pod, GPU) run instead of a set per bucket.
+    """
+    pods_per_gpu: dict[str, set[PodRef]] = defaultdict(set)
+    for (pod, gpu), _ in groupby(buckets, key=_POD_GPU):
+        pods_per_gpu[gpu.key].add(pod)
+    candidates = {k for k, v in pods_per_gpu.items() if len(v) > 1}
+    if not candidates:
+        return {}
+    shares = gpu_shares(b for b in buckets if b.gpu.key in candidates)
+    return {k: n for k, n in shares.items() if n > 1}
 
 
 # --------------------------------------------------------------------------- per-row view
@@ -206,15 +239,36 @@ def _row(
     shares: ShareMap,
 ) -> RowView:
     stats: dict[Metric, Stat] = {}
-    scraped: dict[datetime, int] = defaultdict(int)  # bucket start → samples seen (max over metrics)
+    scraped: dict[datetime, int] = {}  # bucket start → samples seen (max over metrics)
     ends: dict[datetime, datetime] = {}
-    per_metric_bucket: dict[tuple[Metric, datetime], int] = defaultdict(int)
-    for b in buckets:
-        stats.setdefault(b.metric, Stat()).add(b)
-        per_metric_bucket[(b.metric, b.start)] += b.count + b.dropped
-        ends[b.start] = b.end
-    for (_, start), n in per_metric_bucket.items():
-        scraped[start] = max(scraped[start], n)
+    per_metric: dict[Metric, dict[datetime, int]] = {}  # metric → bucket start → samples seen
+    # One pass per metric run with the Stat fields in locals (this loop sees every bucket of
+    # an audit). Same arithmetic, in the same order, as Stat.add bucket by bucket.
+    for metric, run in groupby(buckets, key=_METRIC):
+        st = stats.get(metric)
+        if st is None:
+            st = stats[metric] = Stat()
+            per_metric[metric] = {}
+        total, count, dropped, lo, hi, points = st.total, st.count, st.dropped, st.minimum, st.maximum, st.points
+        seen = per_metric[metric]
+        for _, _, _, start, end, t, n, mn, mx, d in run:  # Bucket's fields, in order
+            seen[start] = seen.get(start, 0) + n + d
+            ends[start] = end
+            dropped += d
+            if n <= 0:
+                continue
+            total += t
+            count += n
+            if mn < lo:
+                lo = mn
+            if mx > hi:
+                hi = mx
+            points.append((t / n, n))
+        st.total, st.count, st.dropped, st.minimum, st.maximum = total, count, dropped, lo, hi
+    for seen in per_metric.values():
+        for start, n in seen.items():
+            if n > scraped.get(start, 0):
+                scraped[start] = n
     starts = sorted(s for s, n in scraped.items() if n > 0)
     presence: dict[datetime, float] = {}
     w0, w1 = window.start, window.end
@@ -581,12 +635,21 @@ def summarize_job(
     th = thresholds or Thresholds()
     shares = shares if shares is not None else gpu_shares(buckets)
     iv = interval if interval and interval > 0 else (estimate_interval(buckets) or 0.0)
-    grouped: dict[tuple[PodRef, str], list[Bucket]] = defaultdict(list)
+    # Buckets per (pod, GPU key), each list ordered by (metric name, start) — the order a sort
+    # of all buckets by (pod, GPU key, metric name, start) gives — grouping runs first so that
+    # only the few buckets of one row are sorted at a time.
+    grouped: dict[tuple[PodRef, str], list[Bucket]] = {}
+    for (pod, gpu), run in groupby(buckets, key=_POD_GPU):
+        key = (pod, gpu.key)
+        lst = grouped.get(key)
+        if lst is None:
+            lst = grouped[key] = []
+        lst.extend(run)
     gpus: dict[tuple[PodRef, str], GpuId] = {}
-    ordered = sorted(buckets, key=lambda b: (b.pod, b.gpu.key, b.metric.value, b.start))
-    for b in ordered:
-        grouped[(b.pod, b.gpu.key)].append(b)
-        gpus.setdefault((b.pod, b.gpu.key), b.gpu)
+    for key, lst in grouped.items():
+        # Metric is a str enum: members order as their names do, so this is (name, start)
+        lst.sort(key=_METRIC_START)
+        gpus[key] = lst[0].gpu
     rows = [
         _row(pod, gpus[(pod, key)], bs, window=window, interval=iv, shares=shares)
         for (pod, key), bs in sorted(grouped.items(), key=lambda kv: kv[0])

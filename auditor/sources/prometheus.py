@@ -29,10 +29,10 @@ import math
 import re
 import threading
 from array import array
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import requests
 import urllib3
@@ -42,10 +42,15 @@ from urllib3.util.retry import Retry
 
 from auditor.core.metrics import BY_NAME, SPECS, Metric
 from auditor.core.model import Bucket, GpuId, PodRef, Window
-from auditor.core.rollup import Sample, aggregate
+from auditor.core.rollup import BucketRun, LazyBuckets, Piece, Sample, aggregate
 from auditor.errors import BadInput, QueryRefused, SourceUnavailable
 from auditor.sources import promql
 from auditor.sources.base import SourceReport, SourceResult
+
+try:  # several times faster on the multi-megabyte answers of a large cluster
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - the stdlib decoder gives the same result, slower
+    from json import loads as _loads
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +102,7 @@ class PrometheusClient:
         self.queries = 0
         self.warnings: list[str] = []
         self._lock = threading.Lock()
+        self._decode_lock = threading.Lock()
         session = requests.Session()
         if insecure:
             session.verify = False
@@ -132,8 +138,21 @@ class PrometheusClient:
         self.session.close()
 
     # -- raw calls ---------------------------------------------------------------------------
-    def call(self, path: str, params: Mapping[str, Any] | list[tuple[str, str]], *, method: str = "POST") -> Any:
-        """Call ``/api/v1/<path>`` and return its ``data``; raise our errors on failure."""
+    def call(
+        self,
+        path: str,
+        params: Mapping[str, Any] | list[tuple[str, str]],
+        *,
+        method: str = "POST",
+        convert: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """Call ``/api/v1/<path>`` and return its ``data``; raise our errors on failure.
+
+        With ``convert``, return ``convert(data)`` instead, run while holding the decode lock:
+        answers are decoded one at a time (decoding holds the GIL anyway, so this costs no
+        speed), and a large decoded answer is turned into something compact before the next
+        one is decoded, so concurrent queries do not hold several decoded answers at once.
+        """
         url = f"{self.url}/api/v1/{path}"
         with self._lock:
             self.queries += 1
@@ -152,11 +171,13 @@ class PrometheusClient:
         except requests.exceptions.RequestException as exc:
             reason = _root_reason(exc)
             raise SourceUnavailable(f"Prometheus at {self.url} is unreachable: {reason}") from exc
-        return self._decode(resp, path)
+        with self._decode_lock:
+            data = self._decode(resp, path)
+            return convert(data) if convert is not None else data
 
     def _decode(self, resp: requests.Response, path: str) -> Any:
         try:
-            body = resp.json()
+            body = _loads(resp.content)
         except ValueError:
             body = None
         error = ""
@@ -189,7 +210,9 @@ class PrometheusClient:
             params["time"] = promql.format_ts(at_ms)
         return self.call("query", params)
 
-    def query_range(self, expr: str, start_ms: int, end_ms: int, step_ms: int) -> dict:
+    def query_range(
+        self, expr: str, start_ms: int, end_ms: int, step_ms: int, convert: Callable[[Any], Any] | None = None
+    ) -> Any:
         return self.call(
             "query_range",
             {
@@ -199,6 +222,7 @@ class PrometheusClient:
                 "step": promql.format_ts(step_ms),
                 "timeout": f"{self.timeout:g}s",
             },
+            convert=convert,
         )
 
     def label_values(self, label: str, match: Iterable[str], start_ms: int, end_ms: int) -> list[str]:
@@ -308,6 +332,14 @@ class PrometheusSource:
 
     # -- the MetricSource protocol ---------------------------------------------------------------
     def read(self, window: Window, width: timedelta) -> SourceResult:
+        result = self.read_lazy(window, width)
+        result.buckets = list(result.buckets)
+        return result
+
+    def read_lazy(self, window: Window, width: timedelta) -> SourceResult:
+        """:meth:`read`, with ``buckets`` a :class:`~auditor.core.rollup.LazyBuckets`: the same
+        buckets in the same order, made into objects only when iterated or per pod (the engine
+        keeps one job's buckets as objects at a time)."""
         width_ms = int(width / timedelta(milliseconds=1))
         if width_ms < 1000:
             raise BadInput(f"bucket width {width} is below one second")
@@ -330,22 +362,27 @@ class PrometheusSource:
         report.labels.update(_device_labels(s.labels for s in series))
 
         #: (pod, GPU key, metric) → one list of time-ordered buckets per series (or re-read part)
-        groups: dict[tuple[PodRef, str, Metric], list[list[Bucket]]] = {}
-        starts: dict[int, tuple[datetime, datetime]] = {}
-
-        def times(end: int) -> tuple[datetime, datetime]:
-            t = starts.get(end)
-            if t is None:
-                t = starts[end] = (_dt(end - width_ms), _dt(end))
-            return t
+        groups: dict[tuple[PodRef, str, Metric], list[BucketRun | list[Bucket]]] = {}
+        n_ends = (end_ms - first_end) // width_ms + 1
+        #: (start, end) of each bucket of the read, shared by all its buckets
+        spans = [(_dt(first_end + i * width_ms - width_ms), _dt(first_end + i * width_ms)) for i in range(n_ends)]
+        # One PodRef / GpuId object per pod / device (not per series): the summary and the
+        # engine group buckets by these, and identical objects compare and hash by identity.
+        pod_objs: dict[PodRef, PodRef] = {}
+        gpu_objs: dict[GpuId, GpuId] = {}
 
         dirty: dict[str, list[tuple[_Series, PodRef, GpuId, list[int]]]] = {}
-        counts: list[int] = []
-        for s in series:
+        #: samples per clean bucket → how many buckets had that many (for the interval estimate)
+        counts: dict[int, int] = {}
+        # 1. which pod and GPU each series describes (series order, for the warnings)
+        attributed: list[tuple[_Series, PodRef, GpuId]] = []
+        for k in range(len(series)):
+            s, series[k] = series[k], None  # dropped once handled, unless a re-read needs it
             gpu = promql.gpu_of(s.labels)
             if gpu is None:
                 report.warnings.append(f"{s.name} series without a GPU identity skipped: {_short(s.labels)}")
                 continue
+            gpu = gpu_objs.setdefault(gpu, gpu)
             stats.gpus.add(gpu.key)
             stats.mig = stats.mig or bool(gpu.instance)
             if gpu.hostname:
@@ -359,39 +396,36 @@ class PrometheusSource:
             if pod is None:
                 continue
             stats.attributed.add(gpu.key)
-            spec = SPECS[s.metric]
-            bad: list[int] = []
-            clean: list[Bucket] = []
+            attributed.append((s, pod_objs.setdefault(pod, pod), gpu))
+        del series
+        # 2. clean and dirty buckets of every series, a whole exporter name at a time
+        decided = _classify(
+            [s for s, _, _ in attributed if "count" in s.aggs], n_ends, first_end, width_ms, counts
+        )
+        # 3. runs of clean buckets and the dirty buckets to re-read, in series order
+        for s, pod, gpu in attributed:
             cnts = s.aggs.get("count")
             if cnts is None:  # an incomplete answer: no counts, so re-read whatever it has raw
                 seen = {i for a in s.aggs.values() for i, v in enumerate(a) if v == v}
                 dirty.setdefault(s.name, []).append((s, pod, gpu, [first_end + i * width_ms for i in sorted(seen)]))
                 continue
-            sums, mins, maxs = (s.aggs.get(a, _EMPTY) for a in ("sum", "min", "max"))
-            for i, count in enumerate(cnts):
-                if count != count:  # NaN: no sample in this bucket
-                    continue
-                end = first_end + i * width_ms
-                b = _clean_bucket(
-                    pod, gpu, s.metric, times(end), count, _at(sums, i), _at(mins, i), _at(maxs, i),
-                    spec.scale, spec.low, spec.high,
+            idx, bad = decided[id(s)]
+            if idx:
+                # the buckets stay as the series' arrays until a caller needs them as objects
+                sums, mins, maxs = (s.aggs.get(a) or _nans(len(cnts)) for a in ("sum", "min", "max"))
+                groups.setdefault((pod, gpu.key, s.metric), []).append(
+                    BucketRun(pod, gpu, s.metric, SPECS[s.metric].scale, spans, sums, cnts, mins, maxs, idx)
                 )
-                if b is None:
-                    bad.append(end)
-                    continue
-                counts.append(b.count)
-                clean.append(b)
-            if clean:
-                groups.setdefault((pod, gpu.key, s.metric), []).append(clean)
             if bad:
-                dirty.setdefault(s.name, []).append((s, pod, gpu, sorted(bad)))
+                dirty.setdefault(s.name, []).append((s, pod, gpu, bad))
+        del attributed, decided
 
         for name, items in sorted(dirty.items()):
             for b in self._reread_garbage(name, items, width_ms, major):
                 if b.dropped:
                     report.dropped[b.metric] = report.dropped.get(b.metric, 0) + b.dropped
                 if b.count:
-                    counts.append(b.count)
+                    counts[b.count] = counts.get(b.count, 0) + 1
                 groups.setdefault((b.pod, b.gpu.key, b.metric), []).append([b])
 
         unattributed = stats.gpus - stats.attributed
@@ -413,7 +447,7 @@ class PrometheusSource:
         report.queries = client.queries - q0
         report.warnings.extend(client.warnings[w0:])
         self.stats = stats
-        return SourceResult(buckets=_merge(groups, report), report=report)
+        return SourceResult(buckets=LazyBuckets(_merge(groups, report)), report=report)  # type: ignore[arg-type]
 
     # -- steps -------------------------------------------------------------------------------------
     def _server_major(self, stats: ReadStats) -> int:
@@ -437,9 +471,9 @@ class PrometheusSource:
     def _read_aggregates(self, names: list[str], first_end: int, last_end: int, width_ms: int, rng: int) -> list[_Series]:
         """Run the bucket queries (concurrently) and fold each answer in as it arrives.
 
-        Answers are parsed and dropped one by one, and each series keeps its aggregates in flat
-        arrays (NaN = no sample), so peak memory is a few answers plus the arrays, not every
-        decoded answer at once.
+        At most ``concurrency`` queries are in flight, and each worker turns its decoded answer
+        into flat arrays of values (NaN = no sample) before handing it over, so peak memory
+        is a few answers plus the arrays, not every decoded answer at once.
         """
         jobs = [
             (name, agg, a, b)
@@ -448,53 +482,105 @@ class PrometheusSource:
             for a, b in promql.chunks(first_end, last_end, width_ms, self.max_points - 1)
         ]
         n = (last_end - first_end) // width_ms + 1
-        by_key: dict[tuple[str, frozenset], _Series] = {}
+        #: (name, sorted label items) → series: a sorted tuple is half the size of a frozenset
+        by_key: dict[tuple[str, tuple[tuple[str, str], ...]], _Series] = {}
         index: dict[object, int] = {}
+        #: (name, chunk) → the series of the first answer for it, in answer order. Prometheus
+        #: answers every aggregate of one selector with the same series in the same order, so
+        #: the other three answers find their series by position, checked by comparing the
+        #: label dicts (cheap), and hash the label set only where that check fails.
+        order: dict[tuple[str, int], list[_Series]] = {}
+        strings: dict[str, str] = {}
+
+        def compact(result: list[dict]) -> list[tuple[dict, int, Any]]:
+            """An answer as (labels, first bucket index, values array) per series; the
+            index is -1 (and the values (index, value) pairs) where the series has gaps."""
+            out: list[tuple[dict, int, Any]] = []
+            for item in result:
+                labels = item.get("metric", {})
+                labels.pop("__name__", None)
+                points = item.get("values")
+                if not points:
+                    out.append((labels, 0, _EMPTY))
+                    continue
+                first = _index(index, points[0][0], first_end, width_ms)
+                last = _index(index, points[-1][0], first_end, width_ms)
+                if last - first + 1 == len(points):  # no gaps: one slice assignment
+                    out.append((labels, first, array("d", [float(v) for _, v in points])))
+                else:
+                    out.append((labels, -1, [(_index(index, t, first_end, width_ms), float(v)) for t, v in points]))
+            return out
+
+        def fetch(name: str, agg: str, a: int, b: int) -> list[tuple[dict, int, Any]]:
+            return self._range_chunk(name, agg, a, b, width_ms, rng, compact)
+
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            futures = {
-                pool.submit(self._range_chunk, name, agg, a, b, width_ms, rng): (name, agg) for name, agg, a, b in jobs
-            }
-            for future in as_completed(futures):
-                name, agg = futures[future]
-                metric = BY_NAME[name]
-                result = future.result()
-                del futures[future]
-                for item in result:
-                    labels = item.get("metric", {})
-                    labels.pop("__name__", None)
-                    key = (name, frozenset(labels.items()))
-                    s = by_key.get(key)
-                    if s is None:
-                        s = by_key[key] = _Series(name, metric, labels)
-                    values = s.aggs.get(agg)
-                    if values is None:
-                        values = s.aggs[agg] = array("d", _NANS[:n] if n <= len(_NANS) else [math.nan] * n)
-                    points = item.get("values") or ()
-                    if not points:
-                        continue
-                    first, last = (_index(index, p[0], first_end, width_ms) for p in (points[0], points[-1]))
-                    if last - first + 1 == len(points):  # no gaps: one slice assignment
-                        values[first : last + 1] = array("d", [float(v) for _, v in points])
-                        continue
-                    for ts, value in points:
-                        values[_index(index, ts, first_end, width_ms)] = float(value)
-                del result
+            queue = iter(jobs)
+            inflight: dict[Future, tuple[str, str, int]] = {}
+
+            def submit_next() -> None:
+                job = next(queue, None)
+                if job is not None:
+                    inflight[pool.submit(fetch, *job)] = job[:3]
+
+            for _ in range(self.concurrency):
+                submit_next()
+            while inflight:
+                done, _ = wait(inflight, return_when=FIRST_COMPLETED)
+                for future in done:
+                    name, agg, chunk = inflight.pop(future)
+                    submit_next()
+                    metric = BY_NAME[name]
+                    result = future.result()
+                    ref = order.get((name, chunk))
+                    mine: list[_Series] | None = None
+                    if ref is None:
+                        mine = order[(name, chunk)] = []
+                        ref = []
+                    n_ref = len(ref)
+                    for j, (labels, first, got) in enumerate(result):
+                        if j < n_ref and ref[j].labels == labels:
+                            s = ref[j]
+                        else:
+                            key = (name, tuple(sorted(labels.items())))
+                            s = by_key.get(key)
+                            if s is None:
+                                own = _own_labels(labels, strings)
+                                s = by_key[(name, tuple(sorted(own.items())))] = _Series(name, metric, own)
+                        if mine is not None:
+                            mine.append(s)
+                        values = s.aggs.get(agg)
+                        if values is None:
+                            values = s.aggs[agg] = _nans(n)
+                        if first >= 0:
+                            values[first : first + len(got)] = got
+                        else:
+                            for i, v in got:
+                                values[i] = v
+                    del result, future
         return list(by_key.values())
 
-    def _range_chunk(self, name: str, agg: str, first_end: int, last_end: int, width_ms: int, rng: int) -> list[dict]:
-        """One query_range over bucket ends ``first_end..last_end``; halves itself on sample limits."""
+    def _range_chunk(
+        self, name: str, agg: str, first_end: int, last_end: int, width_ms: int, rng: int,
+        convert: Callable[[list[dict]], list] = list,
+    ) -> list:
+        """One query_range over bucket ends ``first_end..last_end``; halves itself on sample limits.
+
+        Returns ``convert`` of the answer's series (run under the client's decode lock).
+        """
         expr = promql.bucket_query(promql.selector(name, self.matchers), agg, rng)
         try:
-            data = self.client.query_range(expr, first_end - 1, last_end - 1, width_ms)
+            return self.client.query_range(
+                expr, first_end - 1, last_end - 1, width_ms, convert=lambda data: convert((data or {}).get("result", []))
+            )
         except QueryRefused as exc:
             if not _TOO_MANY.search(str(exc)) or first_end == last_end:
                 raise
             mid = first_end + ((last_end - first_end) // width_ms // 2) * width_ms
             log.info("splitting %s at %s: %s", expr, mid, exc)
-            return self._range_chunk(name, agg, first_end, mid, width_ms, rng) + self._range_chunk(
-                name, agg, mid + width_ms, last_end, width_ms, rng
+            return self._range_chunk(name, agg, first_end, mid, width_ms, rng, convert) + self._range_chunk(
+                name, agg, mid + width_ms, last_end, width_ms, rng, convert
             )
-        return list((data or {}).get("result", []))
 
     def _reread_garbage(
         self, name: str, items: list[tuple[_Series, PodRef, GpuId, list[int]]], width_ms: int, major: int
@@ -564,45 +650,97 @@ def _aggregate(pod: PodRef, gpu: GpuId, metric: Metric, start: datetime, end: da
     return rolled[0]
 
 
-def _at(values: array, i: int) -> float | None:
-    v = values[i] if i < len(values) else math.nan
-    return None if v != v else v
+def _classify(
+    series: list[_Series], n: int, first_end: int, width_ms: int, counts: dict[int, int]
+) -> dict[int, tuple[Sequence[int] | None, list[int] | None]]:
+    """Per series (by ``id``): the positions of its clean buckets and the ends of its dirty ones.
 
-
-def _clean_bucket(
-    pod: PodRef, gpu: GpuId, metric: Metric, span: tuple[datetime, datetime], count: float,
-    total: float | None, lo: float | None, hi: float | None, scale: float, low: float, high: float,
-) -> Bucket | None:
-    """The bucket from server-side aggregates, or ``None`` when they show a sample needing a look.
-
-    A NaN sum (a NaN sample), a missing aggregate, or min/max outside the metric's valid range
-    (garbage, or an overshoot that must be clamped) sends the bucket to the raw re-read.
+    A bucket is dirty when its sum is NaN or infinite (a NaN sample), an aggregate is missing,
+    or min/max fall outside the metric's valid range (garbage, or an overshoot that must be
+    clamped): it is re-read raw. (NaN compares false, so NaN min/max are dirty too.) Done with
+    numpy over all series of one exporter name at once, so the cost per bucket is a few
+    machine instructions; each clean bucket's sample count also goes into ``counts``.
     """
-    if total is None or lo is None or hi is None:
-        return None
-    if not math.isfinite(total) or not (lo * scale >= low) or not (hi * scale <= high):
-        return None
-    return Bucket(pod, gpu, metric, span[0], span[1], total * scale, int(count), lo * scale, hi * scale, 0)
+    import numpy as np  # only here: imported once per read, not at CLI start
+
+    out: dict[int, tuple[Sequence[int] | None, list[int] | None]] = {}
+    by_name: dict[str, list[_Series]] = {}
+    for s in series:
+        by_name.setdefault(s.name, []).append(s)
+    whole = range(n)
+    nan_row = _nans(n)
+    histogram: dict[int, int] = {}
+    for name, rows in by_name.items():
+        spec = SPECS[BY_NAME[name]]
+
+        def stack(agg: str) -> Any:
+            return np.frombuffer(b"".join(s.aggs.get(agg) or nan_row for s in rows), dtype=np.float64).reshape(len(rows), n)
+
+        cnt = stack("count")
+        present = cnt == cnt
+        with np.errstate(invalid="ignore"):
+            ok = present & np.isfinite(stack("sum"))
+            ok &= stack("min") * spec.scale >= spec.low
+            ok &= stack("max") * spec.scale <= spec.high
+        bad = present & ~ok
+        full, any_ok, any_bad = ok.all(axis=1).tolist(), ok.any(axis=1).tolist(), bad.any(axis=1).tolist()
+        values, times = np.unique(cnt[ok].astype(np.int64), return_counts=True)
+        for v, t in zip(values.tolist(), times.tolist()):
+            histogram[v] = histogram.get(v, 0) + t
+        for j, s in enumerate(rows):
+            idx: Sequence[int] | None = None
+            if full[j]:
+                idx = whole
+            elif any_ok[j]:
+                clean = np.flatnonzero(ok[j]).tolist()
+                idx = range(clean[0], clean[-1] + 1) if clean[-1] - clean[0] + 1 == len(clean) else clean
+            ends = [first_end + i * width_ms for i in np.flatnonzero(bad[j]).tolist()] if any_bad[j] else None
+            out[id(s)] = (idx, ends)
+    for v, t in histogram.items():
+        counts[v] = counts.get(v, 0) + t
+    return out
 
 
-def _merge(groups: dict[tuple[PodRef, str, Metric], list[list[Bucket]]], report: SourceReport) -> list[Bucket]:
-    """All buckets, sorted by (pod, GPU, metric, start), one per (pod, GPU, metric, start).
+def _own_labels(labels: dict[str, str], strings: dict[str, str]) -> dict[str, str]:
+    """A copy of a decoded label set whose values are fresh strings shared by all series.
+
+    The series' labels outlive the decoded answer they came in; kept as they are, these few
+    small objects would pin the memory of the whole answer (millions of freed points) in the
+    allocator. Copies are made once per distinct value (the 9 metrics of a GPU share them).
+    """
+    out: dict[str, str] = {}
+    for k, v in labels.items():
+        c = strings.get(v)
+        if c is None:
+            c = v.encode().decode()
+            strings[c] = c
+        out[k] = c
+    return out
+
+
+def _nans(n: int) -> array:
+    return array("d", _NANS[:n] if n <= len(_NANS) else [math.nan] * n)
+
+
+def _merge(groups: dict[tuple[PodRef, str, Metric], list[BucketRun | list[Bucket]]], report: SourceReport) -> list[Piece]:
+    """All buckets, sorted by (pod, GPU, metric, start), one per (pod, GPU, metric, start), as
+    pieces of a :class:`~auditor.core.rollup.LazyBuckets` (one per (pod, GPU, metric)).
 
     Where two series give the same pod, GPU, metric and bucket (HA Prometheus pairs, two scrape
     jobs on one exporter, a classic → ``_RATIO`` rename mid-bucket) the fuller bucket is kept:
     adding them would double-count samples.
     """
-    out: list[Bucket] = []
+    out: list[Piece] = []
     duplicates = False
     order = sorted(groups, key=lambda k: (k[0].namespace, k[0].pod, k[0].container, k[1], k[2].value))
     for key in order:
         parts = groups[key]
         if len(parts) == 1:
-            out.extend(parts[0])
+            out.append((key[0], key[1], parts[0]))
             continue
         best: dict[datetime, Bucket] = {}
         for part in parts:
-            for b in part:
+            for b in part.buckets() if isinstance(part, BucketRun) else part:
                 old = best.get(b.start)
                 if old is None:
                     best[b.start] = b
@@ -610,7 +748,7 @@ def _merge(groups: dict[tuple[PodRef, str, Metric], list[list[Bucket]]], report:
                 duplicates = True
                 if (b.count, b.dropped) > (old.count, old.dropped):
                     best[b.start] = b
-        out.extend(best[t] for t in sorted(best))
+        out.append((key[0], key[1], [best[t] for t in sorted(best)]))
     if duplicates:
         report.warnings.append(
             "duplicate series for the same pod, GPU and metric (HA replicas or two scrape jobs?): kept the fuller one"
@@ -618,13 +756,23 @@ def _merge(groups: dict[tuple[PodRef, str, Metric], list[list[Bucket]]], report:
     return out
 
 
-def _interval(counts: list[int], width_ms: int) -> float | None:
-    """Scrape-interval estimate: bucket width over a high percentile of samples per bucket."""
-    full = sorted(c for c in counts if c > 0)
-    if not full:
+def _interval(counts: Mapping[int, int], width_ms: int) -> float | None:
+    """Scrape-interval estimate: bucket width over a high percentile of samples per bucket.
+
+    ``counts`` maps samples-per-bucket to the number of buckets with that many (a histogram,
+    so that millions of buckets need no sorted list); the percentile is the 90th of the buckets.
+    """
+    full = sorted((c, k) for c, k in counts.items() if c > 0)
+    total = sum(k for _, k in full)
+    if not total:
         return None
-    c = full[min(len(full) - 1, int(len(full) * 0.9))]
-    return round(width_ms / 1000 / c, 3)
+    rank = min(total - 1, int(total * 0.9))
+    seen = 0
+    for c, k in full:
+        seen += k
+        if rank < seen:
+            return round(width_ms / 1000 / c, 3)
+    return None
 
 
 def _device_labels(label_sets: Iterable[Mapping[str, str]]) -> dict[str, str]:
