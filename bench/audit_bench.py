@@ -30,9 +30,8 @@ from pathlib import Path
 
 import requests
 
-REPO = Path(__file__).resolve().parent.parent
-CACHE = Path(os.environ.get("GPU_AUDITOR_CACHE", Path.home() / ".cache" / "gpu-auditor"))
-TSDBGEN_VERSION = "v0.42.0"  # github.com/prometheus/prometheus module, matches Debian's Prometheus 2.42
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import REPO, PrivatePrometheus, log, write_history  # noqa: E402
 GPUS = 8
 INTERVAL_S = 30
 HISTORY = timedelta(hours=2)
@@ -41,87 +40,6 @@ NAMES = (
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE|DCGM_FI_PROF_DRAM_ACTIVE|DCGM_FI_DEV_POWER_USAGE|DCGM_FI_DEV_FB_USED|"
     "DCGM_FI_DEV_SM_CLOCK"
 )
-
-
-def log(msg: str) -> None:
-    print(f"[bench {datetime.now():%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
-
-
-def tsdbgen() -> Path:
-    """Build (once, cached by version) and return the block generator."""
-    binary = CACHE / "bin" / f"tsdbgen-{TSDBGEN_VERSION}"
-    if not binary.exists():
-        log("building bench/tsdbgen (once per machine)")
-        binary.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["go", "build", "-o", str(binary), "."],
-            cwd=REPO / "bench" / "tsdbgen",
-            env={**os.environ, "GOFLAGS": "-mod=mod"},
-            check=True,
-        )
-    return binary
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class PrivatePrometheus:
-    """A Prometheus on a data dir of its own, so the benchmark never disturbs the test bed."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cfg = data_dir.parent / "prometheus.yml"
-        cfg.write_text("global:\n  scrape_interval: 15s\nscrape_configs: []\n")
-        self.log = open(data_dir.parent / "prometheus.log", "w")
-        self.proc = subprocess.Popen(
-            [
-                shutil.which("prometheus") or "/usr/bin/prometheus",
-                f"--config.file={cfg}",
-                f"--storage.tsdb.path={data_dir}",
-                "--storage.tsdb.retention.time=30d",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--query.max-samples=200000000",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(f"{self.url}/-/ready", timeout=2).ok:
-                    return
-            except requests.RequestException:
-                pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited; see {self.log.name}")
-            time.sleep(0.5)
-        raise RuntimeError(f"prometheus not ready after 120 s; see {self.log.name}")
-
-    def query_requests(self) -> int:
-        """Queries served so far, read from Prometheus's own ``/metrics`` (it scrapes nothing here)."""
-        text = requests.get(f"{self.url}/metrics", timeout=30).text
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith("prometheus_http_requests_total{") and (
-                'handler="/api/v1/query"' in line or 'handler="/api/v1/query_range"' in line
-            ):
-                total += float(line.rsplit(" ", 1)[1])
-        return int(total)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
 
 
 def measure(mode: str, url: str, namespace: str, jobs: int, start: float, end: float) -> dict:
@@ -186,7 +104,6 @@ def main() -> int:
     ap.add_argument("--jobs", default="100,1000", help="comma-separated job counts")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"), help="where to write results")
     args = ap.parse_args()
-    gen = tsdbgen()
     rows = []
     for n in [int(x) for x in args.jobs.split(",")]:
         work = Path(tempfile.mkdtemp(prefix=f"gpa-bench-{n}-"))
@@ -195,12 +112,8 @@ def main() -> int:
         end = int(time.time()) // 300 * 300 - 300  # aligned, safely in the past
         log(f"N={n}: writing {n * GPUS} GPUs x {HISTORY} at {INTERVAL_S}s into a TSDB block")
         t = time.perf_counter()
-        subprocess.run(
-            [str(gen), f"-out={data}", f"-jobs={n}", f"-gpus={GPUS}", f"-end={end}",
-             f"-duration={int(HISTORY.total_seconds())}s", f"-interval={INTERVAL_S}s", "-namespace=bench"],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+        write_history(data, jobs=n, gpus=GPUS, end=end, seconds=int(HISTORY.total_seconds()),
+                      interval=INTERVAL_S, namespace="bench")
         log(f"N={n}: block written in {time.perf_counter() - t:.1f} s; starting Prometheus")
         prom = PrivatePrometheus(data)
         try:

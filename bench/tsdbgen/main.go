@@ -28,8 +28,9 @@ type metric struct {
 
 func main() {
 	out := flag.String("out", "", "Prometheus data directory to write the block into")
-	jobs := flag.Int("jobs", 100, "number of jobs (one pod each)")
-	gpus := flag.Int("gpus", 8, "GPUs per job")
+	jobs := flag.Int("jobs", 100, "number of jobs")
+	podsPerJob := flag.Int("pods-per-job", 1, "pods per job, named <job>-<index>")
+	gpus := flag.Int("gpus", 8, "GPUs per pod")
 	endUnix := flag.Int64("end", time.Now().Unix(), "end of the history, unix seconds")
 	duration := flag.Duration("duration", 2*time.Hour, "length of the history")
 	interval := flag.Duration("interval", 30*time.Second, "sample interval")
@@ -66,23 +67,25 @@ func main() {
 	app := w.Appender(ctx)
 	written := 0
 	for j := 0; j < *jobs; j++ {
-		pod := fmt.Sprintf("job-%05d-0", j)
-		host := fmt.Sprintf("node-%04d", j)
-		for g := 0; g < *gpus; g++ {
-			for _, m := range metrics {
-				lbls := labels.FromStrings(
-					"__name__", m.name, "namespace", *namespace, "pod", pod, "container", "main",
-					"gpu", fmt.Sprint(g), "UUID", fmt.Sprintf("GPU-%08d-%04d", j, g),
-					"device", fmt.Sprintf("nvidia%d", g), "modelName", "NVIDIA H200", "Hostname", host,
-				)
-				var ref storage.SeriesRef
-				for i := 0; i < n; i++ {
-					r, err := app.Append(ref, lbls, start+int64(i)*step, m.value(j, g, i))
-					if err != nil {
-						fail(err)
+		for p := 0; p < *podsPerJob; p++ {
+			pod := fmt.Sprintf("job-%05d-%d", j, p)
+			host := fmt.Sprintf("node-%04d-%d", j, p)
+			for g := 0; g < *gpus; g++ {
+				for _, m := range metrics {
+					lbls := labels.FromStrings(
+						"__name__", m.name, "namespace", *namespace, "pod", pod, "container", "main",
+						"gpu", fmt.Sprint(g), "UUID", fmt.Sprintf("GPU-%08d-%04d-%04d", j, p, g),
+						"device", fmt.Sprintf("nvidia%d", g), "modelName", "NVIDIA H200", "Hostname", host,
+					)
+					var ref storage.SeriesRef
+					for i := 0; i < n; i++ {
+						r, err := app.Append(ref, lbls, start+int64(i)*step, m.value(j, g, i))
+						if err != nil {
+							fail(err)
+						}
+						ref = r
+						written++
 					}
-					ref = r
-					written++
 				}
 			}
 		}

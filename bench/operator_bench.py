@@ -1,0 +1,204 @@
+"""Benchmark: operator cycles with 2,000 GPU pods (200 jobs x 10 pods x 1 GPU) in a real apiserver.
+
+Issue 4: one cycle's wall time, Kubernetes API requests, Prometheus queries and peak RSS; and
+the cycle time when the jobs are 1 h old versus 24 h old (history at 60 s). Target: the
+steady-state cycle costs the same whatever the jobs' age, because a cycle reads only the samples
+since the previous one (the first sighting of a job reads it from its start, and is reported too).
+
+Objects go into the test bed's apiserver (reused when running, else a private one is started);
+the history is written by ``bench/tsdbgen`` into a private Prometheus, so the shared test bed's
+TSDB is not touched. Each age runs the operator in a fresh subprocess, so its peak RSS is its own.
+
+Usage: ``.venv/bin/python bench/operator_bench.py [--jobs 200] [--pods 10] [--out bench/results]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import REPO, PrivatePrometheus, log, query_requests, write_history  # noqa: E402
+
+INTERVAL_S = 60
+AGES = {"1h": 3600, "24h": 86400}
+
+
+def _iso(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def create_jobs(api, namespace: str, jobs: int, pods: int, started: datetime) -> float:
+    """200 batch Jobs with their pods, bound to nodes and Running, as their controllers would leave them."""
+    from auditor.kube.client import call_json, resource_path
+
+    def post(api_version: str, plural: str, body: dict, ns: str | None = namespace) -> dict:
+        return call_json(api, resource_path(api_version, plural, ns), method="POST", body=body)
+
+    t0 = time.perf_counter()
+    post("v1", "namespaces", {"metadata": {"name": namespace, "labels": {"team": "bench"}}}, ns=None)
+    container = {"name": "main", "image": "example.invalid/train:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    for j in range(jobs):
+        name = f"job-{j:05d}"
+        job = post("batch/v1", "jobs", {
+            "metadata": {"name": name},
+            "spec": {"suspend": True, "completions": pods, "parallelism": pods, "template": {
+                "metadata": {"labels": {"app": "bench"}},
+                "spec": {"restartPolicy": "Never", "containers": [container]}}},
+        })
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job["metadata"]["uid"],
+                 "controller": True, "blockOwnerDeletion": True}
+        for p in range(pods):
+            pod = f"{name}-{p}"
+            post("v1", "pods", {
+                "metadata": {"name": pod, "ownerReferences": [owner], "labels": {"app": "bench"}},
+                "spec": {"restartPolicy": "Never", "nodeName": f"node-{j:04d}-{p}", "containers": [container]},
+            })
+            call_json(api, resource_path("v1", "pods", namespace, pod) + "/status", method="PATCH",
+                      body={"status": {"phase": "Running", "startTime": _iso(started), "containerStatuses": [
+                          {"name": "main", "image": container["image"], "imageID": "", "ready": True,
+                           "restartCount": 0, "state": {"running": {"startedAt": _iso(started)}}}]}},
+                      content_type="application/merge-patch+json")
+        if j % 50 == 49:
+            log(f"  {j + 1}/{jobs} jobs created")
+    return time.perf_counter() - t0
+
+
+def child(settings_path: str, t_end: float) -> None:
+    """The measured side: one operator, two cycles (first sighting, then steady state 5 min later)."""
+    from auditor.operator_loop.service import Operator
+    from auditor.settings import load_settings
+
+    settings = load_settings(settings_path)
+    op = Operator(settings)
+    url = settings.prometheus.url
+    t0 = time.perf_counter()
+    op.start(http=False)
+    sync = {"seconds": time.perf_counter() - t0, "kube_requests": op.resolver.api_requests}
+    cycles = []
+    end = datetime.fromtimestamp(t_end, timezone.utc)
+    for label, now in (("first sighting", end - timedelta(minutes=5)), ("steady state", end)):
+        q0, k0 = query_requests(url), op.resolver.api_requests
+        c0, w0 = time.process_time(), time.perf_counter()
+        result = op.runner.run(now=now)
+        cycles.append({
+            "cycle": label, "wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0,
+            "queries": query_requests(url) - q0, "kube_requests": op.resolver.api_requests - k0,
+            "window_s": result.window.seconds if result.window else 0, "jobs": len(result.summaries),
+        })
+    op.shutdown()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"sync": sync, "cycles": cycles, "peak_rss_mb": peak}))
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2], float(sys.argv[3]))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=200)
+    ap.add_argument("--pods", type=int, default=10, help="pods per job (1 GPU each)")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    args = ap.parse_args()
+
+    from auditor.kube.client import KubeConfig, api_client
+    from auditor.testbed import attach, down, up
+
+    bed, private = attach(), None
+    if bed is None:
+        private = Path(tempfile.mkdtemp(prefix="gpa-opbench-bed-"))
+        log("no running test bed: starting a private one")
+        bed = up(private)
+    api = api_client(KubeConfig(kubeconfig=bed.kubeconfig))
+    rows = []
+    try:
+        for label, age_s in AGES.items():
+            t_end = time.time() // 300 * 300
+            namespace = f"bench-op-{label}-{uuid.uuid4().hex[:6]}"
+            log(f"age {label}: creating {args.jobs} jobs x {args.pods} GPU pods in {namespace}")
+            created = create_jobs(api, namespace, args.jobs, args.pods, datetime.fromtimestamp(t_end - age_s, timezone.utc))
+            work = Path(tempfile.mkdtemp(prefix=f"gpa-opbench-{label}-"))
+            (work / "data").mkdir()
+            log(f"age {label}: writing {age_s // INTERVAL_S} samples x 9 metrics for {args.jobs * args.pods} GPUs")
+            write_history(work / "data", jobs=args.jobs, pods_per_job=args.pods, gpus=1, end=int(t_end),
+                          seconds=age_s, interval=INTERVAL_S, namespace=namespace)
+            prom = PrivatePrometheus(work / "data")
+            try:
+                settings = work / "settings.yaml"
+                settings.write_text(json.dumps({
+                    "cluster": f"bench-{label}",
+                    "kubernetes": {"kubeconfig": bed.kubeconfig},
+                    "prometheus": {"url": prom.url, "label_convention": "pod"},
+                    "store": {"url": f"sqlite:///{work / 'store.db'}"},
+                    "leader_election": {"enabled": False},
+                    "features": {"annotate": False, "events": False, "kueue": True, "requeue": False},
+                    "max_lookback": "2d",
+                }))
+                log(f"age {label}: running the operator")
+                out = subprocess.run([sys.executable, __file__, "--child", str(settings), str(t_end)],
+                                     capture_output=True, text=True)
+                if out.returncode != 0:
+                    raise RuntimeError(f"operator failed:\n{out.stderr[-4000:]}")
+                res = json.loads(out.stdout.strip().splitlines()[-1])
+                res.update({"age": label, "pods": args.jobs * args.pods, "jobs": args.jobs, "create_s": created})
+                log(f"age {label}: {json.dumps(res)}")
+                rows.append(res)
+            finally:
+                prom.stop()
+                shutil.rmtree(work, ignore_errors=True)
+                _delete_namespace(api, namespace)
+    finally:
+        if private is not None:
+            down(private, quiet=True)
+    write_results(Path(args.out), rows)
+    return 0
+
+
+def _delete_namespace(api, namespace: str) -> None:
+    from auditor.kube.client import call_json, resource_path
+
+    try:
+        call_json(api, resource_path("v1", "namespaces", None, namespace), method="DELETE")
+    except Exception as exc:  # noqa: BLE001 - cleanup only; the namespace controller finishes it
+        log(f"could not delete namespace {namespace}: {exc}")
+
+
+def write_results(out: Path, rows: list[dict]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    machine = f"{platform.node()} ({os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()})"
+    (out / f"operator-{day}.json").write_text(json.dumps({"date": day, "machine": machine, "rows": rows}, indent=2))
+    lines = [
+        f"# Operator cycle benchmark, {day}",
+        "",
+        f"Machine: {machine}. Test-bed kube-apiserver v1.36.3 (RBAC on); private Prometheus 2.42 with "
+        f"TSDB blocks written by bench/tsdbgen; history at {INTERVAL_S} s, 9 DCGM metrics; store SQLite.",
+        "",
+        "| job age | GPU pods | informer sync s | sync kube requests | cycle | window | wall s | CPU s | "
+        "queries | kube requests | jobs | peak RSS MB |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        for c in r["cycles"]:
+            lines.append(
+                f"| {r['age']} | {r['pods']} | {r['sync']['seconds']:.2f} | {r['sync']['kube_requests']} | "
+                f"{c['cycle']} | {c['window_s'] / 60:.0f} min | {c['wall_s']:.2f} | {c['cpu_s']:.2f} | "
+                f"{c['queries']} | {c['kube_requests']} | {c['jobs']} | {r['peak_rss_mb']:.0f} |"
+            )
+    (out / f"operator-{day}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
