@@ -40,6 +40,7 @@ from prometheus_api_client import PrometheusConnect
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
+from auditor.agent.dedup import prefer_one_source
 from auditor.core.metrics import BY_NAME, SPECS, Metric
 from auditor.core.model import Bucket, GpuId, PodRef, Window
 from auditor.core.rollup import BucketRun, LazyBuckets, Piece, Sample, aggregate
@@ -356,6 +357,13 @@ class PrometheusSource:
         stats.names = names
         first_end = start_ms + width_ms
         series = self._read_aggregates(names, first_end, end_ms, width_ms, rng)
+        # A GPU exported by both the node agent and dcgm-exporter is counted once: the agent's
+        # series win per (device, metric) (auditor/agent/dedup.py says why).
+        series, shadowed = prefer_one_source(series, labels=lambda s: s.labels, metric=lambda s: s.metric)
+        if shadowed:
+            report.warnings.append(
+                f"{len(shadowed)} dcgm-exporter series left out: the gpu-auditor node agent serves the same GPU and metric"
+            )
 
         conv = self.forced or promql.detect_convention(s.labels for s in series)
         report.labels = conv.describe()
