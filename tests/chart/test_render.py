@@ -67,6 +67,15 @@ def test_full_values_render_every_feature(chart: Chart):
     mount = next(m for m in ds["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] if m["name"] == "pod-resources")
     assert vol["hostPath"]["path"] == "/var/lib/kubelet/pod-resources" and mount["readOnly"] is True
     assert ds["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    # Prometheus finds the agents through a headless Service and keeps the pod labels they set.
+    (agent_sm,) = find(objs, "ServiceMonitor", "ga-gpu-auditor-node-agent")
+    (endpoint,) = agent_sm["spec"]["endpoints"]
+    assert endpoint["honorLabels"] is True and endpoint["port"] == "metrics"
+    (agent_svc,) = find(objs, "Service", "ga-gpu-auditor-node-agent")
+    assert agent_svc["spec"]["clusterIP"] == "None"
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert all(pod_labels.get(k) == v for k, v in agent_svc["spec"]["selector"].items())
+    assert all(agent_svc["metadata"]["labels"].get(k) == v for k, v in agent_sm["spec"]["selector"]["matchLabels"].items())
 
 
 def test_settings_file(chart: Chart):
