@@ -135,7 +135,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--start", required=True, metavar="T", help="start of the range: RFC 3339 or now-<duration>")
     p.add_argument("--end", default="now", metavar="T", help="end of the range (default: now)")
     p.add_argument("--db", metavar="URL", help="store: sqlite:///path or postgresql://... (default: the user's SQLite file)")
-    p.add_argument("--policies", metavar="DIR", help="evaluate the policies in DIR (not yet available)")
+    p.add_argument("--policies", metavar="DIR", help="evaluate the policies in DIR and report their decisions (dry run)")
     p.add_argument("--act", action="store_true", help="with --policies: carry out the decided actions")
     p.add_argument("--output", choices=("table", "json"), default="table", help="table (default) or the audit JSON")
     p.add_argument("--cluster", metavar="NAME", default="default", help="cluster name recorded on each job (default: default)")
@@ -156,8 +156,11 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput("say how jobs are found: --no-kube (from metric labels); --kubeconfig/--in-cluster come later")
     if args.act and not args.policies:
         raise BadInput("--act needs --policies DIR")
+    policies = None
     if args.policies:
-        raise BadInput("--policies is not yet available in this version; run the audit without it")
+        from auditor.policy.loader import load_dir
+
+        policies = load_dir(args.policies)  # BadInput with file:line before any query runs
 
     from auditor.correlate import NoKubeResolver
     from auditor.engine import run_audit
@@ -170,6 +173,13 @@ def run(args: argparse.Namespace) -> int:
             result = run_audit(
                 source, NoKubeResolver(cluster=args.cluster), store, window, now=now, width=width, progress=log.info
             )
+            decisions = []
+            if policies is not None:
+                from auditor.cli.policy import runner_config_from_env
+                from auditor.policy.runner import PolicyRunner
+
+                runner = PolicyRunner(policies, store, None, runner_config_from_env(args.cluster))
+                decisions = runner.run_cycle(result.summaries, now=now, act=args.act)
         finally:
             store.close()
     finally:
@@ -177,11 +187,22 @@ def run(args: argparse.Namespace) -> int:
 
     report = result.report
     if args.output == "json":
+        if policies is not None:
+            by_job: dict[str, list] = {}
+            for d in decisions:
+                by_job.setdefault(d.job, []).append(d.as_dict())
+            for s in result.summaries:
+                key = f"{s.get('cluster') or args.cluster}/{s.get('namespace')}/{s.get('job')}"
+                s["policy_decisions"] = by_job.get(key, [])
         print(json.dumps(result.summaries, indent=2, sort_keys=False, default=str))
     else:
         from auditor.render.table import format_table
 
         print(format_table(result.summaries))
+    if policies is not None:
+        from auditor.cli.policy import print_decisions
+
+        print_decisions(decisions, act=args.act, file=sys.stderr)
     note = (
         f"audited {len(result.summaries)} job(s), {format_time(window.start)} → {format_time(window.end)}, "
         f"from {source.url} in {report.queries} queries"

@@ -270,7 +270,7 @@ def test_unreachable_prometheus_exits_1_naming_the_url(tmp_path):
         (["--no-kube", "--start", "now-1h", "--end", "now-2h"], "empty range"),
         (["--start", "now-1h", "--kubeconfig", "/nonexistent"], "not yet available"),
         (["--start", "now-1h"], "--no-kube"),
-        (["--no-kube", "--start", "now-1h", "--policies", "policies"], "not yet available"),
+        (["--no-kube", "--start", "now-1h", "--policies", "/nonexistent-policies"], "not a directory of policies"),
         (["--no-kube", "--start", "now-1h", "--bucket", "5x"], "--bucket"),
         (["--no-kube", "--start", "now-1h", "--match", "nolabel"], "--match"),
         (["--no-kube", "--start", "now-1h", "--output", "yaml"], "invalid choice"),

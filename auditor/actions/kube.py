@@ -1,0 +1,276 @@
+"""Kubernetes writes for policy actions, through the official ``kubernetes`` client.
+
+Objects are addressed generically (group/version/plural) so that every job kind the resolver
+knows (batch Job, JobSet, Kubeflow jobs, RayJob, ...) can be annotated; only suspendable kinds
+can be requeued (see :meth:`KubeActions.deactivate`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from auditor.errors import PermanentError, RetryableError
+from auditor.policy.evaluate import JobFacts
+
+log = logging.getLogger(__name__)
+
+#: kind → (group, version, plural) of the job kinds we may write to
+KINDS: dict[str, tuple[str, str, str]] = {
+    "Pod": ("", "v1", "pods"),
+    "Job": ("batch", "v1", "jobs"),
+    "CronJob": ("batch", "v1", "cronjobs"),
+    "Deployment": ("apps", "v1", "deployments"),
+    "StatefulSet": ("apps", "v1", "statefulsets"),
+    "ReplicaSet": ("apps", "v1", "replicasets"),
+    "JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
+    "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
+    "MPIJob": ("kubeflow.org", "v1", "mpijobs"),
+    "TFJob": ("kubeflow.org", "v1", "tfjobs"),
+    "XGBoostJob": ("kubeflow.org", "v1", "xgboostjobs"),
+    "PaddleJob": ("kubeflow.org", "v1", "paddlejobs"),
+    "JAXJob": ("kubeflow.org", "v1", "jaxjobs"),
+    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
+    "RayJob": ("ray.io", "v1", "rayjobs"),
+    "RayCluster": ("ray.io", "v1", "rayclusters"),
+    "LeaderWorkerSet": ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
+}
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+REPORTING_CONTROLLER = "gpu-auditor.io/operator"
+_ANNOTATION_VALUE_MAX = 1024
+
+
+class RequeueRefused(PermanentError):
+    """The job cannot be requeued safely (a bare Pod, an unknown kind, a finished Workload)."""
+
+
+def _fail(exc: ApiException, what: str) -> Exception:
+    msg = f"{what}: HTTP {exc.status} {exc.reason}"
+    if exc.status in (429, 500, 502, 503, 504) or exc.status is None:
+        return RetryableError(msg)
+    return PermanentError(msg)
+
+
+def _api_path(kind: str, namespace: str, name: str | None = None) -> str:
+    group, version, plural = KINDS[kind]
+    base = f"/api/{version}" if group == "" else f"/apis/{group}/{version}"
+    path = f"{base}/namespaces/{namespace}/{plural}"
+    return path + (f"/{name}" if name else "")
+
+
+def _clean_value(v: Any) -> str:
+    s = "" if v is None else str(v)
+    s = re.sub(r"[\x00-\x1f\x7f]", " ", s)
+    return s[:_ANNOTATION_VALUE_MAX]
+
+
+@dataclass
+class KubeActions:
+    """The policy side effects on one cluster, through one ``ApiClient``.
+
+    ``instance`` is this replica's identity (the Event's reportingInstance).
+    """
+
+    api: client.ApiClient
+    instance: str = "gpu-auditor"
+
+    # ------------------------------------------------------------------ raw calls
+
+    def _call(self, method: str, path: str, body: Any = None, *, patch: str = "merge", query: list | None = None) -> Any:
+        headers = {"Accept": "application/json"}
+        if method == "PATCH":
+            headers["Content-Type"] = {"merge": "application/merge-patch+json", "json": "application/json-patch+json"}[patch]
+        elif body is not None:
+            headers["Content-Type"] = "application/json"
+        params = self.api.param_serialize(
+            method, path, query_params=query or [], header_params=headers, body=body, auth_settings=["BearerToken"]
+        )
+        resp = self.api.call_api(*params, _request_timeout=30)
+        raw = resp.read()
+        if not 200 <= resp.status < 300:
+            exc = ApiException(status=resp.status, reason=resp.reason)
+            exc.body = raw
+            raise exc
+        return json.loads(raw) if raw else {}
+
+    def get(self, kind: str, namespace: str, name: str) -> dict | None:
+        if kind not in KINDS:
+            return None
+        try:
+            return self._call("GET", _api_path(kind, namespace, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _fail(exc, f"read {kind} {namespace}/{name}") from None
+
+    # ------------------------------------------------------------------ facts
+
+    def facts(self, summary: Mapping[str, Any]) -> JobFacts:
+        """The job's and its namespace's labels and annotations (empty when the job is gone)."""
+        kind, _, name = str(summary.get("job") or "").partition("/")
+        ns = str(summary.get("namespace"))
+        obj = self.get(kind, ns, name) if kind in KINDS else None
+        ns_ann: dict[str, str] = {}
+        try:
+            ns_obj = self._call("GET", f"/api/v1/namespaces/{ns}")
+            ns_ann = dict((ns_obj.get("metadata") or {}).get("annotations") or {})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise _fail(exc, f"read namespace {ns}") from None
+        if obj is None:
+            return JobFacts(namespace_annotations=ns_ann, known=False)
+        md = obj.get("metadata") or {}
+        return JobFacts(dict(md.get("annotations") or {}), dict(md.get("labels") or {}), ns_ann, True)
+
+    # ------------------------------------------------------------------ annotate
+
+    def annotate(self, summary: Mapping[str, Any], annotations: Mapping[str, Any]) -> dict:
+        """Merge-patch ``annotations`` (all under gpu-auditor.io/) onto the job and its pods."""
+        for k in annotations:
+            if not k.startswith("gpu-auditor.io/"):
+                raise ValueError(f"refusing to write annotation {k!r} outside gpu-auditor.io/")
+        body = {"metadata": {"annotations": {k: _clean_value(v) for k, v in annotations.items()}}}
+        kind, _, name = str(summary.get("job") or "").partition("/")
+        ns = str(summary.get("namespace"))
+        done: list[str] = []
+        missing: list[str] = []
+        targets = [(kind, name)] + [("Pod", p) for p in (summary.get("pods") or []) if not (kind == "Pod" and p == name)]
+        for k, n in targets:
+            if k not in KINDS:
+                missing.append(f"{k}/{n} (unknown kind)")
+                continue
+            try:
+                self._call("PATCH", _api_path(k, ns, n), body)
+                done.append(f"{k}/{n}")
+            except ApiException as exc:
+                if exc.status == 404:
+                    missing.append(f"{k}/{n}")
+                    continue
+                raise _fail(exc, f"annotate {k} {ns}/{n}") from None
+        return {"annotated": done, "missing": missing}
+
+    # ------------------------------------------------------------------ events
+
+    def event(
+        self, summary: Mapping[str, Any], *, key: str, reason: str, note: str, action: str, now: datetime, type_: str = "Warning"
+    ) -> dict:
+        """Create one events.k8s.io/v1 Event on the job, named after ``key`` (dedup: 409 = done)."""
+        kind, _, name = str(summary.get("job") or "").partition("/")
+        ns = str(summary.get("namespace"))
+        group, version, _ = KINDS.get(kind, ("", "v1", ""))
+        obj = self.get(kind, ns, name) if kind in KINDS else None
+        uid = ((obj or {}).get("metadata") or {}).get("uid") or summary.get("uid")
+        ev_name = f"{name[:200]}.gpa-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+        body = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {"name": ev_name, "namespace": ns, "labels": {"app.kubernetes.io/managed-by": "gpu-auditor"}},
+            "eventTime": now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "reportingController": REPORTING_CONTROLLER,
+            "reportingInstance": self.instance[:128],
+            "action": action[:128],
+            "reason": reason[:128],
+            "note": note[:1024],
+            "type": type_,
+            "regarding": {
+                "apiVersion": f"{group}/{version}" if group else version,
+                "kind": kind,
+                "name": name,
+                "namespace": ns,
+                **({"uid": uid} if uid else {}),
+            },
+        }
+        try:
+            self._call("POST", f"/apis/events.k8s.io/v1/namespaces/{ns}/events", body)
+            return {"event": ev_name, "created": True}
+        except ApiException as exc:
+            if exc.status == 409:
+                return {"event": ev_name, "created": False, "already": True}
+            raise _fail(exc, f"create Event on {kind} {ns}/{name}") from None
+
+    # ------------------------------------------------------------------ requeue
+
+    def find_workload(self, namespace: str, job_uid: str | None, job_name: str) -> dict | None:
+        """The Kueue Workload of a job: by the ``kueue.x-k8s.io/job-uid`` label, else by owner."""
+        path = f"/apis/{KUEUE_GROUP}/v1beta2/namespaces/{namespace}/workloads"
+        try:
+            if job_uid:
+                items = self._call("GET", path, query=[("labelSelector", f"{KUEUE_JOB_UID_LABEL}={job_uid}")]).get("items") or []
+                if items:
+                    return items[0]
+            for wl in self._call("GET", path).get("items") or []:
+                for ref in (wl.get("metadata") or {}).get("ownerReferences") or []:
+                    if ref.get("name") == job_name and (not job_uid or ref.get("uid") == job_uid):
+                        return wl
+        except ApiException as exc:
+            if exc.status == 404:
+                return None  # Kueue not installed
+            raise _fail(exc, f"list Workloads in {namespace}") from None
+        return None
+
+    def requeue_target(self, summary: Mapping[str, Any]) -> dict:
+        """What a requeue of this job would patch: ``{"type": "workload"|"job", ...}``.
+
+        Refuses kinds that cannot be suspended (a bare Pod would be killed for good) and Workloads
+        that have finished."""
+        kind, _, name = str(summary.get("job") or "").partition("/")
+        ns = str(summary.get("namespace"))
+        if kind == "Pod" or kind not in KINDS:
+            raise RequeueRefused(f"{kind}/{name}: a {kind or 'job'} cannot be requeued (not suspendable)")
+        obj = self.get(kind, ns, name)
+        if obj is None:
+            raise RequeueRefused(f"{kind} {ns}/{name} no longer exists")
+        uid = (obj.get("metadata") or {}).get("uid")
+        wl = self.find_workload(ns, uid, name)
+        if wl is not None:
+            for c in (wl.get("status") or {}).get("conditions") or []:
+                if c.get("type") == "Finished" and c.get("status") == "True":
+                    raise RequeueRefused(f"Workload {ns}/{wl['metadata']['name']} has finished")
+            return {"type": "workload", "namespace": ns, "name": wl["metadata"]["name"], "priority": (wl.get("spec") or {}).get("priority")}
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        if kind == "Job" and KUEUE_QUEUE_LABEL not in labels:
+            return {"type": "job", "namespace": ns, "name": name}
+        raise RequeueRefused(f"{kind} {ns}/{name}: no Kueue Workload found and not a plain batch Job")
+
+    def deactivate(self, target: dict, *, lower_priority_by: int = 0) -> dict:
+        """Step 1 of a requeue: Workload ``spec.active=false`` (Kueue evicts and suspends the job),
+        or a plain Job's ``spec.suspend=true``. Optionally lowers ``spec.priority`` at the same time
+        (mutable on a Workload; it takes effect on re-admission)."""
+        ns, name = target["namespace"], target["name"]
+        try:
+            if target["type"] == "workload":
+                spec: dict[str, Any] = {"active": False}
+                if lower_priority_by and isinstance(target.get("priority"), int):
+                    spec["priority"] = target["priority"] - lower_priority_by
+                self._call("PATCH", f"/apis/{KUEUE_GROUP}/v1beta2/namespaces/{ns}/workloads/{name}", {"spec": spec})
+                return {**target, "active": False, **({"new_priority": spec["priority"]} if "priority" in spec else {})}
+            self._call("PATCH", _api_path("Job", ns, name), {"spec": {"suspend": True}})
+            return {**target, "suspend": True}
+        except ApiException as exc:
+            if exc.status == 404:
+                raise RequeueRefused(f"{target['type']} {ns}/{name} is gone") from None
+            raise _fail(exc, f"deactivate {target['type']} {ns}/{name}") from None
+
+    def reactivate(self, target: dict) -> dict:
+        """Step 2, after our backoff: ``spec.active=true`` (Kueue requeues it) or ``suspend=false``."""
+        ns, name = target["namespace"], target["name"]
+        try:
+            if target["type"] == "workload":
+                self._call("PATCH", f"/apis/{KUEUE_GROUP}/v1beta2/namespaces/{ns}/workloads/{name}", {"spec": {"active": True}})
+                return {**target, "active": True}
+            self._call("PATCH", _api_path("Job", ns, name), {"spec": {"suspend": False}})
+            return {**target, "suspend": False}
+        except ApiException as exc:
+            if exc.status == 404:
+                return {**target, "gone": True}
+            raise _fail(exc, f"reactivate {target['type']} {ns}/{name}") from None

@@ -1,0 +1,119 @@
+"""``gpu-auditor policy validate DIR`` and ``gpu-auditor policy simulate --since 7d``.
+
+``validate`` checks every policy file (exit 2 with ``file:line`` on the first bad one) and runs
+the example suites found next to them. ``simulate`` backtests policies over the stored summaries
+and buckets without any side effect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Sequence
+
+from auditor.errors import BadInput
+from auditor.timeparse import parse_duration
+
+#: the shipped policies (repository checkout); the image installs them at the same relative place
+DEFAULT_POLICIES = Path(__file__).resolve().parents[2] / "policies"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("policy", help="validate policies, or backtest them over stored history")
+    sub = p.add_subparsers(dest="policy_command", metavar="COMMAND", required=True)
+    v = sub.add_parser("validate", help="check policy files (exit 2 with file:line on an error)")
+    v.add_argument("dir", metavar="DIR", help="directory of policy YAML files (searched recursively)")
+    v.add_argument("--no-suites", action="store_true", help="do not run the example suites (suite.yaml)")
+    v.set_defaults(handler=validate)
+    s = sub.add_parser("simulate", help="backtest: which jobs each policy would have hit, with which actions (no side effects)")
+    s.add_argument("--since", default="7d", metavar="DURATION", help="how far back (default 7d)")
+    s.add_argument("--db", metavar="URL", help="store: sqlite:///path or postgresql://... (default: the user's SQLite file)")
+    s.add_argument("--policies", metavar="DIR", help=f"policies to try (default: the shipped ones, {DEFAULT_POLICIES})")
+    s.add_argument("--output", choices=("text", "json"), default="text")
+    s.set_defaults(handler=simulate)
+
+
+def validate(args: argparse.Namespace) -> int:
+    from auditor.policy.examples import run_suite
+    from auditor.policy.loader import load_dir, read_dir
+
+    policies = load_dir(args.dir)
+    failures: list[str] = []
+    if not args.no_suites:
+        by_file: dict[str, list] = {}
+        from auditor.policy.loader import parse_policies
+
+        for path, text in read_dir(args.dir).items():
+            by_file[path] = parse_policies(text, path)
+        for path, ps in by_file.items():
+            suite = Path(path).with_name("suite.yaml")
+            if suite.exists() and len(ps) == 1:
+                failures += run_suite(ps[0], suite)
+    for p in policies:
+        print(f"ok  {p.name}  (mode {p.spec.mode.value}, {len(p.spec.escalation)} step(s))")
+    for f in failures:
+        print(f"suite failure: {f}", file=sys.stderr)
+    if failures:
+        return 1
+    print(f"{len(policies)} polic{'y' if len(policies) == 1 else 'ies'} valid")
+    return 0
+
+
+def simulate(args: argparse.Namespace) -> int:
+    from auditor.policy.backtest import simulate as backtest
+    from auditor.policy.loader import load_dir
+    from auditor.store import Store
+
+    since = parse_duration(args.since, what="--since")
+    policies = load_dir(args.policies or DEFAULT_POLICIES)
+    now = datetime.now(timezone.utc)
+    store = Store.open(args.db)
+    try:
+        result = backtest(store, policies, since=now - since, until=now)
+    finally:
+        store.close()
+    if args.output == "json":
+        print(json.dumps(result, indent=2, default=str))
+        return 0
+    print(f"backtest over {result['jobs']} stored job(s) since {result['since']} (no side effects)")
+    for name, pol in result["policies"].items():
+        print(f"\n{name} (mode {pol['mode']}): {len(pol['hits'])} job(s) hit, {pol['alerts']} alert(s), {pol['requeues']} requeue(s)")
+        for day, c in sorted(pol["per_day"].items()):
+            print(f"  {day}: {c['alerts']} alert(s), {c['requeues']} requeue(s), {c['hits']} job(s)")
+        for h in pol["hits"][:20]:
+            print(f"  {h['job']}: {h['reason']} → {', '.join(h['actions']) or 'no action yet'}")
+    return 0
+
+
+def runner_config_from_env(cluster: str = "default"):  # -> RunnerConfig
+    """Notification destinations for the CLI from GPU_AUDITOR_SLACK_WEBHOOK_URL,
+    GPU_AUDITOR_WEBHOOK_URL and GPU_AUDITOR_WEBHOOK_SECRET (never from flags: they are secrets)."""
+    from auditor.policy.runner import Route, RunnerConfig
+
+    return RunnerConfig(
+        cluster=cluster,
+        default_route=Route(
+            slack_url=os.environ.get("GPU_AUDITOR_SLACK_WEBHOOK_URL") or None,
+            webhook_url=os.environ.get("GPU_AUDITOR_WEBHOOK_URL") or None,
+            webhook_secret=os.environ.get("GPU_AUDITOR_WEBHOOK_SECRET") or None,
+        ),
+    )
+
+
+def print_decisions(decisions: Sequence, *, act: bool, file: IO[str]) -> None:
+    """A short human list of the decisions of one cycle."""
+    if not decisions:
+        print("policies: no job breaks a policy", file=file)
+        return
+    for d in decisions:
+        what = ", ".join(d.actions) if d.step is not None else "(waiting: cooldown or done)"
+        tag = "dry-run" if d.dry_run else "acted"
+        if d.blocked:
+            what += f" [blocked: {d.blocked}]"
+        print(f"policy {d.policy} on {d.job}: {d.reason} → step {d.step}: {what} ({tag})", file=file)
+    if not act:
+        print("policies: dry run; add --act to carry out the actions", file=file)

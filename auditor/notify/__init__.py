@@ -1,0 +1,19 @@
+"""Notifiers: Slack incoming webhooks (Block Kit) and a generic signed JSON webhook.
+
+Both are plain adapters with one ``send`` method returning a :class:`Delivery`; policies and the
+weekly reports use them alike. Neither raises on a failed delivery: the caller records the result.
+"""
+
+from auditor.notify.http import Delivery
+from auditor.notify.slack import SlackNotifier, slack_escape
+from auditor.notify.webhook import WEBHOOK_BODY_VERSION, WebhookNotifier, sign, verify_signature
+
+__all__ = [
+    "Delivery",
+    "SlackNotifier",
+    "WebhookNotifier",
+    "WEBHOOK_BODY_VERSION",
+    "sign",
+    "slack_escape",
+    "verify_signature",
+]

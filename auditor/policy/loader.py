@@ -1,0 +1,173 @@
+"""Load policies from a directory or from ConfigMap data; every error names file and line.
+
+The registry keeps the last good version of each file: a file that turns bad is reported and
+its previous policies keep running, and the other files are unaffected (safety: bad input never
+takes down what already works). Files named ``*suite.yaml`` hold test examples, not policies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from pydantic import ValidationError
+
+from auditor.errors import BadInput
+from auditor.policy.schema import Policy
+from auditor.policy.yamlsrc import Located, YamlError, load_documents
+
+log = logging.getLogger(__name__)
+
+
+class PolicyError(BadInput):
+    """One or more policy documents are invalid; ``problems`` are ``file:line: message`` strings."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("invalid policy:\n  " + "\n  ".join(problems))
+        self.problems = problems
+
+
+def _is_policy_file(name: str) -> bool:
+    base = os.path.basename(name)
+    return base.endswith((".yaml", ".yml")) and not base.startswith(".") and not base.endswith(("suite.yaml", "suite.yml"))
+
+
+def _loc_path(doc: Located, loc: tuple) -> tuple:
+    # pydantic reports the input keys (aliases) it failed on; drop the model-internal markers
+    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
+
+
+def parse_policies(text: str, source: str) -> list[Policy]:
+    """Parse and validate every document in ``text``; raise :class:`PolicyError` with file:line."""
+    try:
+        docs = load_documents(text, source)
+    except YamlError as exc:
+        raise PolicyError([f"{source}:{exc.line}: not valid YAML: {exc}"]) from None
+    problems: list[str] = []
+    out: list[Policy] = []
+    for doc in docs:
+        if doc.value is None:
+            continue
+        if not isinstance(doc.value, dict):
+            problems.append(f"{source}:{doc.line}: a policy document must be a mapping")
+            continue
+        try:
+            out.append(Policy.model_validate(doc.value))
+        except ValidationError as exc:
+            found = []
+            for err in exc.errors():
+                path = _loc_path(doc, tuple(err["loc"]))
+                where = ".".join(str(p) for p in path) or "(document)"
+                msg = err["msg"].removeprefix("Value error, ")
+                if err["type"] == "extra_forbidden":
+                    msg = "unknown field"
+                found.append((doc.line_of(path), f"{source}:{doc.line_of(path)}: {where}: {msg}"))
+            problems += [m for _, m in sorted(found, key=lambda x: x[0])]
+    if problems:
+        raise PolicyError(problems)
+    return out
+
+
+def _check_unique(policies: Iterable[tuple[str, Policy]]) -> list[str]:
+    seen: dict[str, str] = {}
+    problems = []
+    for src, p in policies:
+        if p.name in seen:
+            problems.append(f"{src}: policy {p.name!r} is already defined in {seen[p.name]}")
+        else:
+            seen[p.name] = src
+    return problems
+
+
+def load_files(files: Mapping[str, str]) -> list[Policy]:
+    """Validate a set of files (name → text, e.g. ConfigMap data) all-or-nothing."""
+    problems: list[str] = []
+    loaded: list[tuple[str, Policy]] = []
+    for name in sorted(files):
+        if not _is_policy_file(name):
+            continue
+        try:
+            loaded += [(name, p) for p in parse_policies(files[name], name)]
+        except PolicyError as exc:
+            problems += exc.problems
+    problems += _check_unique(loaded)
+    if problems:
+        raise PolicyError(problems)
+    return [p for _, p in loaded]
+
+
+def read_dir(directory: str | Path) -> dict[str, str]:
+    """All policy files under ``directory`` (recursively, hidden entries skipped), path → text."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise BadInput(f"{directory}: not a directory of policies")
+    files: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for f in sorted(filenames):
+            if _is_policy_file(f):
+                p = Path(dirpath) / f
+                try:
+                    files[str(p)] = p.read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError) as exc:
+                    raise BadInput(f"{p}: cannot read: {exc}") from None
+    return files
+
+
+def load_dir(directory: str | Path) -> list[Policy]:
+    """Validate every policy file under ``directory`` all-or-nothing (``policy validate``)."""
+    return load_files(read_dir(directory))
+
+
+@dataclass
+class PolicyRegistry:
+    """The running set of policies, reloaded file by file; a bad file keeps its last good version."""
+
+    _good: dict[str, list[Policy]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def update(self, files: Mapping[str, str]) -> list[str]:
+        """Take a new view of the files; return (and keep in ``errors``) the problems found.
+
+        New good files replace their old version; removed files drop their policies; a bad file
+        keeps its previous version (or none, if it never loaded). A policy name defined in two
+        files keeps the earlier file's definition.
+        """
+        problems: list[str] = []
+        good: dict[str, list[Policy]] = {}
+        for name in sorted(files):
+            if not _is_policy_file(name):
+                continue
+            try:
+                good[name] = parse_policies(files[name], name)
+            except PolicyError as exc:
+                problems += exc.problems
+                if name in self._good:
+                    good[name] = self._good[name]
+                    log.warning("policy file %s is invalid; its last good version keeps running", name)
+        names: dict[str, str] = {}
+        for name in sorted(good):
+            kept = []
+            for p in good[name]:
+                if p.name in names:
+                    problems.append(f"{name}: policy {p.name!r} is already defined in {names[p.name]}; ignored")
+                    continue
+                names[p.name] = name
+                kept.append(p)
+            good[name] = kept
+        self._good = good
+        self.errors = problems
+        for pr in problems:
+            log.error("%s", pr)
+        return problems
+
+    def reload_dir(self, directory: str | Path) -> list[str]:
+        """:meth:`update` from a directory (a mounted ConfigMap or ``policies/``)."""
+        return self.update(read_dir(directory))
+
+    @property
+    def policies(self) -> list[Policy]:
+        return [p for name in sorted(self._good) for p in self._good[name]]

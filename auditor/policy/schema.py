@@ -1,0 +1,285 @@
+"""The policy schema: Kubernetes-shaped documents validated with pydantic (unknown keys rejected).
+
+A policy file holds one or more documents::
+
+    apiVersion: gpu-auditor.io/v1alpha1
+    kind: GpuPolicy
+    metadata: {name: high-util-low-sm}
+    spec:
+      mode: warn                       # audit | warn | enforce
+      verdicts: [low_sm_efficiency]    # fire only on these summary verdicts (optional)
+      selector: {...}                  # which jobs (namespaces, teams, queues, labels, GPU models)
+      conditions: [...]                # on the job summary: {field, op, value}
+      sustained: {...}                 # on the stored buckets: held for a duration after a warm-up
+      exemptions: {...}
+      escalation: [...]                # ordered steps of actions with cooldowns
+      requeue: {...}
+      advice: text
+
+docs/policies.md is the user-facing reference; field names here are the contract.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from datetime import timedelta
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from auditor.timeparse import parse_duration
+
+API_VERSION = "gpu-auditor.io/v1alpha1"
+KIND = "GpuPolicy"
+ANNOTATION_PREFIX = "gpu-auditor.io/"
+EXEMPT_ANNOTATION = "gpu-auditor.io/exempt"
+SNOOZE_ANNOTATION = "gpu-auditor.io/snooze-until"
+
+#: Summary fields a condition may test (audit JSON, DESIGN.md). Ratios 0–1 unless noted.
+SUMMARY_FIELDS = frozenset(
+    {
+        "gpu_util",
+        "gr_engine_active",
+        "sm_active",
+        "sm_occupancy",
+        "tensor_active",
+        "dram_active",
+        "fp32_active",
+        "fp16_active",
+        "power_w",
+        "fb_used_mib",
+        "sm_clock_mhz",
+        "coverage",
+        "mfu_estimate",
+        "gpu_hours",
+        "waste_gpu_hours",
+        "gpus",
+    }
+)
+#: Fields a sustained condition may test: means per bucket, computed from the stored rollup.
+SUSTAINED_FIELDS = frozenset(
+    {"gpu_util", "gr_engine_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active", "fp32_active", "fp16_active", "power_w"}
+)
+VERDICTS = frozenset(
+    {"idle", "underutilized", "low_sm_efficiency", "memory_bound", "no_tensor_cores", "healthy"}
+)
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _duration(v: Any) -> timedelta:
+    if isinstance(v, timedelta):
+        return v
+    if isinstance(v, bool):
+        raise ValueError("a duration is text like 30m, 1h, 90s")
+    if isinstance(v, (int, float)):
+        if v < 0:
+            raise ValueError("a duration cannot be negative")
+        return timedelta(seconds=v)
+    if isinstance(v, str):
+        if v.strip() in ("0", "0s", "0m"):
+            return timedelta(0)
+        try:
+            return parse_duration(v, what="duration")
+        except Exception as exc:  # BadInput → a pydantic error with the field's location
+            raise ValueError(str(exc).removeprefix("duration: ")) from exc
+    raise ValueError("a duration is text like 30m, 1h, 90s")
+
+
+Duration = Annotated[timedelta, BeforeValidator(_duration)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Mode(str, Enum):
+    """``audit`` records decisions only; ``warn`` annotates, records Events and alerts;
+    ``enforce`` may also requeue (where requeue is enabled)."""
+
+    AUDIT = "audit"
+    WARN = "warn"
+    ENFORCE = "enforce"
+
+
+class ActionKind(str, Enum):
+    ANNOTATE = "annotate"
+    EVENT = "event"
+    NOTIFY = "notify"  # Slack and/or webhook, routed by team
+    REQUEUE = "requeue"
+
+
+class Condition(_Strict):
+    """``field op value``: true only when the field is present (missing data never matches)."""
+
+    field: str
+    op: Literal["<", "<=", ">", ">=", "==", "!="]
+    value: float
+
+    def holds(self, actual: float | None) -> bool:
+        if actual is None or actual != actual:
+            return False
+        return {
+            "<": actual < self.value,
+            "<=": actual <= self.value,
+            ">": actual > self.value,
+            ">=": actual >= self.value,
+            "==": actual == self.value,
+            "!=": actual != self.value,
+        }[self.op]
+
+    def describe(self) -> str:
+        return f"{self.field} {self.op} {self.value:g}"
+
+
+class SummaryCondition(Condition):
+    @field_validator("field")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in SUMMARY_FIELDS:
+            raise ValueError(f"unknown summary field {v!r} (one of {', '.join(sorted(SUMMARY_FIELDS))})")
+        return v
+
+
+class SustainedCondition(Condition):
+    @field_validator("field")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in SUSTAINED_FIELDS:
+            raise ValueError(f"unknown sustained field {v!r} (one of {', '.join(sorted(SUSTAINED_FIELDS))})")
+        return v
+
+
+class Sustained(_Strict):
+    """All ``conditions`` hold in every covered bucket of the last ``for`` (after ``warmup``
+    from the job's first bucket), and covered buckets are at least ``minCoverage`` of them."""
+
+    duration: Duration = Field(alias="for")
+    warmup: Duration = timedelta(minutes=10)
+    min_coverage: float = Field(0.8, alias="minCoverage", gt=0.0, le=1.0)
+    conditions: list[SustainedCondition] = Field(min_length=1)
+
+    @field_validator("duration")
+    @classmethod
+    def _positive(cls, v: timedelta) -> timedelta:
+        if v <= timedelta(0):
+            raise ValueError("must be positive")
+        return v
+
+
+class Selector(_Strict):
+    """Which jobs a policy looks at. Empty lists mean "any". Names allow shell globs (``ml-*``).
+    Every listed criterion must match; an unknown value (e.g. labels without Kubernetes) never matches."""
+
+    namespaces: list[str] = []
+    exclude_namespaces: list[str] = Field([], alias="excludeNamespaces")
+    teams: list[str] = []
+    queues: list[str] = []
+    kinds: list[str] = []
+    gpu_models: list[str] = Field([], alias="gpuModels")
+    labels: dict[str, str] = {}
+    min_gpus: float = Field(0.0, alias="minGpus", ge=0.0)
+
+
+class Exemptions(_Strict):
+    """Jobs left alone. ``annotation`` on the job or its namespace opts out: value ``true`` or an
+    RFC 3339 expiry time (exempt until then); ``policies`` lists the policies the opt-out covers
+    when the annotation value is ``policy-a,policy-b`` instead."""
+
+    annotation: str = EXEMPT_ANNOTATION
+    namespaces: list[str] = []
+    teams: list[str] = []
+    jobs: list[str] = []  # "namespace/Kind/name" globs
+
+    @field_validator("annotation")
+    @classmethod
+    def _prefixed(cls, v: str) -> str:
+        if not v.startswith(ANNOTATION_PREFIX):
+            raise ValueError(f"the opt-out annotation must be under {ANNOTATION_PREFIX}")
+        return v
+
+
+class Step(_Strict):
+    """One escalation step. It runs when the violation has lasted ``after`` (since it opened) and
+    ``cooldown`` has passed since the previous step ran."""
+
+    actions: list[ActionKind] = Field(min_length=1)
+    after: Duration = timedelta(0)
+    cooldown: Duration = timedelta(0)
+    note: str = ""
+
+
+class Requeue(_Strict):
+    """How a requeue step behaves (it also needs mode ``enforce`` and the operator's requeue
+    settings: off by default, enabled per namespace or queue, rate-limited cluster-wide)."""
+
+    backoff: Duration = timedelta(minutes=10)
+    max_per_job: int = Field(1, alias="maxPerJob", ge=1, le=10)
+    lower_priority_by: int = Field(0, alias="lowerPriorityBy", ge=0)
+
+
+class Spec(_Strict):
+    description: str = ""
+    mode: Mode = Mode.AUDIT
+    verdicts: list[str] = []
+    selector: Selector = Selector()
+    conditions: list[SummaryCondition] = []
+    sustained: Sustained | None = None
+    exemptions: Exemptions = Exemptions()
+    escalation: list[Step] = Field(min_length=1)
+    requeue: Requeue = Requeue()
+    advice: str = ""
+
+    @field_validator("verdicts")
+    @classmethod
+    def _verdicts(cls, v: list[str]) -> list[str]:
+        for x in v:
+            if x not in VERDICTS:
+                raise ValueError(f"unknown verdict {x!r} (one of {', '.join(sorted(VERDICTS))}; insufficient_data never fires)")
+        return v
+
+    @model_validator(mode="after")
+    def _sane(self) -> "Spec":
+        if not self.verdicts and not self.conditions and self.sustained is None:
+            raise ValueError("a policy needs at least one of verdicts, conditions or sustained")
+        seen_notice = False
+        for step in self.escalation:
+            if ActionKind.REQUEUE in step.actions and not seen_notice:
+                raise ValueError("requeue must come after a step that tells the user (event or notify)")
+            if ActionKind.EVENT in step.actions or ActionKind.NOTIFY in step.actions:
+                seen_notice = True
+        return self
+
+
+class Metadata(_Strict):
+    name: str
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _dns(cls, v: str) -> str:
+        if not _NAME.match(v) or len(v) > 63:
+            raise ValueError("name must be a DNS label: lower-case letters, digits and '-', at most 63")
+        return v
+
+
+class Policy(_Strict):
+    api_version: Literal["gpu-auditor.io/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["GpuPolicy"]
+    metadata: Metadata
+    spec: Spec
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def mode(self) -> Mode:
+        return self.spec.mode
+
+
+def glob_any(value: str | None, patterns: list[str]) -> bool:
+    """True when ``value`` matches one of ``patterns`` (shell globs); None never matches."""
+    return value is not None and any(fnmatch.fnmatchcase(value, p) for p in patterns)

@@ -1,0 +1,90 @@
+"""YAML documents with line numbers, so every policy error can say ``file:line``.
+
+PyYAML's composer already knows where every node starts; we construct plain Python values from
+the node tree ourselves (safe types only) and keep a map from each value's path (``("spec",
+"escalation", 0, "cooldown")``) to its 1-based line. No second YAML library is needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+Path = tuple[Any, ...]
+
+
+@dataclass
+class Located:
+    """One YAML document: its value, where it came from, and the line of every path in it."""
+
+    value: Any
+    source: str
+    line: int
+    lines: dict[Path, int] = field(default_factory=dict)
+
+    def line_of(self, path: Path) -> int:
+        """The line of ``path``, or of its nearest ancestor that has one (unknown keys, bad items)."""
+        p = tuple(path)
+        while p:
+            if p in self.lines:
+                return self.lines[p]
+            p = p[:-1]
+        return self.line
+
+
+class YamlError(ValueError):
+    """A document that is not valid YAML (or uses unsafe tags); ``line`` is 1-based."""
+
+    def __init__(self, message: str, line: int) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+_SCALAR = yaml.SafeLoader
+
+
+def _build(node: yaml.Node, path: Path, lines: dict[Path, int], loader: yaml.SafeLoader) -> Any:
+    lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        loader.flatten_mapping(node)  # resolves YAML merge keys (<<)
+        out: dict[Any, Any] = {}
+        for k_node, v_node in node.value:
+            key = _build(k_node, path + ("<key>",), {}, loader)
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                raise YamlError("mapping keys must be scalars", k_node.start_mark.line + 1)
+            if key in out:
+                raise YamlError(f"duplicate key {key!r}", k_node.start_mark.line + 1)
+            lines[path + (key,)] = k_node.start_mark.line + 1
+            out[key] = _build(v_node, path + (key,), lines, loader)
+            lines[path + (key,)] = k_node.start_mark.line + 1
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_build(item, path + (i,), lines, loader) for i, item in enumerate(node.value)]
+    try:
+        return loader.construct_object(node, deep=True)
+    except yaml.constructor.ConstructorError as exc:
+        raise YamlError(str(exc.problem or exc), node.start_mark.line + 1) from exc
+
+
+def load_documents(text: str, source: str) -> list[Located]:
+    """Parse every document in ``text``; raise :class:`YamlError` with the line of a syntax error."""
+    loader = yaml.SafeLoader(text)
+    docs: list[Located] = []
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            lines: dict[Path, int] = {}
+            value = _build(node, (), lines, loader)
+            docs.append(Located(value, source, node.start_mark.line + 1, lines))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise YamlError(str(exc.problem or exc), (mark.line + 1) if mark else 1) from exc
+    except yaml.YAMLError as exc:
+        raise YamlError(str(exc), 1) from exc
+    finally:
+        loader.dispose()
+    return docs

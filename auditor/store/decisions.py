@@ -1,0 +1,323 @@
+"""Decisions, actions and violations (migration 0002), on a :class:`~auditor.store.Store`.
+
+This is the memory that makes policies safe to restart: every step is claimed here, under a
+unique dedup key, in the same transaction that advances the violation's escalation state, and
+before any side effect runs. A replayed cycle, a restarted process or a second leader finds the
+key taken (or the state already advanced) and does nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Iterable
+
+import sqlalchemy as sa
+
+from auditor.policy.escalation import ViolationState
+from auditor.store.store import Store
+from auditor.store.tables import JSONDoc, UTCDateTime
+
+_md = sa.MetaData()
+
+
+def _job_cols() -> list[sa.Column]:
+    return [
+        sa.Column("cluster", sa.String(253), nullable=False),
+        sa.Column("namespace", sa.String(253), nullable=False),
+        sa.Column("kind", sa.String(253), nullable=False),
+        sa.Column("name", sa.String(253), nullable=False),
+    ]
+
+
+violations = sa.Table(
+    "policy_violations",
+    _md,
+    sa.Column("id", sa.Integer, primary_key=True),
+    *_job_cols(),
+    sa.Column("uid", sa.String(64)),
+    sa.Column("policy", sa.String(253), nullable=False),
+    sa.Column("episode", sa.Integer, nullable=False),
+    sa.Column("state", sa.String(32), nullable=False),
+    sa.Column("opened_at", UTCDateTime, nullable=False),
+    sa.Column("last_seen_at", UTCDateTime, nullable=False),
+    sa.Column("closed_at", UTCDateTime),
+    sa.Column("next_step", sa.Integer, nullable=False),
+    sa.Column("last_step_at", UTCDateTime),
+    sa.Column("evidence", JSONDoc, nullable=False),
+)
+decisions = sa.Table(
+    "policy_decisions",
+    _md,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("dedup_key", sa.String(700), nullable=False, unique=True),
+    sa.Column("violation_id", sa.Integer),
+    *_job_cols(),
+    sa.Column("policy", sa.String(253), nullable=False),
+    sa.Column("mode", sa.String(16), nullable=False),
+    sa.Column("step", sa.Integer, nullable=False),
+    sa.Column("actions", JSONDoc, nullable=False),
+    sa.Column("decided_at", UTCDateTime, nullable=False),
+    sa.Column("dry_run", sa.Boolean, nullable=False),
+    sa.Column("verdict", sa.String(64), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("evidence", JSONDoc, nullable=False),
+)
+actions = sa.Table(
+    "policy_actions",
+    _md,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("dedup_key", sa.String(760), nullable=False, unique=True),
+    sa.Column("decision_id", sa.Integer),
+    *_job_cols(),
+    sa.Column("policy", sa.String(253), nullable=False),
+    sa.Column("action", sa.String(64), nullable=False),
+    sa.Column("state", sa.String(32), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("updated_at", UTCDateTime, nullable=False),
+    sa.Column("due_at", UTCDateTime),
+    sa.Column("result", JSONDoc, nullable=False),
+    sa.Column("error", sa.Text),
+)
+
+#: action states
+CLAIMED, DONE, FAILED, SKIPPED, WAITING = "claimed", "done", "failed", "skipped", "waiting"
+
+
+@dataclass(frozen=True)
+class JobIdent:
+    cluster: str
+    namespace: str
+    kind: str
+    name: str
+
+    @classmethod
+    def of(cls, summary: dict) -> "JobIdent":
+        kind, _, name = str(summary.get("job") or "").partition("/")
+        return cls(summary.get("cluster") or "default", str(summary.get("namespace")), kind, name)
+
+    def cols(self) -> dict[str, str]:
+        return {"cluster": self.cluster, "namespace": self.namespace, "kind": self.kind, "name": self.name}
+
+    def where(self, table: sa.Table) -> sa.ColumnElement[bool]:
+        return sa.and_(
+            table.c.cluster == self.cluster,
+            table.c.namespace == self.namespace,
+            table.c.kind == self.kind,
+            table.c.name == self.name,
+        )
+
+
+@dataclass(frozen=True)
+class ActionRow:
+    id: int
+    dedup_key: str
+    decision_id: int | None
+    job: JobIdent
+    policy: str
+    action: str
+    state: str
+    attempts: int
+    created_at: datetime
+    updated_at: datetime
+    due_at: datetime | None
+    result: dict
+    error: str | None
+
+
+def _action(r: Any) -> ActionRow:
+    return ActionRow(
+        r.id, r.dedup_key, r.decision_id, JobIdent(r.cluster, r.namespace, r.kind, r.name), r.policy, r.action,
+        r.state, r.attempts, r.created_at, r.updated_at, r.due_at, dict(r.result or {}), r.error,
+    )
+
+
+def _state(r: Any) -> ViolationState:
+    return ViolationState(r.id, r.episode, r.opened_at, r.next_step, r.last_step_at)
+
+
+class DecisionStore:
+    """Repository of violations, decisions and actions on one :class:`Store`."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # ------------------------------------------------------------------ violations
+
+    def open_violation(self, job: JobIdent, policy: str, now: datetime, evidence: dict, uid: str | None = None) -> ViolationState:
+        """The job's open violation of ``policy``, opened now if there is none."""
+        for _ in range(3):
+            with self.store._guard("open a violation"), self.store._connect(write=True, own=True) as conn:
+                row = conn.execute(
+                    sa.select(violations).where(job.where(violations), violations.c.policy == policy, violations.c.state == "open")
+                ).first()
+                if row is not None:
+                    conn.execute(violations.update().where(violations.c.id == row.id).values(last_seen_at=now))
+                    return _state(row)
+                last = conn.execute(
+                    sa.select(sa.func.max(violations.c.episode)).where(job.where(violations), violations.c.policy == policy)
+                ).scalar()
+                try:
+                    with conn.begin_nested():
+                        vid = conn.execute(
+                            violations.insert().values(
+                                **job.cols(), uid=uid, policy=policy, episode=(last or 0) + 1, state="open",
+                                opened_at=now, last_seen_at=now, next_step=0, evidence=evidence,
+                            )
+                        ).inserted_primary_key[0]
+                except sa.exc.IntegrityError:
+                    continue  # another replica opened it at the same moment: read theirs
+                return ViolationState(vid, (last or 0) + 1, now, 0, None)
+        raise RuntimeError("could not open a violation")  # pragma: no cover
+
+    def open_violations(self, job: JobIdent | None = None, policy: str | None = None) -> list[tuple[JobIdent, str, ViolationState]]:
+        q = sa.select(violations).where(violations.c.state == "open")
+        if job is not None:
+            q = q.where(job.where(violations))
+        if policy is not None:
+            q = q.where(violations.c.policy == policy)
+        with self.store._guard("read violations"), self.store._connect() as conn:
+            return [
+                (JobIdent(r.cluster, r.namespace, r.kind, r.name), r.policy, _state(r)) for r in conn.execute(q.order_by(violations.c.id))
+            ]
+
+    def close_violation(self, job: JobIdent, policy: str, now: datetime) -> bool:
+        """Close the open violation (the policy stopped firing): a later one starts a new ladder."""
+        with self.store._guard("close a violation"), self.store._connect(write=True, own=True) as conn:
+            n = conn.execute(
+                violations.update()
+                .where(job.where(violations), violations.c.policy == policy, violations.c.state == "open")
+                .values(state="closed", closed_at=now)
+            ).rowcount
+        return bool(n)
+
+    # ------------------------------------------------------------------ decisions
+
+    def claim_step(
+        self,
+        job: JobIdent,
+        policy: str,
+        violation: ViolationState,
+        step: int,
+        *,
+        dedup_key: str,
+        mode: str,
+        action_names: list[str],
+        action_keys: list[str],
+        now: datetime,
+        dry_run: bool,
+        verdict: str,
+        reason: str,
+        evidence: dict,
+    ) -> int | None:
+        """Record the decision to run ``step`` and advance the violation, atomically.
+
+        Returns the decision id, or None when the step was already taken (dedup key present, or
+        the violation already moved past it): then the caller must do nothing.
+        """
+        try:
+            with self.store._guard("claim a step"), self.store._connect(write=True, own=True) as conn:
+                moved = conn.execute(
+                    violations.update()
+                    .where(violations.c.id == violation.id, violations.c.next_step == step, violations.c.state == "open")
+                    .values(next_step=step + 1, last_step_at=now)
+                ).rowcount
+                if moved != 1:
+                    raise _Taken()
+                did = conn.execute(
+                    decisions.insert().values(
+                        dedup_key=dedup_key, violation_id=violation.id, **job.cols(), policy=policy, mode=mode,
+                        step=step, actions=action_names, decided_at=now, dry_run=dry_run, verdict=verdict,
+                        reason=reason, evidence=evidence,
+                    )
+                ).inserted_primary_key[0]
+                for name, key in zip(action_names, action_keys):
+                    conn.execute(
+                        actions.insert().values(
+                            dedup_key=key, decision_id=did, **job.cols(), policy=policy, action=name,
+                            state=SKIPPED if dry_run else CLAIMED, attempts=0, created_at=now, updated_at=now,
+                            result={"dry_run": True} if dry_run else {},
+                        )
+                    )
+                return did
+        except _Taken:
+            return None
+        except Exception as exc:
+            if isinstance(getattr(exc, "__cause__", None), sa.exc.IntegrityError) or isinstance(exc, sa.exc.IntegrityError):
+                return None
+            raise
+
+    def finish_action(
+        self, key: str, state: str, now: datetime, *, result: dict | None = None, error: str | None = None, due_at: datetime | None = None
+    ) -> None:
+        with self.store._guard("record an action"), self.store._connect(write=True, own=True) as conn:
+            conn.execute(
+                actions.update()
+                .where(actions.c.dedup_key == key)
+                .values(state=state, updated_at=now, result=result or {}, error=error, due_at=due_at, attempts=actions.c.attempts + 1)
+            )
+
+    def take_action(self, key: str, from_state: str, to_state: str, now: datetime) -> bool:
+        """Move an action between states only if it is still in ``from_state`` (compare-and-set),
+        so two replicas cannot both run the reactivation of one requeue."""
+        with self.store._guard("take an action"), self.store._connect(write=True, own=True) as conn:
+            n = conn.execute(
+                actions.update()
+                .where(actions.c.dedup_key == key, actions.c.state == from_state)
+                .values(state=to_state, updated_at=now)
+            ).rowcount
+        return n == 1
+
+    def actions_in(self, states: Iterable[str], *, cluster: str | None = None, action: str | None = None) -> list[ActionRow]:
+        q = sa.select(actions).where(actions.c.state.in_(list(states)))
+        if cluster is not None:
+            q = q.where(actions.c.cluster == cluster)
+        if action is not None:
+            q = q.where(actions.c.action == action)
+        with self.store._guard("read actions"), self.store._connect() as conn:
+            return [_action(r) for r in conn.execute(q.order_by(actions.c.id))]
+
+    def count_actions(self, action: str, *, since: datetime, cluster: str | None = None, states: Iterable[str] = (CLAIMED, DONE, WAITING)) -> int:
+        q = sa.select(sa.func.count()).select_from(actions).where(
+            actions.c.action == action, actions.c.created_at >= since, actions.c.state.in_(list(states))
+        )
+        if cluster is not None:
+            q = q.where(actions.c.cluster == cluster)
+        with self.store._guard("count actions"), self.store._connect() as conn:
+            return int(conn.execute(q).scalar_one())
+
+    def count_job_actions(self, job: JobIdent, action: str, states: Iterable[str] = (CLAIMED, DONE, WAITING)) -> int:
+        q = sa.select(sa.func.count()).select_from(actions).where(
+            job.where(actions), actions.c.action == action, actions.c.state.in_(list(states))
+        )
+        with self.store._guard("count actions"), self.store._connect() as conn:
+            return int(conn.execute(q).scalar_one())
+
+    def decisions(self, *, since: datetime | None = None, until: datetime | None = None, job: JobIdent | None = None) -> list[dict]:
+        q = sa.select(decisions)
+        if since is not None:
+            q = q.where(decisions.c.decided_at >= since)
+        if until is not None:
+            q = q.where(decisions.c.decided_at < until)
+        if job is not None:
+            q = q.where(job.where(decisions))
+        with self.store._guard("read decisions"), self.store._connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(q.order_by(decisions.c.id))]
+
+    def actions(self, *, job: JobIdent | None = None) -> list[ActionRow]:
+        q = sa.select(actions)
+        if job is not None:
+            q = q.where(job.where(actions))
+        with self.store._guard("read actions"), self.store._connect() as conn:
+            return [_action(r) for r in conn.execute(q.order_by(actions.c.id))]
+
+    def stale_claims(self, now: datetime, older_than: timedelta) -> list[ActionRow]:
+        """Actions claimed but never finished (the process died in between): to resume."""
+        q = sa.select(actions).where(actions.c.state == CLAIMED, actions.c.updated_at < now - older_than)
+        with self.store._guard("read actions"), self.store._connect() as conn:
+            return [_action(r) for r in conn.execute(q.order_by(actions.c.id))]
+
+
+class _Taken(Exception):
+    pass

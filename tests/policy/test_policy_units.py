@@ -1,0 +1,161 @@
+"""Policy core and notifiers without the test bed (real local HTTP receivers for the notifiers)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from policy_receivers import Receiver
+
+from auditor.notify import SlackNotifier, WebhookNotifier, slack_escape, verify_signature
+from auditor.notify.http import RetryPolicy, retry_after_seconds
+from auditor.policy.escalation import ViolationState, due_step
+from auditor.policy.evaluate import JobFacts, evaluate
+from auditor.policy.examples import NOW, example_buckets
+from auditor.policy.loader import PolicyError, parse_policies
+from auditor.policy.backtest import walk_ladder
+
+P = """apiVersion: gpu-auditor.io/v1alpha1
+kind: GpuPolicy
+metadata: {name: p}
+spec:
+  mode: warn
+  verdicts: [low_sm_efficiency]
+  sustained:
+    for: 30m
+    conditions: [{field: sm_active, op: "<=", value: 0.3}]
+  escalation:
+    - actions: [annotate]
+    - actions: [notify]
+      after: 10m
+      cooldown: 5m
+"""
+SUM = {"cluster": "c", "namespace": "n", "job": "Job/j", "team": "t", "verdict": "low_sm_efficiency", "sm_active": 0.1}
+
+
+def test_errors_name_file_and_line() -> None:
+    with pytest.raises(PolicyError) as e:
+        parse_policies(P.replace("  mode: warn", "  mode: warn\n  colour: red"), "x.yaml")
+    assert e.value.problems == ["x.yaml:6: spec.colour: unknown field"]
+    with pytest.raises(PolicyError) as e:
+        parse_policies("a: [1,\n", "y.yaml")
+    assert e.value.problems[0].startswith("y.yaml:2: not valid YAML")
+    with pytest.raises(PolicyError, match="requeue must come after"):
+        parse_policies(P.replace("[annotate]", "[requeue]"), "z.yaml")
+
+
+def test_missing_data_never_fires() -> None:
+    (p,) = parse_policies(P, "p.yaml")
+    assert evaluate(p, SUM, now=NOW, buckets=example_buckets({"sm_active": 0.1, "minutes": 60})).fires
+    assert not evaluate(p, {**SUM, "verdict": "insufficient_data"}, now=NOW, buckets=example_buckets({"sm_active": 0.1})).fires
+    assert not evaluate(p, SUM, now=NOW, buckets=None).fires
+    assert not evaluate(p, SUM, now=NOW, buckets=example_buckets({"gpu_util": 0.9, "minutes": 60})).fires  # no SM series
+    sparse = [b for i, b in enumerate(example_buckets({"sm_active": 0.1, "minutes": 60})) if i % 2]
+    assert not evaluate(p, SUM, now=NOW, buckets=sparse).fires  # coverage 0.5 < 0.8
+
+
+def test_exemptions_and_snooze() -> None:
+    (p,) = parse_policies(P, "p.yaml")
+    b = example_buckets({"sm_active": 0.1, "minutes": 60})
+    assert evaluate(p, SUM, now=NOW, buckets=b, facts=JobFacts({"gpu-auditor.io/exempt": "true"})).exempt
+    assert evaluate(p, SUM, now=NOW, buckets=b, facts=JobFacts(namespace_annotations={"gpu-auditor.io/exempt": "p,q"})).exempt
+    expired = JobFacts({"gpu-auditor.io/exempt": (NOW - timedelta(hours=1)).isoformat()})
+    assert not evaluate(p, SUM, now=NOW, buckets=b, facts=expired).exempt
+    snoozed = evaluate(p, SUM, now=NOW, buckets=b, facts=JobFacts({"gpu-auditor.io/snooze-until": (NOW + timedelta(hours=1)).isoformat()}))
+    assert snoozed.fires and snoozed.snoozed
+
+
+def test_escalation_order_and_cooldowns() -> None:
+    (p,) = parse_policies(P, "p.yaml")
+    st = ViolationState(1, 1, NOW, 0, None)
+    assert due_step(p, st, NOW)[0] == 0
+    st1 = ViolationState(1, 1, NOW, 1, NOW)
+    assert due_step(p, st1, NOW + timedelta(minutes=9)) is None  # after: 10m
+    assert due_step(p, st1, NOW + timedelta(minutes=10))[0] == 1
+    assert due_step(p, ViolationState(1, 1, NOW, 2, NOW), NOW + timedelta(days=1)) is None
+    assert [t - NOW for t, _ in walk_ladder(p, NOW, NOW + timedelta(hours=1))] == [timedelta(0), timedelta(minutes=10)]
+
+
+def test_slack_escape() -> None:
+    s = slack_escape("<!channel> <@U1> <#C1|x> a & b @everyone")
+    assert "<" not in s and ">" not in s and "&amp;" in s and "@everyone" not in s
+
+
+def test_retry_after_parsing() -> None:
+    assert retry_after_seconds("3") == 3.0
+    assert retry_after_seconds("garbage") is None
+    assert retry_after_seconds(None) is None
+
+
+_CLI = str(__import__("pathlib").Path(__import__("sys").executable).with_name("gpu-auditor"))
+FAST = RetryPolicy(attempts=4, base=0.01, cap=0.02, max_wait=5, timeout=5)
+
+
+def test_webhook_retries_5xx_and_429_honouring_retry_after() -> None:
+    slept: list[float] = []
+    r = Receiver(script=[(503, {}), (429, {"Retry-After": "2"})])
+    try:
+        d = WebhookNotifier(r.url, "k", retry=FAST, sleep=slept.append).send("test", {"a": "<b>"})
+        assert d.ok and d.attempts == 3 and r.statuses == [503, 429, 200]
+        assert slept[1] == 2.0
+        assert len({x.headers["X-Gpu-Auditor-Delivery"] for x in r.requests}) == 1
+        assert all(verify_signature("k", x.body, x.headers["X-Gpu-Auditor-Signature"]) for x in r.requests)
+    finally:
+        r.close()
+
+
+def test_no_retry_on_other_4xx() -> None:
+    r = Receiver(script=[(400, {})])
+    try:
+        d = SlackNotifier(r.url, retry=FAST, sleep=lambda s: None).send("hi", [])
+        assert not d.ok and d.status == 400 and d.attempts == 1 and len(r.requests) == 1
+    finally:
+        r.close()
+
+
+def test_gives_up_after_attempts_and_on_long_retry_after() -> None:
+    r = Receiver(default=500)
+    try:
+        d = WebhookNotifier(r.url, "k", retry=FAST, sleep=lambda s: None).send("t", {})
+        assert not d.ok and d.attempts == 4 and len(r.requests) == 4
+    finally:
+        r.close()
+    r = Receiver(script=[(429, {"Retry-After": "3600"})])
+    try:
+        d = WebhookNotifier(r.url, "k", retry=FAST, sleep=lambda s: None).send("t", {})
+        assert not d.ok and len(r.requests) == 1
+    finally:
+        r.close()
+
+
+def test_cli_validate_and_simulate(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+    from datetime import datetime, timezone
+
+    from auditor.core.model import JobRef
+    from auditor.store import Store
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "p.yaml").write_text(P.replace("mode: warn", "mode: loud"))
+    r = subprocess.run([_CLI, "policy", "validate", str(bad)], capture_output=True, text=True)
+    assert r.returncode == 2 and f"{bad / 'p.yaml'}:5: spec.mode" in r.stderr
+    r = subprocess.run([_CLI, "policy", "validate", "policies"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+    now = datetime.now(timezone.utc)
+    db = f"sqlite:///{tmp_path}/s.db"
+    store = Store.open(db)
+    jid = store.upsert_job(JobRef("default", "n", "Job", "j", None, "t"), now - timedelta(hours=2), now)
+    buckets = example_buckets({"gpu_util": 0.95, "sm_active": 0.1, "minutes": 120}, now=now.replace(second=0, microsecond=0))
+    store.replace_buckets(jid, buckets)
+    store.save_summary(jid, {**SUM, "cluster": "default", "gpu_util": 0.95, "coverage": 0.99,
+                             "start": (now - timedelta(hours=2)).isoformat(), "end": now.isoformat()})
+    store.close()
+    r = subprocess.run([_CLI, "policy", "simulate", "--since", "1d", "--db", db, "--output", "json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)["policies"]["high-util-low-sm"]
+    assert len(res["hits"]) == 1 and res["alerts"] == 1 and res["requeues"] == 0
