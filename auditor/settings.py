@@ -104,8 +104,21 @@ class StoreSettings(_Section):
 
 
 class PoliciesSettings(_Section):
+    #: load the policies shipped with gpu-auditor (policies/ in the repo, /usr/share/gpu-auditor/policies in the image)
     builtin: bool = True
+    #: a directory of extra policy files (the chart mounts its policies ConfigMap here), re-read every cycle
     dir: str | None = None
+    #: where the shipped policies are, when not in one of the usual places
+    builtin_dir: str | None = None
+
+
+class RequeueSettings(_Section):
+    """Where requeue may act (``features.requeue`` turns it on at all); policies must also ask for it."""
+
+    namespaces: list[str] = Field(default_factory=list)
+    queues: list[str] = Field(default_factory=list)
+    #: requeues per hour, cluster-wide
+    max_per_hour: int = Field(default=5, ge=0)
 
 
 class LeaderElectionSettings(_Section):
@@ -184,6 +197,7 @@ class Settings(_Section):
     deleted_pod_memory: Duration = timedelta(hours=1)
     store: StoreSettings = Field(default_factory=StoreSettings)
     policies: PoliciesSettings = Field(default_factory=PoliciesSettings)
+    requeue: RequeueSettings = Field(default_factory=RequeueSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
     features: FeaturesSettings = Field(default_factory=FeaturesSettings)
     team_sources: list[str] = Field(

@@ -105,8 +105,6 @@ def run(args: argparse.Namespace) -> int:
         from auditor.operator_loop.service import build_source
 
         source = build_source(settings, token=token)
-    if settings.policies.dir or args.policies:
-        log.info("policies are not evaluated by this version yet; auditing only")
     op = Operator(settings, source=source)
     if args.once:
         result = op.run_once()

@@ -61,6 +61,8 @@ def _iso(t: datetime) -> str:
 class CycleResult:
     window: Window | None
     summaries: list[dict] = field(default_factory=list)
+    #: what the policies decided on those summaries (auditor.policy.runner.Decision)
+    decisions: list = field(default_factory=list)
     jobs_seen: int = 0
     finalized: list[str] = field(default_factory=list)
     chunks: int = 0

@@ -25,6 +25,7 @@ from auditor.kube.lease import LeaderElector
 from auditor.kube.resolver import KubeResolver
 from auditor.operator_loop.cycle import ORIGIN, CycleResult, CycleRunner, LostLeadership
 from auditor.operator_loop.health import HealthServer, OperatorMetrics
+from auditor.operator_loop.policies import PolicyStage
 from auditor.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,8 @@ class Operator:
             width=settings.bucket_width, max_lookback=settings.max_lookback,
             catch_up_chunk=settings.catch_up_chunk, holder=self.identity, still_leader=self.is_leader,
         )
+        self.policies = PolicyStage(settings, self.store, self.api, self.identity) if (
+            settings.policies.builtin or settings.policies.dir) else None
         self.scheduler: BackgroundScheduler | None = None
         self.health: HealthServer | None = None
         self._stop = threading.Event()
@@ -195,6 +198,8 @@ class Operator:
             finally:
                 self._cycle_began = None
                 self.metrics.kube_requests.set(self.resolver.api_requests)
+        if self.policies is not None:
+            result.decisions = self.policies.run(result.summaries, now=datetime.now(timezone.utc))
         self.cycles_run += 1
         self.last_result = result
         m = self.metrics

@@ -64,6 +64,8 @@ class RunnerConfig:
     #: a claimed action not finished after this long was interrupted (crash): resume it
     stale_claim_after: timedelta = timedelta(minutes=10)
     instance: str = "gpu-auditor"
+    #: action kinds turned off by the installation (the chart then grants no RBAC for them)
+    disabled_actions: frozenset[ActionKind] = frozenset()
 
 
 @dataclass
@@ -280,6 +282,10 @@ class PolicyRunner:
             if self.kube is None:
                 repo.finish_action(key, SKIPPED, now, result={"why": "no Kubernetes access"})
                 return {"state": SKIPPED, "why": "no Kubernetes access"}
+            if action in self.config.disabled_actions:
+                why = f"{action.value} is turned off in this installation (features)"
+                repo.finish_action(key, SKIPPED, now, result={"why": why})
+                return {"state": SKIPPED, "why": why}
             if action is ActionKind.ANNOTATE:
                 result = self.kube.annotate(summary, self._annotations(policy, summary, reason, now))
                 repo.finish_action(key, DONE, now, result=result)
