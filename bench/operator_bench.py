@@ -91,7 +91,15 @@ def child(settings_path: str, t_end: float) -> None:
     for label, now in (("first sighting", end - timedelta(minutes=5)), ("steady state", end)):
         q0, k0 = query_requests(url), op.resolver.api_requests
         c0, w0 = time.process_time(), time.perf_counter()
-        result = op.runner.run(now=now)
+        profile = os.environ.get("BENCH_PROFILE")  # a file: cProfile of the steady-state cycle
+        if profile and label == "steady state":
+            import cProfile
+
+            prof = cProfile.Profile()
+            result = prof.runcall(op.runner.run, now=now)
+            prof.dump_stats(profile)
+        else:
+            result = op.runner.run(now=now)
         cycles.append({
             "cycle": label, "wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0,
             "queries": query_requests(url) - q0, "kube_requests": op.resolver.api_requests - k0,
@@ -110,6 +118,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--pods", type=int, default=10, help="pods per job (1 GPU each)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--ages", default="1h,24h", help=f"comma-separated, of {', '.join(AGES)}")
     args = ap.parse_args()
 
     from auditor.kube.client import KubeConfig, api_client
@@ -123,7 +132,8 @@ def main() -> int:
     api = api_client(KubeConfig(kubeconfig=bed.kubeconfig))
     rows = []
     try:
-        for label, age_s in AGES.items():
+        for label in args.ages.split(","):
+            age_s = AGES[label]
             t_end = time.time() // 300 * 300
             namespace = f"bench-op-{label}-{uuid.uuid4().hex[:6]}"
             log(f"age {label}: creating {args.jobs} jobs x {args.pods} GPU pods in {namespace}")
