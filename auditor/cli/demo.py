@@ -3,7 +3,8 @@
 No cluster, no server: the bundled traces (``auditor/data``) are replayed as twelve jobs of four
 teams through the same pipeline as a real audit (replay source → bucketing → store → summary →
 verdicts), stored in ``DIR/demo.sqlite`` (never the default store), printed as the verdict table
-and written as ``DIR/index.html`` (self-contained) plus ``DIR/summaries.json``.
+and written as ``DIR/index.html`` (self-contained) plus ``DIR/summaries.json``; the weekly
+team report of the same store (:mod:`auditor.reports`) goes to ``DIR/weekly-report.html``.
 
 The cluster shows every verdict, among them the headline case twice: a single-GPU job spinning a
 few thread blocks (100 % "utilization", 3 % SM activity) and a 4-GPU fine-tune whose three ranks
@@ -133,6 +134,19 @@ def run_demo(out_dir: Path, *, now: datetime | None = None, html: bool = True, p
             source="replayed from real H200 traces",
         )
         (out_dir / "index.html").write_text(page, encoding="utf-8")
+        # the weekly team report (auditor.reports) of the week the replayed jobs ran in, read
+        # back from the demo's store: what team leads would get on Monday
+        from auditor.reports import IsoWeek, generate
+        from auditor.reports.html import render_html as render_report
+        from auditor.reports.weeks import zone
+
+        say("rendering the weekly team report")
+        store = Store.open(f"sqlite:///{db.resolve()}")
+        try:
+            report = generate(store, IsoWeek.containing(now, zone("UTC")), now=now)
+        finally:
+            store.close()
+        (out_dir / "weekly-report.html").write_text(render_report(report), encoding="utf-8")
     return result.summaries
 
 
@@ -148,7 +162,7 @@ def _handle(args: argparse.Namespace) -> int:
     say("replaying the bundled H200 traces as a small cluster (13 pods, 12 jobs, 4 teams)")
     summaries = run_demo(out, html=not args.no_html, progress=say)
     sys.stdout.write(format_table(summaries))
-    say(f"wrote {out / 'demo.sqlite'}, {out / 'summaries.json'}" + ("" if args.no_html else f", {out / 'index.html'}"))
+    say(f"wrote {out / 'demo.sqlite'}, {out / 'summaries.json'}" + ("" if args.no_html else f", {out / 'index.html'}, {out / 'weekly-report.html'}"))
     say(f"done in {time.monotonic() - t0:.1f} s")
     return 0
 

@@ -1,0 +1,310 @@
+"""Week aggregates → the report document (the JSON every format renders). Pure: no I/O.
+
+The document is the single source of every number: HTML, CSV, Markdown and Slack all format
+the same rounded values (:func:`fmt_hours`, :func:`fmt_ratio`, :func:`fmt_money`), so a figure
+reads the same in every format. Definitions (docs/reports.md has the user-facing version):
+
+- ``gpu_hours``: GPU-hours allocated in the week (MIG slices as fractions, shared GPUs divided).
+- ``measured_gpu_hours`` / ``unmeasured_gpu_hours``: GPU-hours of jobs with / without a waste
+  figure (no SM activity, or SM activity on only part of the job's GPUs). Missing is never zero:
+  unmeasured hours are neither efficient nor wasted, they are their own column.
+- ``sm_active_gpu_hours``: measured GPU-hours × SM activity (per GPU); ``efficiency`` is
+  ``sm_active_gpu_hours / measured_gpu_hours`` (the GPU-hour-weighted SM activity), null when
+  nothing was measured.
+- ``waste_gpu_hours``: measured GPU-hours × (1 − SM activity); ``waste_cost`` prices them, and
+  ``cost`` prices all allocated GPU-hours, at the GPU model's price per GPU-hour.
+- ``tensor_active_gpu_hours``: GPU-hours × tensor-pipe activity, over jobs that report it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Iterable, Mapping, Sequence
+
+from auditor.core.model import Verdict
+from auditor.core.summary import rfc3339
+from auditor.errors import BadInput
+
+SCHEMA = "gpu-auditor/weekly-report"
+SCHEMA_VERSION = 1
+VERDICTS: tuple[str, ...] = tuple(v.value for v in Verdict)
+#: name used for the whole cluster in deliveries and files
+ALL_TEAMS = "*"
+
+HOURS_DIGITS = 3
+RATIO_DIGITS = 4
+MONEY_DIGITS = 2
+
+
+@dataclass(frozen=True)
+class Prices:
+    """Price of one GPU-hour per GPU model (``default`` for models not listed; 0: no costs)."""
+
+    per_model: Mapping[str, float] = field(default_factory=dict)
+    default: float = 0.0
+    currency: str = "USD"
+
+    def __post_init__(self) -> None:
+        for model, price in {**self.per_model, "default": self.default}.items():
+            if not isinstance(price, (int, float)) or isinstance(price, bool) or price < 0 or price != price:
+                raise BadInput(f"reports.prices: price of {model!r} must be a non-negative number, got {price!r}")
+
+    def of(self, model: str) -> float:
+        """Price per GPU-hour of ``model``; a job on several models gets the default."""
+        return float(self.per_model.get(model, self.default))
+
+    def as_json(self) -> dict[str, Any]:
+        return {"currency": self.currency, "default": self.default, "per_model": dict(sorted(self.per_model.items()))}
+
+
+def _round(v: float | None, nd: int) -> float | None:
+    if v is None:
+        return None
+    r = round(float(v), nd)
+    return 0.0 if r == 0 else r  # no "-0.0"
+
+
+@dataclass
+class Totals:
+    """Running sums for one team (or the cluster) in one week."""
+
+    jobs: int = 0
+    gpu_hours: float = 0.0
+    measured_gpu_hours: float = 0.0
+    unmeasured_gpu_hours: float = 0.0
+    waste_gpu_hours: float = 0.0
+    tensor_active_gpu_hours: float = 0.0
+    cost: float = 0.0
+    waste_cost: float = 0.0
+    verdicts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, g: Any, prices: Prices) -> None:
+        """Add one :class:`auditor.store.reports.Group` (or anything with its fields)."""
+        price = prices.of(g.gpu_model)
+        self.jobs += g.jobs
+        self.gpu_hours += g.gpu_hours
+        self.measured_gpu_hours += g.measured_gpu_hours
+        self.unmeasured_gpu_hours += g.unmeasured_gpu_hours
+        self.waste_gpu_hours += g.waste_gpu_hours
+        self.tensor_active_gpu_hours += g.tensor_active_gpu_hours
+        self.cost += g.gpu_hours * price
+        self.waste_cost += g.waste_gpu_hours * price
+        self.verdicts[g.verdict] = self.verdicts.get(g.verdict, 0) + g.jobs
+
+    def as_json(self) -> dict[str, Any]:
+        sm_hours = max(0.0, self.measured_gpu_hours - self.waste_gpu_hours)
+        eff = sm_hours / self.measured_gpu_hours if self.measured_gpu_hours > 0 else None
+        return {
+            "jobs": self.jobs,
+            "gpu_hours": _round(self.gpu_hours, HOURS_DIGITS),
+            "measured_gpu_hours": _round(self.measured_gpu_hours, HOURS_DIGITS),
+            "unmeasured_gpu_hours": _round(self.unmeasured_gpu_hours, HOURS_DIGITS),
+            "sm_active_gpu_hours": _round(sm_hours, HOURS_DIGITS),
+            "tensor_active_gpu_hours": _round(self.tensor_active_gpu_hours, HOURS_DIGITS),
+            "efficiency": _round(eff, RATIO_DIGITS),
+            "waste_gpu_hours": _round(self.waste_gpu_hours, HOURS_DIGITS),
+            "cost": _round(self.cost, MONEY_DIGITS),
+            "waste_cost": _round(self.waste_cost, MONEY_DIGITS),
+            "verdicts": {v: self.verdicts.get(v, 0) for v in _verdict_order(self.verdicts)},
+        }
+
+
+def _verdict_order(seen: Mapping[str, int]) -> list[str]:
+    return list(VERDICTS) + sorted(v for v in seen if v not in VERDICTS)
+
+
+#: the figures of a totals object, in table order: (key, label, kind)
+FIGURES: tuple[tuple[str, str, str], ...] = (
+    ("jobs", "jobs", "int"),
+    ("gpu_hours", "GPU-hours", "hours"),
+    ("sm_active_gpu_hours", "SM-active GPU-h", "hours"),
+    ("tensor_active_gpu_hours", "tensor-active GPU-h", "hours"),
+    ("efficiency", "efficiency", "ratio"),
+    ("waste_gpu_hours", "waste GPU-h", "hours"),
+    ("waste_cost", "waste cost", "money"),
+    ("unmeasured_gpu_hours", "unmeasured GPU-h", "hours"),
+    ("cost", "cost", "money"),
+)
+
+
+def fmt_hours(v: float | None) -> str:
+    return "–" if v is None else f"{v:,.{HOURS_DIGITS}f}".replace(",", " ")
+
+
+def fmt_ratio(v: float | None) -> str:
+    """A ratio as a percentage with the digits the document keeps (0.4567 → 45.67 %)."""
+    return "–" if v is None else f"{v * 100:.{RATIO_DIGITS - 2}f} %"
+
+
+def fmt_money(v: float | None, currency: str = "") -> str:
+    if v is None:
+        return "–"
+    s = f"{v:,.{MONEY_DIGITS}f}".replace(",", " ")
+    return f"{s} {currency}".strip()
+
+
+def fmt(kind: str, v: Any, currency: str = "") -> str:
+    """Format a document value of ``kind`` (int, hours, ratio, money) for people."""
+    if kind == "int":
+        return "–" if v is None else str(int(v))
+    if kind == "hours":
+        return fmt_hours(v)
+    if kind == "ratio":
+        return fmt_ratio(v)
+    if kind == "money":
+        return fmt_money(v, currency)
+    return "–" if v is None else str(v)
+
+
+# ---------------------------------------------------------------------- building
+
+
+@dataclass
+class WeekData:
+    """What the store returned for one week: groups, policy actions, ranked jobs."""
+
+    week: str
+    start: datetime
+    end: datetime
+    groups: Sequence[Any]
+    actions: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    #: JobWeek rows that are candidates for the top lists, with (code, message) advice
+    top_candidates: Sequence[Any] = ()
+    advice: Mapping[int, tuple[str, str]] = field(default_factory=dict)
+
+
+def job_json(j: Any, prices: Prices, advice: tuple[str, str] | None) -> dict[str, Any]:
+    """One job's in-week figures (the per-job CSV row and a top-list entry)."""
+    price = prices.of(j.gpu_model)
+    waste = j.waste_gpu_hours
+    return {
+        "cluster": j.cluster,
+        "namespace": j.namespace,
+        "job": j.job,
+        "team": j.team,
+        "gpu_model": j.gpu_model or None,
+        "verdict": j.verdict,
+        "start": rfc3339(j.start),
+        "end": rfc3339(j.end),
+        "split": j.split,
+        "week_fraction": _round(j.fraction, RATIO_DIGITS),
+        "gpu_hours": _round(j.gpu_hours, HOURS_DIGITS),
+        "sm_active": _round(j.sm_active, RATIO_DIGITS),
+        "tensor_active": _round(j.tensor_active, RATIO_DIGITS),
+        "coverage": _round(j.coverage, RATIO_DIGITS),
+        "waste_gpu_hours": _round(waste, HOURS_DIGITS),
+        "waste_cost": None if waste is None else _round(waste * price, MONEY_DIGITS),
+        "finding": advice[0] if advice else None,
+        "advice": advice[1] if advice else None,
+    }
+
+
+def _top(jobs: Iterable[Any], n: int) -> list[Any]:
+    ranked = [j for j in jobs if j.waste_gpu_hours is not None]
+    ranked.sort(key=lambda j: (-j.waste_gpu_hours, j.job_id))
+    return ranked[:n]
+
+
+def build_report(
+    current: WeekData,
+    history: Sequence[WeekData],
+    *,
+    timezone: str,
+    prices: Prices,
+    generated_at: datetime,
+    cluster: str | None = None,
+    teams: Sequence[str] | None = None,
+    top_n: int = 10,
+    scope: str = "cluster",
+) -> dict[str, Any]:
+    """The report document for ``current`` with the trend over ``history`` (oldest first).
+
+    ``teams`` lists the teams to report on; a team without jobs gets an honest empty entry
+    (``jobs: 0``, efficiency null, a note), never a missing one. ``scope`` is ``cluster`` (the
+    ``total`` is the whole cluster) or ``team`` (one team's report; ``total`` is that team).
+    """
+    weeks = list(history) + [current]
+    names = sorted(set(teams) if teams is not None else {g.team for w in weeks for g in w.groups})
+
+    def totals_by_team(data: WeekData) -> tuple[dict[str, Totals], Totals]:
+        per: dict[str, Totals] = {t: Totals() for t in names}
+        whole = Totals()
+        for g in data.groups:
+            if g.team in per:
+                per[g.team].add(g, prices)
+                whole.add(g, prices)
+        return per, whole
+
+    per_week = [totals_by_team(w) for w in weeks]
+
+    def trend(team: str | None) -> list[dict[str, Any]]:
+        out = []
+        for w, (per, whole) in zip(weeks, per_week):
+            t = (whole if team is None else per[team]).as_json()
+            out.append(
+                {
+                    "week": w.week,
+                    "gpu_hours": t["gpu_hours"],
+                    "efficiency": t["efficiency"],
+                    "waste_gpu_hours": t["waste_gpu_hours"],
+                    "unmeasured_gpu_hours": t["unmeasured_gpu_hours"],
+                }
+            )
+        return out
+
+    def actions_of(team: str | None) -> dict[str, int]:
+        if team is not None:
+            return dict(sorted(current.actions.get(team, {}).items()))
+        acc: dict[str, int] = {}
+        for t in names:
+            for a, n in current.actions.get(t, {}).items():
+                acc[a] = acc.get(a, 0) + n
+        return dict(sorted(acc.items()))
+
+    per_now, whole_now = per_week[-1]
+    candidates = [j for j in current.top_candidates if j.team in per_now]
+    team_docs = []
+    for t in names:
+        doc = {"team": t, **per_now[t].as_json()}
+        acts = actions_of(t)
+        doc["actions"] = acts
+        doc["actions_total"] = sum(acts.values())
+        doc["top_jobs"] = [job_json(j, prices, current.advice.get(j.job_id)) for j in _top((j for j in candidates if j.team == t), top_n)]
+        doc["trend"] = trend(t)
+        doc["note"] = None if doc["jobs"] else f"No jobs of team {t} were recorded in {current.week}."
+        team_docs.append(doc)
+    total = {"team": ALL_TEAMS if scope == "cluster" else (names[0] if len(names) == 1 else ALL_TEAMS), **whole_now.as_json()}
+    acts = actions_of(None)
+    total["actions"] = acts
+    total["actions_total"] = sum(acts.values())
+    total["top_jobs"] = [job_json(j, prices, current.advice.get(j.job_id)) for j in _top(candidates, top_n)]
+    total["trend"] = trend(None)
+    if scope == "team" and len(team_docs) == 1:
+        total["note"] = team_docs[0]["note"]
+    else:
+        total["note"] = None if total["jobs"] else f"No jobs were recorded in {current.week}."
+    return {
+        "schema": SCHEMA,
+        "version": SCHEMA_VERSION,
+        "scope": scope,
+        "week": current.week,
+        "timezone": timezone,
+        "start": rfc3339(current.start),
+        "end": rfc3339(current.end),
+        "hours_in_week": round((current.end - current.start).total_seconds() / 3600.0, 3),
+        "cluster": cluster,
+        "generated_at": rfc3339(generated_at),
+        "prices": prices.as_json(),
+        "top_n": top_n,
+        "total": total,
+        "teams": team_docs,
+    }
+
+
+def team_view(report: Mapping[str, Any], team: str) -> dict[str, Any]:
+    """One team's report cut from a cluster report (the same numbers; ``scope: team``)."""
+    for t in report["teams"]:
+        if t["team"] == team:
+            return {**report, "scope": "team", "total": t, "teams": [t]}
+    raise BadInput(f"team {team!r} is not in the {report['week']} report")
