@@ -165,7 +165,16 @@ class NotificationsSettings(_Section):
 
 
 class ReportsSettings(_Section):
+    #: when the weekly reports go out: a crontab line or "mon 08:00", in ``timezone``
     weekly_schedule: str = "0 8 * * 1"
+    timezone: str = "UTC"
+    #: price per GPU-hour by GPU model (``modelName``), key ``default`` for the rest
+    prices: dict[str, float] = Field(default_factory=dict)
+    currency: str = "USD"
+    #: jobs listed by waste in each team's report
+    top_n: int = Field(default=10, ge=1, le=1000)
+    #: teams that always get a report, even an empty one
+    teams: list[str] = Field(default_factory=list)
 
 
 class HttpSettings(_Section):

@@ -26,6 +26,7 @@ from auditor.kube.resolver import KubeResolver
 from auditor.operator_loop.cycle import ORIGIN, CycleResult, CycleRunner, LostLeadership
 from auditor.operator_loop.health import HealthServer, OperatorMetrics
 from auditor.operator_loop.policies import PolicyStage
+from auditor.operator_loop.reports import ReportStage
 from auditor.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class Operator:
         )
         self.policies = PolicyStage(settings, self.store, self.api, self.identity) if (
             settings.policies.builtin or settings.policies.dir) else None
+        self.reports = ReportStage(settings, self.store)
         self.scheduler: BackgroundScheduler | None = None
         self.health: HealthServer | None = None
         self._stop = threading.Event()
@@ -200,6 +202,7 @@ class Operator:
                 self.metrics.kube_requests.set(self.resolver.api_requests)
         if self.policies is not None:
             result.decisions = self.policies.run(result.summaries, now=datetime.now(timezone.utc))
+        self.reports.send()
         self.cycles_run += 1
         self.last_result = result
         m = self.metrics
@@ -241,6 +244,7 @@ class Operator:
             max_instances=1, coalesce=True, misfire_grace_time=None,
             next_run_time=datetime.now(timezone.utc) if self.elector is None else None,
         )
+        self.reports.schedule(self.scheduler, self.is_leader)
         self.scheduler.start()
         if self.elector is not None:
             self.elector.start()
