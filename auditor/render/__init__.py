@@ -1,1 +1,12 @@
 """Presentation of audit summaries: the terminal verdict table and the demo's HTML page."""
+
+#: one colour per verdict, shared by every page and chart so a verdict looks the same everywhere
+VERDICT_COLORS = {
+    "healthy": "#2e7d32",
+    "no_tensor_cores": "#f9a825",
+    "memory_bound": "#ef6c00",
+    "low_sm_efficiency": "#c62828",
+    "underutilized": "#6a1b9a",
+    "idle": "#546e7a",
+    "insufficient_data": "#9e9e9e",
+}

@@ -16,16 +16,8 @@ from typing import Sequence
 import jinja2
 
 from auditor.render.table import notes
+from auditor.render import VERDICT_COLORS
 
-VERDICT_COLORS = {
-    "healthy": "#2e7d32",
-    "no_tensor_cores": "#f9a825",
-    "memory_bound": "#ef6c00",
-    "low_sm_efficiency": "#c62828",
-    "underutilized": "#6a1b9a",
-    "idle": "#546e7a",
-    "insufficient_data": "#9e9e9e",
-}
 
 _TEMPLATE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

@@ -12,16 +12,8 @@ import io
 from typing import Any, Mapping, Sequence
 
 from auditor.reports.aggregate import VERDICTS
+from auditor.render import VERDICT_COLORS
 
-VERDICT_COLORS = {
-    "healthy": "#2e7d32",
-    "no_tensor_cores": "#f9a825",
-    "memory_bound": "#ef6c00",
-    "low_sm_efficiency": "#c62828",
-    "underutilized": "#6a1b9a",
-    "idle": "#546e7a",
-    "insufficient_data": "#9e9e9e",
-}
 SM_COLOR, WASTE_COLOR, UNMEASURED_COLOR, TENSOR_COLOR = "#1565c0", "#e53935", "#bdbdbd", "#2e7d32"
 
 

@@ -6,7 +6,6 @@ Prometheus; PostgreSQL), so a warm start costs about as long as the apiserver ta
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import shlex
 import shutil
@@ -133,14 +132,8 @@ def _exclusive(state_dir: Path) -> Iterator[None]:
     The lock file lives in the cache, not in the state directory, which ``up`` wipes.
     """
     key = hashlib.sha1(str(state_dir).encode()).hexdigest()[:16]
-    path = config.cache_dir() / "locks" / f"testbed-{key}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with binaries.file_lock(config.cache_dir() / "locks" / f"testbed-{key}.lock"):
+        yield
 
 
 def up(state_dir: Path | None = None, *, build_log: Path | None = None) -> Testbed:

@@ -38,7 +38,7 @@ class Binaries:
 
 
 @contextmanager
-def _lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
     """An exclusive file lock, so two sessions never build or fetch into the cache at once."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as fh:
@@ -62,7 +62,7 @@ def build(log: Path | None = None) -> Path:
     target = config.bin_dir()
     if _built_complete(target):
         return target
-    with _lock(config.cache_dir() / "build.lock"):
+    with file_lock(config.cache_dir() / "build.lock"):
         if _built_complete(target):
             return target
         env = dict(os.environ)
@@ -145,7 +145,7 @@ def locate(build_log: Path | None = None) -> Binaries:
 def crd_files() -> list[Path]:
     """The pinned CRD manifests, copied from the Go module cache on first use."""
     files: list[Path] = []
-    with _lock(config.cache_dir() / "crds.lock"):
+    with file_lock(config.cache_dir() / "crds.lock"):
         for src in config.CRD_SOURCES:
             dest = config.crd_dir() / src.label
             if not (dest / ".complete").exists():
