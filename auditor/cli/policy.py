@@ -15,7 +15,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Sequence
 
-from auditor.errors import BadInput
 from auditor.timeparse import parse_duration
 
 #: the shipped policies (repository checkout); the image installs them at the same relative place

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any, Callable, Generic, TypeVar
 
 from kubernetes import client, watch

@@ -269,7 +269,7 @@ class PolicyRunner:
     # ------------------------------------------------------------------ actions
 
     def _run_action(self, action: ActionKind, key: str, policy: Policy, summary: dict, reason: str, evidence: dict, now: datetime) -> dict:
-        from auditor.store.decisions import DONE, FAILED, SKIPPED, WAITING
+        from auditor.store.decisions import DONE, FAILED, SKIPPED
 
         repo = self._repo
         assert repo is not None
@@ -397,7 +397,7 @@ class PolicyRunner:
 
     def _resume(self, now: datetime) -> list[Decision]:
         """Reactivate requeued jobs whose backoff is over; finish steps a crash interrupted."""
-        from auditor.store.decisions import CLAIMED, DONE, FAILED, WAITING
+        from auditor.store.decisions import DONE, FAILED, WAITING
 
         repo = self._repo
         assert repo is not None

@@ -20,7 +20,7 @@ import pytest
 import requests
 import yaml
 
-from chartlib import CHART, FULL_VALUES, Chart, find
+from chartlib import FULL_VALUES, Chart, find
 
 pytestmark = pytest.mark.testbed
 

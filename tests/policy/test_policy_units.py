@@ -131,7 +131,6 @@ def test_gives_up_after_attempts_and_on_long_retry_after() -> None:
 def test_cli_validate_and_simulate(tmp_path) -> None:
     import json
     import subprocess
-    import sys
     from datetime import datetime, timezone
 
     from auditor.core.model import JobRef
