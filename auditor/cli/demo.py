@@ -134,8 +134,9 @@ def run_demo(out_dir: Path, *, now: datetime | None = None, html: bool = True, p
             source="replayed from real H200 traces",
         )
         (out_dir / "index.html").write_text(page, encoding="utf-8")
-        # the weekly team report (auditor.reports) of the week the replayed jobs ran in, read
-        # back from the demo's store: what team leads would get on Monday
+        # the weekly team report (auditor.reports) of the week the replayed jobs ran in (the
+        # one holding the middle of the replay, so a run just after Monday 00:00 still shows the
+        # jobs), read back from the demo's store: what team leads would get on Monday
         from auditor.reports import IsoWeek, generate
         from auditor.reports.html import render_html as render_report
         from auditor.reports.weeks import zone
@@ -143,7 +144,8 @@ def run_demo(out_dir: Path, *, now: datetime | None = None, html: bool = True, p
         say("rendering the weekly team report")
         store = Store.open(f"sqlite:///{db.resolve()}")
         try:
-            report = generate(store, IsoWeek.containing(now, zone("UTC")), now=now)
+            middle = sc.window.start + (sc.window.end - sc.window.start) / 2
+            report = generate(store, IsoWeek.containing(middle, zone("UTC")), now=now)
         finally:
             store.close()
         (out_dir / "weekly-report.html").write_text(render_report(report), encoding="utf-8")
