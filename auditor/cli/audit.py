@@ -15,6 +15,7 @@ import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from auditor.errors import BadInput
 from auditor.timeparse import format_time, parse_duration, parse_time
@@ -129,8 +130,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_prometheus_flags(p)
     kube = p.add_mutually_exclusive_group()
-    kube.add_argument("--kubeconfig", metavar="PATH", help="find jobs through the Kubernetes API (not yet available)")
-    kube.add_argument("--in-cluster", action="store_true", help="as --kubeconfig, with the pod's service account (not yet available)")
+    kube.add_argument("--kubeconfig", metavar="PATH", help="find jobs through the Kubernetes API: owners up to the top-level job, Kueue queues, teams")
+    kube.add_argument("--in-cluster", action="store_true", help="as --kubeconfig, with the pod's service account")
     kube.add_argument("--no-kube", action="store_true", help="jobs from metric labels alone: each pod is a job Pod/<name>, its team is its namespace")
     p.add_argument("--start", required=True, metavar="T", help="start of the range: RFC 3339 or now-<duration>")
     p.add_argument("--end", default="now", metavar="T", help="end of the range (default: now)")
@@ -143,17 +144,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+def _resolver(args: argparse.Namespace) -> tuple[Any, Any]:
+    """How pods become jobs: metric labels alone, or the Kubernetes API (the operator's resolver).
+
+    Through the API, pods the cluster no longer knows (finished and deleted before the audit)
+    are audited as ``Pod/<name>`` jobs of their namespace, as with ``--no-kube``.
+    """
+    if args.no_kube:
+        from auditor.correlate import NoKubeResolver
+
+        return NoKubeResolver(cluster=args.cluster), None
+    from auditor.errors import SourceUnavailable
+    from auditor.kube.client import KubeConfig, api_client
+    from auditor.kube.resolver import KubeResolver
+
+    api = api_client(KubeConfig(kubeconfig=args.kubeconfig, in_cluster=args.in_cluster))
+    resolver = KubeResolver(api, cluster=args.cluster).start()
+    if not resolver.wait_synced(60.0):
+        resolver.stop()
+        raise SourceUnavailable("Kubernetes API: could not list pods and namespaces within 60 s")
+    return resolver, api
+
+
 def run(args: argparse.Namespace) -> int:
     now = datetime.now(timezone.utc)
     window = parse_window(args.start, args.end, now)
     width = parse_duration(args.bucket, what="--bucket")
-    if args.kubeconfig or args.in_cluster:
+    if not (args.no_kube or args.kubeconfig or args.in_cluster):
         raise BadInput(
-            "job discovery through the Kubernetes API (--kubeconfig/--in-cluster) is not yet available; "
-            "use --no-kube (jobs from metric labels)"
+            "say how jobs are found: --kubeconfig PATH or --in-cluster (the Kubernetes API), "
+            "or --no-kube (from metric labels)"
         )
-    if not args.no_kube:
-        raise BadInput("say how jobs are found: --no-kube (from metric labels); --kubeconfig/--in-cluster come later")
     if args.act and not args.policies:
         raise BadInput("--act needs --policies DIR")
     policies = None
@@ -162,28 +183,36 @@ def run(args: argparse.Namespace) -> int:
 
         policies = load_dir(args.policies)  # BadInput with file:line before any query runs
 
-    from auditor.correlate import NoKubeResolver
     from auditor.engine import run_audit
     from auditor.store import Store
 
-    source = source_from_args(args)
+    resolver, api = _resolver(args)
     try:
-        store = Store.open(args.db)
+        source = source_from_args(args)
         try:
-            result = run_audit(
-                source, NoKubeResolver(cluster=args.cluster), store, window, now=now, width=width, progress=log.info
-            )
-            decisions = []
-            if policies is not None:
-                from auditor.cli.policy import runner_config_from_env
-                from auditor.policy.runner import PolicyRunner
+            store = Store.open(args.db)
+            try:
+                result = run_audit(source, resolver, store, window, now=now, width=width, progress=log.info)
+                decisions = []
+                if policies is not None:
+                    from auditor.cli.policy import runner_config_from_env
+                    from auditor.policy.runner import PolicyRunner
 
-                runner = PolicyRunner(policies, store, None, runner_config_from_env(args.cluster))
-                decisions = runner.run_cycle(result.summaries, now=now, act=args.act)
+                    kube = None
+                    if api is not None:
+                        from auditor.actions import KubeActions
+
+                        kube = KubeActions(api)
+                    runner = PolicyRunner(policies, store, kube, runner_config_from_env(args.cluster))
+                    decisions = runner.run_cycle(result.summaries, now=now, act=args.act)
+            finally:
+                store.close()
         finally:
-            store.close()
+            source.close()
     finally:
-        source.close()
+        stop = getattr(resolver, "stop", None)
+        if stop is not None:
+            stop()
 
     report = result.report
     if args.output == "json":

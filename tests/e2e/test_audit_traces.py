@@ -268,7 +268,7 @@ def test_unreachable_prometheus_exits_1_naming_the_url(tmp_path):
         (["--no-kube", "--start", "yesterday"], "--start"),
         (["--no-kube", "--start", "2026-11-30T09:00:00"], "UTC offset"),
         (["--no-kube", "--start", "now-1h", "--end", "now-2h"], "empty range"),
-        (["--start", "now-1h", "--kubeconfig", "/nonexistent"], "not yet available"),
+        (["--start", "now-1h", "--kubeconfig", "/nonexistent"], "cannot load the kubeconfig /nonexistent"),
         (["--start", "now-1h"], "--no-kube"),
         (["--no-kube", "--start", "now-1h", "--policies", "/nonexistent-policies"], "not a directory of policies"),
         (["--no-kube", "--start", "now-1h", "--bucket", "5x"], "--bucket"),
