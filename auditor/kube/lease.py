@@ -167,13 +167,14 @@ class LeaderElector:
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
         record = (holder, spec.get("renewTime"), spec.get("leaseTransitions"))
+        seen = time.monotonic()  # after the GET (as client-go): a slow read never shortens a term
         with self._lock:
             if record != self._observed:
-                self._observed, self._observed_at = record, now
+                self._observed, self._observed_at = record, seen
             observed_at = self._observed_at
         duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
         mine = holder == self.identity
-        if holder and not mine and now - observed_at < duration:
+        if holder and not mine and seen - observed_at < duration:
             with self._lock:
                 was = self._leader
                 self._leader = False
