@@ -177,11 +177,14 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.act and not args.policies:
         raise BadInput("--act needs --policies DIR")
-    policies = None
+    policies = config = None
     if args.policies:
+        from auditor.cli.policy import runner_config_from_env
         from auditor.policy.loader import load_dir
 
-        policies = load_dir(args.policies)  # BadInput with file:line before any query runs
+        # both are BadInput (file:line; a retired variable) before any query runs
+        policies = load_dir(args.policies)
+        config = runner_config_from_env(args.cluster)
 
     from auditor.engine import run_audit
     from auditor.store import Store
@@ -195,7 +198,6 @@ def run(args: argparse.Namespace) -> int:
                 result = run_audit(source, resolver, store, window, now=now, width=width, progress=log.info)
                 decisions = []
                 if policies is not None:
-                    from auditor.cli.policy import runner_config_from_env
                     from auditor.policy.runner import PolicyRunner
 
                     kube = None
@@ -203,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
                         from auditor.actions import KubeActions
 
                         kube = KubeActions(api)
-                    runner = PolicyRunner(policies, store, kube, runner_config_from_env(args.cluster))
+                    runner = PolicyRunner(policies, store, kube, config)
                     decisions = runner.run_cycle(result.summaries, now=now, act=args.act)
             finally:
                 store.close()

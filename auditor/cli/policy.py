@@ -13,8 +13,9 @@ import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO, Mapping, Sequence
 
+from auditor.errors import BadInput
 from auditor.timeparse import parse_duration
 
 #: the shipped policies (repository checkout); the image installs them at the same relative place
@@ -88,19 +89,26 @@ def simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def runner_config_from_env(cluster: str = "default"):  # -> RunnerConfig
-    """Notification destinations for the CLI from GPU_AUDITOR_SLACK_WEBHOOK_URL,
-    GPU_AUDITOR_WEBHOOK_URL and GPU_AUDITOR_WEBHOOK_SECRET (never from flags: they are secrets)."""
-    from auditor.policy.runner import Route, RunnerConfig
+#: the CLI's name for the webhook HMAC key before it took the chart's: refused, so that a key set
+#: under it is not silently dropped (webhooks would go out unsigned, i.e. not at all)
+RETIRED_WEBHOOK_KEY_ENV = "GPU_AUDITOR_WEBHOOK_SECRET"
 
-    return RunnerConfig(
-        cluster=cluster,
-        default_route=Route(
-            slack_url=os.environ.get("GPU_AUDITOR_SLACK_WEBHOOK_URL") or None,
-            webhook_url=os.environ.get("GPU_AUDITOR_WEBHOOK_URL") or None,
-            webhook_secret=os.environ.get("GPU_AUDITOR_WEBHOOK_SECRET") or None,
-        ),
-    )
+
+def runner_config_from_env(cluster: str = "default", environ: Mapping[str, str] | None = None):  # -> RunnerConfig
+    """The operator's runner config (:func:`auditor.policy.config.runner_config`) over the variables
+    the Helm chart sets: GPU_AUDITOR_SLACK_WEBHOOK_URL, GPU_AUDITOR_WEBHOOK_URL and
+    GPU_AUDITOR_WEBHOOK_HMAC_KEY (never from flags: they are secrets). BadInput (exit 2) while
+    the retired GPU_AUDITOR_WEBHOOK_SECRET is set."""
+    from auditor.policy.config import WEBHOOK_HMAC_KEY_ENV, chart_notifications, runner_config
+    from auditor.settings import Settings
+
+    env = os.environ if environ is None else environ
+    if RETIRED_WEBHOOK_KEY_ENV in env:
+        raise BadInput(
+            f"{RETIRED_WEBHOOK_KEY_ENV} is no longer read: put the webhook HMAC key in "
+            f"{WEBHOOK_HMAC_KEY_ENV} (the Helm chart's name) and unset {RETIRED_WEBHOOK_KEY_ENV}"
+        )
+    return runner_config(Settings(cluster=cluster, notifications=chart_notifications()), env)
 
 
 def print_decisions(decisions: Sequence, *, act: bool, file: IO[str]) -> None:

@@ -1,6 +1,7 @@
 """Policies in the operator loop: which files are loaded, where alerts go, what may be requeued.
 
-Everything here comes from the settings (docs/operator.md), so the loop itself only calls
+Everything here comes from the settings (docs/operator.md; alert routes and requeue scope through
+:func:`auditor.policy.config.runner_config`, which ``audit --policies --act`` shares), so the loop itself only calls
 :meth:`PolicyStage.run` after each audit cycle. Policy files are re-read every cycle: an edited
 ConfigMap takes effect without a restart, and a file that became invalid keeps its last good
 version running (:class:`~auditor.policy.loader.PolicyRegistry`).
@@ -9,16 +10,15 @@ version running (:class:`~auditor.policy.loader.PolicyRegistry`).
 from __future__ import annotations
 
 import logging
-import os
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import auditor
 from auditor.errors import AuditorError
 from auditor.policy.loader import PolicyRegistry, read_dir
-from auditor.policy.runner import Decision, PolicyRunner, RequeueSettings, Route, RunnerConfig
-from auditor.policy.schema import ActionKind
+from auditor.policy.config import runner_config
+from auditor.policy.runner import Decision, PolicyRunner
 from auditor.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -46,34 +46,6 @@ def policy_files(settings: Settings) -> dict[str, str]:
     if settings.policies.dir and Path(settings.policies.dir).is_dir():
         files.update(read_dir(settings.policies.dir))
     return files
-
-
-def runner_config(settings: Settings, environ: Mapping[str, str] | None = None) -> RunnerConfig:
-    """Alert routes and the requeue scope from the settings; secrets from the variables they name."""
-    env = os.environ if environ is None else environ
-
-    def secret(name: str | None) -> str | None:
-        return env.get(name) if name else None
-
-    n = settings.notifications
-    hmac_key = secret(n.webhook.hmac_key_env)
-    default = Route(slack_url=secret(n.slack.webhook_url_env), webhook_url=secret(n.webhook.url_env),
-                    webhook_secret=hmac_key)
-    routes = {
-        team: Route(slack_url=secret(r.slack_webhook_url_env), webhook_url=secret(r.webhook_url_env),
-                    webhook_secret=hmac_key)
-        for team, r in n.routes.items()
-    }
-    requeue = RequeueSettings(
-        enabled=settings.features.requeue,
-        namespaces=frozenset(settings.requeue.namespaces),
-        queues=frozenset(settings.requeue.queues),
-        max_per_hour=settings.requeue.max_per_hour,
-    )
-    disabled = {kind for kind, on in ((ActionKind.ANNOTATE, settings.features.annotate),
-                                      (ActionKind.EVENT, settings.features.events)) if not on}
-    return RunnerConfig(cluster=settings.cluster, default_route=default, routes=routes, requeue=requeue,
-                        disabled_actions=frozenset(disabled))
 
 
 class PolicyStage:

@@ -93,6 +93,14 @@ def test_settings_file(chart: Chart):
     assert s["leader_election"]["lease_name"] == "gpu-auditor-leader"
     assert s["features"]["requeue"] is True
     assert s["thresholds"] == {"low_sm_efficiency": {"sm_active_below": 0.25}}  # extraSettings merged
+    # the variables the chart sets are the ones `gpu-auditor audit --policies --act` reads
+    from auditor.policy.config import chart_notifications
+
+    cli = chart_notifications().model_dump(exclude_defaults=True)
+    assert {k: s["notifications"][k] for k in ("slack", "webhook")} == cli
+    (dep,) = find(objs, "Deployment")
+    env = {e["name"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert {cli["slack"]["webhook_url_env"], cli["webhook"]["url_env"], cli["webhook"]["hmac_key_env"]} <= env
     default = yaml.safe_load(find(chart.render(), "ConfigMap", "ga-gpu-auditor-settings")[0]["data"]["settings.yaml"])
     assert default["store"]["url"] == "sqlite:////var/lib/gpu-auditor/gpu-auditor.db"
     assert default["features"]["requeue"] is False

@@ -3,13 +3,20 @@ controller), real local HTTP receivers for Slack and the webhook, a real store."
 
 from __future__ import annotations
 
+import json
+import math
+import re
+import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 from policy_receivers import Receiver
 
+from auditor import traces
 from auditor.actions import KubeActions
+from auditor.cli.main import main
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, GpuId, JobRef, PodRef
 from auditor.notify import verify_signature
@@ -320,3 +327,45 @@ def test_label_full_of_markup_arrives_escaped(kube_admin, namespace, tmp_path, r
         assert "@here" not in raw
     finally:
         store.close()
+
+
+def test_cli_act_alerts_through_the_charts_variables(prometheus, tmp_path, monkeypatch, capsys, receivers):
+    """``gpu-auditor audit --policies DIR --act`` end to end (real Prometheus, no cluster): the alert
+    goes where GPU_AUDITOR_SLACK_WEBHOOK_URL / GPU_AUDITOR_WEBHOOK_URL say, and the webhook is signed
+    with GPU_AUDITOR_WEBHOOK_HMAC_KEY, the variable the Helm chart sets for the operator."""
+    slack, hook = receivers
+    case = f"act{uuid.uuid4().hex[:8]}"
+    interval = timedelta(seconds=15)
+    trace = traces.load_trace("h200-microbench")
+    cycle = len(trace.steady("one_sm_spin")) * interval
+    duration = cycle * math.ceil(timedelta(minutes=30) / cycle)
+    end = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(minutes=1)
+    tj = traces.TraceJob(PodRef("ml", "spin-0", "main"), traces.make_gpus(1, f"{case}-node"), "one_sm_spin", duration=duration)
+    text = traces.trace_to_openmetrics(trace, [tj], end=end, duration=duration, interval=interval)
+    prometheus.backfill(re.sub(r"^([A-Za-z_:][A-Za-z0-9_:]*)\{", rf'\1{{case="{case}",', text, flags=re.M))
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    sm_low = {"field": "sm_active", "op": "<=", "value": 0.3}
+    (policies / "notify.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "gpu-auditor.io/v1alpha1", "kind": "GpuPolicy", "metadata": {"name": "notify-low-sm"},
+        "spec": {"mode": "warn", "verdicts": ["low_sm_efficiency"], "sustained": {"for": "10m", "conditions": [sm_low]},
+                 "escalation": [{"actions": ["notify"]}]},
+    }))
+    monkeypatch.setenv("GPU_AUDITOR_SLACK_WEBHOOK_URL", slack.url)
+    monkeypatch.setenv("GPU_AUDITOR_WEBHOOK_URL", hook.url)
+    monkeypatch.setenv("GPU_AUDITOR_WEBHOOK_HMAC_KEY", SECRET)
+    monkeypatch.delenv("GPU_AUDITOR_WEBHOOK_SECRET", raising=False)
+
+    rc = main(["audit", "--prometheus", prometheus.url, "--no-kube", "--match", f"case={case}",
+               "--start", (end - duration - timedelta(minutes=5)).isoformat(), "--end", end.isoformat(),
+               "--db", f"sqlite:///{tmp_path}/a.db", "--output", "json", "--policies", str(policies), "--act"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    (summary,) = json.loads(out.out)
+    assert summary["verdict"] == "low_sm_efficiency"
+    (decision,) = summary["policy_decisions"]
+    assert decision["policy"] == "notify-low-sm" and decision["actions"] == ["notify"], decision
+    assert len(slack.accepted) == 1 and len(hook.accepted) == 1
+    got = hook.accepted[0]
+    assert verify_signature(SECRET, got.body, got.headers["X-Gpu-Auditor-Signature"])
+    assert got.json()["data"]["job"]["job"] == "Pod/spin-0"

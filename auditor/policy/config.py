@@ -1,0 +1,58 @@
+"""The policy runner's configuration from the settings: one builder for the operator and the CLI.
+
+The operator (``gpu-auditor run``) passes its loaded settings (:class:`~auditor.operator_loop.policies.PolicyStage`);
+``gpu-auditor audit --policies --act`` has no settings file and passes :func:`chart_notifications`,
+the variable names the Helm chart sets, so both read the same names.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from auditor.policy.runner import RequeueSettings, Route, RunnerConfig
+from auditor.policy.schema import ActionKind
+from auditor.settings import NotificationsSettings, Settings
+
+#: The variables the chart fills from its notification Secrets (charts/gpu-auditor/templates/_helpers.tpl,
+#: configmap-settings.yaml): the contract users deploy with.
+SLACK_WEBHOOK_URL_ENV = "GPU_AUDITOR_SLACK_WEBHOOK_URL"
+WEBHOOK_URL_ENV = "GPU_AUDITOR_WEBHOOK_URL"
+WEBHOOK_HMAC_KEY_ENV = "GPU_AUDITOR_WEBHOOK_HMAC_KEY"
+
+
+def chart_notifications() -> NotificationsSettings:
+    """``notifications`` as the chart renders it, without per-team routes."""
+    return NotificationsSettings.model_validate({
+        "slack": {"webhook_url_env": SLACK_WEBHOOK_URL_ENV},
+        "webhook": {"url_env": WEBHOOK_URL_ENV, "hmac_key_env": WEBHOOK_HMAC_KEY_ENV},
+    })
+
+
+def runner_config(settings: Settings, environ: Mapping[str, str] | None = None) -> RunnerConfig:
+    """Alert routes and the requeue scope from the settings; secrets from the variables they name
+    (a variable that is unset or empty is no destination)."""
+    env = os.environ if environ is None else environ
+
+    def secret(name: str | None) -> str | None:
+        return (env.get(name) or None) if name else None
+
+    n = settings.notifications
+    hmac_key = secret(n.webhook.hmac_key_env)
+    default = Route(slack_url=secret(n.slack.webhook_url_env), webhook_url=secret(n.webhook.url_env),
+                    webhook_secret=hmac_key)
+    routes = {
+        team: Route(slack_url=secret(r.slack_webhook_url_env), webhook_url=secret(r.webhook_url_env),
+                    webhook_secret=hmac_key)
+        for team, r in n.routes.items()
+    }
+    requeue = RequeueSettings(
+        enabled=settings.features.requeue,
+        namespaces=frozenset(settings.requeue.namespaces),
+        queues=frozenset(settings.requeue.queues),
+        max_per_hour=settings.requeue.max_per_hour,
+    )
+    disabled = {kind for kind, on in ((ActionKind.ANNOTATE, settings.features.annotate),
+                                      (ActionKind.EVENT, settings.features.events)) if not on}
+    return RunnerConfig(cluster=settings.cluster, default_route=default, routes=routes, requeue=requeue,
+                        disabled_actions=frozenset(disabled))
