@@ -5,6 +5,10 @@ the reading in the source, the persistence in the store. With a store, the store
 the source of truth: the engine writes the window's buckets (idempotently), reads the job's
 buckets back and summarizes those, so a summary never depends on which process read which part
 of the history. Without a store (``store=None``) it summarizes the source's buckets directly.
+
+Cumulative audits (the operator's cycles) summarize a job over its whole stored history without
+reading it again: the store keeps each job's folded statistics (a
+:class:`~auditor.core.accumulate.JobAggregate`), and a cycle folds in only its own buckets.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from itertools import groupby
 from operator import attrgetter
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from auditor.core.accumulate import JobAggregate, ShareMap, StaleFold
 from auditor.core.model import Bucket, JobRef, PodRef, Window
 from auditor.core.rollup import LazyBuckets
-from auditor.core.summary import gpu_shares, shared_gpus, summarize_job
+from auditor.core.summary import estimate_interval, gpu_shares, shared_gpus, summarize_aggregate, summarize_job
 from auditor.core.thresholds import Thresholds
 from auditor.correlate import JobResolver, NoKubeResolver
 from auditor.sources.base import MetricSource, SourceReport
@@ -34,6 +39,7 @@ __all__ = ["AuditResult", "JobResolver", "NoKubeResolver", "run_audit", "sort_su
 log = logging.getLogger(__name__)
 
 _POD = attrgetter("pod")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 @dataclass
@@ -84,6 +90,56 @@ def _lazy_shares(buckets: LazyBuckets) -> dict[tuple[str, datetime], int]:
         return {}
     shares = gpu_shares(LazyBuckets.materialize(p for p in buckets.pieces if p[1] in candidates))
     return {k: n for k, n in shares.items() if n > 1}
+
+
+def align_down(t: datetime, width: timedelta) -> datetime:
+    """The start of the ``width``-aligned bucket (since the epoch) that holds ``t``."""
+    step = width.total_seconds()
+    return datetime.fromtimestamp(t.timestamp() // step * step, timezone.utc)
+
+
+def _fold_cumulative(
+    store: "Store",
+    job_id: int,
+    buckets: list[Bucket],
+    shares: ShareMap,
+    *,
+    freeze_to: datetime,
+    interval: float,
+    now: datetime,
+) -> JobAggregate:
+    """The job's aggregate over all of its stored history, reading only what it lacks.
+
+    The stored aggregate holds every bucket before its ``through``; the buckets of this window
+    that start before ``freeze_to`` (the next window's start: no later cycle rewrites them) are
+    folded into it and it is saved. The still-open buckets are folded into a copy, which is
+    returned for the summary. A job without a usable aggregate (first seen, or older buckets
+    rewritten since) is folded from its stored history once.
+    """
+    win_start = min(b.start for b in buckets)
+    done = [b for b in buckets if b.start < freeze_to]
+    tail = [b for b in buckets if b.start >= freeze_to]
+    agg = store.aggregate(job_id)
+    if agg is None or agg.through is None or agg.through > win_start:
+        agg, history = JobAggregate(), store.buckets(job_id, Window(_EPOCH, win_start))
+    elif agg.through < win_start:  # cycles without samples of this job: whatever was stored since
+        history = [b for b in store.buckets(job_id, Window(agg.through, win_start)) if b.start >= agg.through]
+    else:
+        history = []
+    try:
+        agg.fold(history + done, shares)
+    except StaleFold as exc:
+        log.warning("job %d: rebuilding its aggregate from the stored buckets (%s)", job_id, exc)
+        agg = JobAggregate()
+        agg.fold(store.buckets(job_id, Window(_EPOCH, freeze_to)), shares)
+    agg.freeze(freeze_to)
+    agg.interval = interval or agg.interval
+    store.save_aggregate(job_id, agg, now)
+    if not tail:
+        return agg
+    view = agg.copy()
+    view.fold(tail, shares)
+    return view
 
 
 def run_audit(
@@ -171,22 +227,29 @@ def _run_audit(
         interval = report.scrape_interval
         say(f"{n_buckets} buckets, {len(pods)} pods, {len(jobs)} jobs")
         summaries: list[dict] = []
+        freeze_to = align_down(window.end, width)
         for key in sorted(by_job):
             job, buckets = jobs[key], materialize(by_job.pop(key))
-            sum_window = window
-            if store is not None:
-                first = max(window.start, min(b.start for b in buckets))
-                last = min(window.end, max(b.end for b in buckets))
-                job_id = store.upsert_job(job, first, last)
-                store.replace_buckets(job_id, buckets)
-                buckets = store.buckets(job_id, None if cumulative else window)
-                if cumulative and buckets:
-                    sum_window = Window(min(window.start, min(b.start for b in buckets)), window.end)
-            summary = summarize_job(
-                job, buckets, window=sum_window, now=now, interval=interval, thresholds=th, shares=shares
-            )
-            if store is not None:
-                store.save_summary(job_id, summary)
+            if store is None:
+                summary = summarize_job(job, buckets, window=window, now=now, interval=interval, thresholds=th, shares=shares)
+                summaries.append(summary)
+                continue
+            first = max(window.start, min(b.start for b in buckets))
+            last = min(window.end, max(b.end for b in buckets))
+            job_id = store.upsert_job(job, first, last)
+            store.replace_buckets(job_id, buckets)
+            if cumulative:
+                iv = interval or estimate_interval(buckets) or 0.0
+                agg = _fold_cumulative(store, job_id, buckets, shares, freeze_to=freeze_to, interval=iv, now=now)
+                earliest = agg.earliest or window.start
+                summary = summarize_aggregate(
+                    job, agg, window=Window(min(window.start, earliest), window.end), now=now,
+                    interval=iv or agg.interval, thresholds=th,
+                )
+            else:
+                buckets = store.buckets(job_id, window)
+                summary = summarize_job(job, buckets, window=window, now=now, interval=interval, thresholds=th, shares=shares)
+            store.save_summary(job_id, summary)
             summaries.append(summary)
         summaries = sort_summaries(summaries)
         run_id = None

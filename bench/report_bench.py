@@ -51,6 +51,7 @@ from auditor.reports.html import render_html  # noqa: E402
 from auditor.reports.slack import cluster_message, team_message  # noqa: E402
 from auditor.reports.weeks import zone  # noqa: E402
 from auditor.store import Store  # noqa: E402
+from auditor.store.store import summary_columns  # noqa: E402
 
 UTC = timezone.utc
 WEEK = IsoWeek(2026, 47)
@@ -95,7 +96,8 @@ def rows_for(n: int, start: datetime, span: timedelta, teams: int, first_id: int
         jobs.append({"id": jid, "cluster": "bench", "namespace": f"ns-{team}", "kind": "Job", "name": f"job-{jid}", "uid": f"u{jid}",
                      "team": team, "queue": None, "first_seen": s, "last_seen": e, "ended_at": e})
         sums.append({"job_id": jid, "cluster": "bench", "namespace": f"ns-{team}", "team": team, "verdict": doc["verdict"],
-                     "start": s, "end": e, "gpu_hours": gh, "waste_gpu_hours": waste, "computed_at": e, "data": doc})
+                     "start": s, "end": e, "gpu_hours": gh, "waste_gpu_hours": waste, "computed_at": e, "data": doc,
+                     **summary_columns(doc)})  # what Store.save_summary writes beside the document
         if is_cross:
             crossing.append((jid, s, e, gpus, doc))
     return jobs, sums, crossing

@@ -24,16 +24,16 @@ Definitions (docs/verdicts.md has the user-facing version):
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import defaultdict
-from itertools import accumulate, groupby
-from operator import attrgetter, itemgetter
+from itertools import groupby
+from operator import attrgetter
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Iterable, Mapping, Sequence
 
+from auditor.core.accumulate import JobAggregate, RowView, ShareMap, Stat
 from auditor.core.metrics import Metric
-from auditor.core.model import Bucket, Finding, GpuId, JobRef, PodRef, Verdict, Window
+from auditor.core.model import Bucket, Finding, JobRef, PodRef, Verdict, Window
 from auditor.core.thresholds import Thresholds
 
 #: the activity fields of the audit JSON, in output order
@@ -54,86 +54,21 @@ DEVICE_FIELDS: tuple[tuple[str, Metric], ...] = (
     ("sm_clock_mhz", Metric.SM_CLOCK),
 )
 
-ShareMap = Mapping[tuple[str, datetime], int]
-
-_METRIC = attrgetter("metric")
-_WEIGHT = itemgetter(1)
-_METRIC_START = attrgetter("metric", "start")
 _POD_GPU = attrgetter("pod", "gpu")
 
 
-# --------------------------------------------------------------------------- statistics
-
-
-@dataclass(slots=True)
-class Stat:
-    """Pooled statistics of one metric over a set of buckets."""
-
-    total: float = 0.0
-    count: int = 0
-    dropped: int = 0
-    minimum: float = float("inf")
-    maximum: float = float("-inf")
-    #: (bucket mean, weight) pairs for the percentiles
-    points: list[tuple[float, int]] = field(default_factory=list)
-
-    def add(self, b: Bucket) -> None:
-        self.dropped += b.dropped
-        if b.count <= 0:
-            return
-        self.total += b.total
-        self.count += b.count
-        self.minimum = min(self.minimum, b.minimum)
-        self.maximum = max(self.maximum, b.maximum)
-        self.points.append((b.total / b.count, b.count))
-
-    def merge(self, other: "Stat") -> None:
-        self.total += other.total
-        self.count += other.count
-        self.dropped += other.dropped
-        self.minimum = min(self.minimum, other.minimum)
-        self.maximum = max(self.maximum, other.maximum)
-        self.points.extend(other.points)
-
-    @property
-    def mean(self) -> float | None:
-        return self.total / self.count if self.count else None
-
-    @property
-    def exactly_zero(self) -> bool:
-        """Every valid sample read exactly 0 (the silent-zero signature)."""
-        return self.count > 0 and self.maximum == 0.0 and self.minimum == 0.0
-
-    def percentile(self, p: float) -> float | None:
-        """Count-weighted percentile of the bucket means (lower value at ties)."""
-        return self.percentiles(p)[0]
-
-    def percentiles(self, *ps: float) -> list[float | None]:
-        """:meth:`percentile` for several ``p`` at once, sorting the points only once."""
-        if not self.points:
-            return [None] * len(ps)
-        pts = sorted(self.points)
-        cumulative = list(accumulate(map(_WEIGHT, pts)))
-        total = cumulative[-1]
-        out: list[float | None] = []
-        for p in ps:
-            # the first point whose cumulative weight reaches p of the total
-            i = bisect_left(cumulative, p * total - 1e-9)
-            out.append(pts[i][0] if i < len(pts) else pts[-1][0])
-        return out
-
-    def as_json(self) -> dict[str, object]:
-        p10, p50, p90 = self.percentiles(0.10, 0.50, 0.90)
-        return {
-            "mean": _r(self.mean),
-            "p10": _r(p10),
-            "p50": _r(p50),
-            "p90": _r(p90),
-            "min": _r(self.minimum) if self.count else None,
-            "max": _r(self.maximum) if self.count else None,
-            "samples": self.count,
-            "dropped": self.dropped,
-        }
+def _stat_json(st: Stat) -> dict[str, object]:
+    p10, p50, p90 = st.percentiles(0.10, 0.50, 0.90)
+    return {
+        "mean": _r(st.mean),
+        "p10": _r(p10),
+        "p50": _r(p50),
+        "p90": _r(p90),
+        "min": _r(st.minimum) if st.count else None,
+        "max": _r(st.maximum) if st.count else None,
+        "samples": st.count,
+        "dropped": st.dropped,
+    }
 
 
 def _r(v: float | None, nd: int = 6) -> float | None:
@@ -179,154 +114,6 @@ def shared_gpus(buckets: Sequence[Bucket]) -> dict[tuple[str, datetime], int]:
         return {}
     shares = gpu_shares(b for b in buckets if b.gpu.key in candidates)
     return {k: n for k, n in shares.items() if n > 1}
-
-
-# --------------------------------------------------------------------------- per-row view
-
-
-@dataclass(slots=True)
-class RowView:
-    """Everything computed for one (pod, GPU) pair."""
-
-    pod: PodRef
-    gpu: GpuId
-    stats: dict[Metric, Stat]
-    start: datetime
-    end: datetime
-    span_s: float
-    gpu_seconds: float  # presence × fraction / sharing
-    shared_seconds: float  # presence in buckets shared with other pods
-    max_share: int
-    coverage: float | None
-    busy_metric: Metric | None
-    #: per bucket start: GPU equivalents this row held there
-    presence: dict[datetime, float]
-
-    def mean(self, m: Metric) -> float | None:
-        s = self.stats.get(m)
-        return s.mean if s else None
-
-    @property
-    def busy(self) -> float | None:
-        return self.mean(self.busy_metric) if self.busy_metric else None
-
-    @property
-    def gpu_hours(self) -> float:
-        return self.gpu_seconds / 3600.0
-
-    @property
-    def waste_gpu_hours(self) -> float | None:
-        sm = self.mean(Metric.SM_ACTIVE)
-        return None if sm is None else self.gpu_hours * (1.0 - sm)
-
-
-def _busy_metric(stats: Mapping[Metric, Stat], gpu: GpuId) -> Metric | None:
-    """GPU_UTIL where it exists (never on MIG), else GR_ENGINE_ACTIVE."""
-    if not gpu.instance and Metric.GPU_UTIL in stats and stats[Metric.GPU_UTIL].count:
-        return Metric.GPU_UTIL
-    if Metric.GR_ENGINE_ACTIVE in stats and stats[Metric.GR_ENGINE_ACTIVE].count:
-        return Metric.GR_ENGINE_ACTIVE
-    return None
-
-
-def _row(
-    pod: PodRef,
-    gpu: GpuId,
-    buckets: Sequence[Bucket],
-    *,
-    window: Window,
-    interval: float,
-    shares: ShareMap,
-) -> RowView:
-    stats: dict[Metric, Stat] = {}
-    scraped: dict[datetime, int] = {}  # bucket start → samples seen (max over metrics)
-    ends: dict[datetime, datetime] = {}
-    per_metric: dict[Metric, dict[datetime, int]] = {}  # metric → bucket start → samples seen
-    # One pass per metric run with the Stat fields in locals (this loop sees every bucket of
-    # an audit). Same arithmetic, in the same order, as Stat.add bucket by bucket.
-    for metric, run in groupby(buckets, key=_METRIC):
-        st = stats.get(metric)
-        if st is None:
-            st = stats[metric] = Stat()
-            per_metric[metric] = {}
-        total, count, dropped, lo, hi, points = st.total, st.count, st.dropped, st.minimum, st.maximum, st.points
-        seen = per_metric[metric]
-        for _, _, _, start, end, t, n, mn, mx, d in run:  # Bucket's fields, in order
-            seen[start] = seen.get(start, 0) + n + d
-            ends[start] = end
-            dropped += d
-            if n <= 0:
-                continue
-            total += t
-            count += n
-            if mn < lo:
-                lo = mn
-            if mx > hi:
-                hi = mx
-            points.append((t / n, n))
-        st.total, st.count, st.dropped, st.minimum, st.maximum = total, count, dropped, lo, hi
-    for seen in per_metric.values():
-        for start, n in seen.items():
-            if n > scraped.get(start, 0):
-                scraped[start] = n
-    starts = sorted(s for s, n in scraped.items() if n > 0)
-    presence: dict[datetime, float] = {}
-    w0, w1 = window.start, window.end
-    if not starts:
-        t = max(w0, min(b.start for b in buckets)) if buckets else w0
-        row_start = row_end = t
-    else:
-        first, last = starts[0], starts[-1]
-        width = ends[first] - first
-        # every bucket from the first to the last counts, those without samples too: a scrape
-        # gap inside the span is time the pod held the GPU without telemetry (lower coverage)
-        s = first
-        while s <= last:
-            lo, hi = max(s, w0), min(s + width, w1)
-            full = max(0.0, (hi - lo).total_seconds())
-            presence[s] = min(full, scraped.get(s, 0) * interval) if s in (first, last) else full
-            s += width
-        if len(starts) == 1:
-            row_start = max(first, w0)
-            row_end = row_start + timedelta(seconds=presence[first])
-        else:
-            row_start = min(ends[first], w1) - timedelta(seconds=presence[first])
-            row_end = max(last, w0) + timedelta(seconds=presence[last])
-    span_s = sum(presence.values())
-    gpu_seconds = shared_s = 0.0
-    max_share = 1
-    held: dict[datetime, float] = {}
-    for s, secs in presence.items():
-        n = max(1, shares.get((gpu.key, s), 1))
-        max_share = max(max_share, n)
-        gpu_seconds += secs * gpu.fraction / n
-        held[s] = gpu.fraction / n
-        if n > 1:
-            shared_s += secs
-    busy_metric = _busy_metric(stats, gpu)
-    expected = span_s / interval if interval > 0 else 0.0
-    coverage: float | None = None
-    if expected > 0 and busy_metric is not None:
-        counts = [stats[busy_metric].count]
-        if Metric.SM_ACTIVE in stats:
-            counts.append(stats[Metric.SM_ACTIVE].count)
-        coverage = min(1.0, min(counts) / expected)
-    elif expected > 0:
-        coverage = 0.0
-    return RowView(
-        pod=pod,
-        gpu=gpu,
-        stats=stats,
-        start=row_start,
-        end=row_end,
-        span_s=span_s,
-        gpu_seconds=gpu_seconds,
-        shared_seconds=shared_s,
-        max_share=max_share,
-        coverage=coverage,
-        busy_metric=busy_metric,
-        presence=held,
-    )
 
 
 def estimate_interval(buckets: Iterable[Bucket]) -> float | None:
@@ -632,28 +419,27 @@ def summarize_job(
     ``shares`` comes from :func:`gpu_shares` over *all* pods' buckets of the window, so GPUs
     shared with other jobs are seen.
     """
-    th = thresholds or Thresholds()
     shares = shares if shares is not None else gpu_shares(buckets)
     iv = interval if interval and interval > 0 else (estimate_interval(buckets) or 0.0)
-    # Buckets per (pod, GPU key), each list ordered by (metric name, start) — the order a sort
-    # of all buckets by (pod, GPU key, metric name, start) gives — grouping runs first so that
-    # only the few buckets of one row are sorted at a time.
-    grouped: dict[tuple[PodRef, str], list[Bucket]] = {}
-    for (pod, gpu), run in groupby(buckets, key=_POD_GPU):
-        key = (pod, gpu.key)
-        lst = grouped.get(key)
-        if lst is None:
-            lst = grouped[key] = []
-        lst.extend(run)
-    gpus: dict[tuple[PodRef, str], GpuId] = {}
-    for key, lst in grouped.items():
-        # Metric is a str enum: members order as their names do, so this is (name, start)
-        lst.sort(key=_METRIC_START)
-        gpus[key] = lst[0].gpu
-    rows = [
-        _row(pod, gpus[(pod, key)], bs, window=window, interval=iv, shares=shares)
-        for (pod, key), bs in sorted(grouped.items(), key=lambda kv: kv[0])
-    ]
+    agg = JobAggregate()
+    agg.fold(buckets, shares)
+    return summarize_aggregate(job, agg, window=window, now=now, interval=iv, thresholds=thresholds)
+
+
+def summarize_aggregate(
+    job: JobRef,
+    agg: JobAggregate,
+    *,
+    window: Window,
+    now: datetime,
+    interval: float,
+    thresholds: Thresholds | None = None,
+) -> dict[str, object]:
+    """The audit-JSON object of one job from its folded buckets (:mod:`auditor.core.accumulate`);
+    ``interval`` is the scrape interval in seconds (0 when unknown)."""
+    th = thresholds or Thresholds()
+    iv = interval
+    rows = agg.views(window, iv)
     models = sorted({r.gpu.model for r in rows if r.gpu.model})
     model = models[0] if len(models) == 1 else (", ".join(models) if models else "")
 
@@ -728,7 +514,7 @@ def summarize_job(
                 "waste_gpu_hours": _r(r.waste_gpu_hours),
                 "shared_with_pods": r.max_share - 1 if r.max_share > 1 else 0,
                 "verdict": r_verdict.value,
-                "stats": {m.value: r.stats[m].as_json() for m in sorted(r.stats, key=lambda m: m.value)},
+                "stats": {m.value: _stat_json(r.stats[m]) for m in sorted(r.stats, key=lambda m: m.value)},
             }
         )
         per_gpu.append(entry)
@@ -783,7 +569,7 @@ def summarize_job(
         "team": job.team or job.namespace,
         "queue": job.queue,
         "gpu_model": model or None,
-        "gpus": _r(_peak_gpus(rows), 4),
+        "gpus": _r(_peak_gpus(rows, agg.peak), 4),
         "pods": sorted({r.pod.pod for r in rows}),
         "start": rfc3339(start),
         "end": rfc3339(end),
@@ -799,7 +585,7 @@ def summarize_job(
             "waste_gpu_hours": _r(waste),
             "verdict": verdict.value,
             "findings": [{"code": f.code, "message": f.message, "evidence": f.evidence} for f in findings],
-            "stats": {m.value: pooled[m].as_json() for m in sorted(pooled, key=lambda m: m.value)},
+            "stats": {m.value: _stat_json(pooled[m]) for m in sorted(pooled, key=lambda m: m.value)},
             "per_gpu": per_gpu,
             "window": {"start": rfc3339(window.start), "end": rfc3339(window.end)},
             "scrape_interval_s": _r(iv, 3) if iv else None,
@@ -809,13 +595,16 @@ def summarize_job(
     return out
 
 
-def _peak_gpus(rows: Sequence[RowView]) -> float:
-    """GPU equivalents held at the busiest bucket (MIG fractions, shared GPUs divided)."""
+def _peak_gpus(rows: Sequence[RowView], frozen_peak: float = 0.0) -> float:
+    """GPU equivalents held at the busiest bucket (MIG fractions, shared GPUs divided);
+    ``frozen_peak`` is that of the buckets an aggregate no longer lists one by one."""
     per: dict[datetime, float] = defaultdict(float)
     for r in rows:
         for s, held in r.presence.items():
             per[s] += held
-    return max(per.values(), default=sum(r.gpu.fraction for r in rows))
+    if per:
+        return max(frozen_peak, max(per.values()))
+    return frozen_peak or sum(r.gpu.fraction for r in rows)
 
 
 def _evidence_row(r: RowView, th: Thresholds, sz: dict[str, object] | None) -> Evidence:

@@ -13,8 +13,10 @@ A cycle's cost follows the new samples, not the age of the jobs:
 * each chunk is one store transaction, committed only if this process is still the leader at the
   end, so a cycle that lost its lease leaves nothing behind for the new leader to repeat.
 
-Summaries are cumulative over every stored bucket of a job (``run_audit(cumulative=True)``) and
-carry the Kubernetes view (``kube``: Workload, queues, pods) and ``final``. A job whose pods all
+Summaries are cumulative over every stored bucket of a job (``run_audit(cumulative=True)``): the
+buckets before this window are not read again but come folded in the job's stored aggregate
+(auditor.core.accumulate; the buckets before the next window's start are folded in at the end of
+each cycle). Summaries carry the Kubernetes view (``kube``: Workload, queues, pods) and ``final``. A job whose pods all
 finished or were deleted gets its final summary in the first cycle that ends ``end_settle``
 after its end (late scrapes included), and ``jobs.ended_at`` is set.
 """
@@ -28,7 +30,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from auditor.core.model import Window
-from auditor.engine import run_audit, sort_summaries
+from auditor.engine import align_down, run_audit, sort_summaries
 from auditor.errors import AuditorError
 from auditor.kube.resolver import JobInfo, KubeResolver
 from auditor.sources.base import MetricSource
@@ -42,11 +44,6 @@ END_SETTLE = timedelta(minutes=1)
 
 class LostLeadership(AuditorError):
     """The lease lapsed during a cycle: its writes are rolled back."""
-
-
-def align_down(t: datetime, width: timedelta) -> datetime:
-    step = width.total_seconds()
-    return datetime.fromtimestamp(t.timestamp() // step * step, timezone.utc)
 
 
 def _job_key_of(summary: dict) -> str:

@@ -155,11 +155,14 @@ def _bucket_means(buckets: Iterable[Bucket]) -> dict[datetime, dict[str, tuple[f
     return {s: {k: (t / c, c) for k, (t, c) in m.items()} for s, m in acc.items()}
 
 
-def evaluate_sustained(rule: Sustained, buckets: Sequence[Bucket], now: datetime) -> SustainedResult:
+def evaluate_sustained(
+    rule: Sustained, buckets: Sequence[Bucket], now: datetime, *, job_start: datetime | None = None
+) -> SustainedResult:
     """Do all of ``rule.conditions`` hold in every covered bucket of the trailing window?
 
     The window is ``[end - for, end)`` where ``end`` is the end of the last bucket not after
-    ``now``. The job's first bucket starts its warm-up; the window must begin after it. A bucket
+    ``now``. The job's start (``job_start``, else its first bucket given) starts its warm-up; the
+    window must begin after it, so ``buckets`` need only cover the trailing window. A bucket
     is covered when it has samples of every field the conditions name; covered buckets must be at
     least ``minCoverage`` of the window's buckets. Any covered bucket that breaks a condition, or
     too little coverage, and it does not hold.
@@ -171,6 +174,8 @@ def evaluate_sustained(rule: Sustained, buckets: Sequence[Bucket], now: datetime
     if width <= timedelta(0):
         return SustainedResult(False, {"reason": "degenerate buckets"})
     first = min(b.start for b in usable)
+    if job_start is not None:
+        first = min(first, job_start)
     end = max(b.end for b in usable)
     start = end - rule.duration
     ev: dict[str, Any] = {
@@ -235,7 +240,7 @@ def evaluate(
     if spec.sustained is not None:
         if buckets is None:
             return Evaluation(name, False, "no stored buckets for the sustained condition", figures, judged=False)
-        sr = evaluate_sustained(spec.sustained, buckets, now)
+        sr = evaluate_sustained(spec.sustained, buckets, now, job_start=parse_rfc3339(str(summary.get("start") or "")))
         evidence["sustained"] = sr.evidence
         if not sr.holds:
             return Evaluation(name, False, "sustained: " + str(sr.evidence.get("reason")), evidence)

@@ -20,11 +20,14 @@ from auditor.notify import SlackNotifier, WebhookNotifier
 from auditor.notify.http import RetryPolicy
 from auditor.notify.slack import context, fields, header, section, slack_escape
 from auditor.policy.escalation import ViolationState, action_key, decision_key, due_step, job_key
-from auditor.policy.evaluate import Evaluation, JobFacts, evaluate
+from auditor.policy.evaluate import Evaluation, JobFacts, evaluate, parse_rfc3339
 from auditor.policy.loader import PolicyRegistry
 from auditor.policy.schema import ActionKind, Mode, Policy
 
 log = logging.getLogger(__name__)
+
+#: read this much before a sustained window, so its first bucket is whole whatever the width
+_READ_MARGIN = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -204,9 +207,15 @@ class PolicyRunner:
         found = self.store.find_job(str(summary.get("namespace")), kind, name, summary.get("cluster"))
         if found is None:
             return None
-        longest = max(p.spec.sustained.duration + p.spec.sustained.warmup for p in policies if p.spec.sustained)
-        # the warm-up needs the job's first bucket: read from the job's start when it is known
-        return self.store.buckets(found[0], None if longest > timedelta(days=2) else Window(now - longest - timedelta(days=1), now + timedelta(seconds=1)))
+        longest = max(p.spec.sustained.duration for p in policies if p.spec.sustained)
+        # only the trailing windows, which end at the job's last bucket: the warm-up is judged
+        # from the summary's start, so the read (by job and time, indexed) costs the same for a
+        # job of an hour and one of a month
+        end = parse_rfc3339(str(summary.get("end") or ""))
+        if end is None:  # not an audit-JSON summary: all of the job's buckets
+            return self.store.buckets(found[0])
+        last = min(now, end)
+        return self.store.buckets(found[0], Window(last - longest - _READ_MARGIN, now + timedelta(seconds=1)))
 
     def _step(self, policy: Policy, summary: dict, ev: Evaluation, job: Any, *, now: datetime, act: bool) -> Decision:
         mode = policy.spec.mode

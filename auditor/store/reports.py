@@ -13,6 +13,10 @@ Reading a week (``[start, end)`` in UTC):
   the overlap of the summary's ``[start, end)`` with the week, with the job-level means. Each
   split job says which method it got (``split``: ``inside``, ``rollup`` or ``time``).
 
+The summary fields these queries read (GPU model, activity, coverage, busy signal and its sample
+counts) are columns of ``job_summaries`` (migration 0005), never parsed out of the JSON document
+in SQL; only :meth:`ReportStore.advice` reads the document, for the few top jobs.
+
 The deliveries ledger (table ``report_deliveries``, migration 0003) is what makes a report
 go out once per team, week and channel across restarts and replicas: a row is claimed (inserted
 under a unique dedup key) before the message is posted, and marked ``sent`` after.
@@ -136,9 +140,19 @@ class ReportStore:
 
     # ------------------------------------------------------------------ week aggregates
 
+    def _in_cluster(self, cluster: str) -> Any:
+        """``cluster = :cluster``, marked as true for most rows on SQLite. A store holds mostly
+        one cluster's jobs, but the store never runs ANALYZE, and without statistics SQLite's
+        planner takes an equality for selective: it walked ``ix_job_summaries_scope`` through
+        every summary of the cluster (49 s for a week's report over 1.1 M summaries instead of
+        2 s) rather than the week's range of ``ix_job_summaries_week``. PostgreSQL keeps its
+        own statistics (autovacuum), so it gets the plain comparison."""
+        cond = _s.cluster == cluster
+        return sa.func.likely(cond) if self.store._sqlite else cond
+
     def _scope(self, q: sa.Select, cluster: str | None, teams: Sequence[str] | None) -> sa.Select:
         if cluster is not None:
-            q = q.where(_s.cluster == cluster)
+            q = q.where(self._in_cluster(cluster))
         if teams is not None:
             q = q.where(_s.team.in_(list(teams)))
         return q
@@ -156,16 +170,16 @@ class ReportStore:
         """Every job overlapping ``[start, end)``, summed per (team, verdict, GPU model); jobs
         crossing the week's bounds are split (module docstring) and come as their own rows.
 
-        ``by_model=False`` leaves the GPU model and the tensor activity out (both live inside
-        the JSON document, whose parsing is most of the query's cost on SQLite): enough for the
-        trend, which shows hours, efficiency and waste. ``crossing``: the week's
-        :meth:`crossing_jobs` when the caller has them already.
+        ``by_model=False`` leaves the GPU model and the tensor activity out (fewer groups):
+        enough for the trend, which shows hours, efficiency and waste. ``crossing``: the week's
+        :meth:`crossing_jobs` when the caller has them already. Every column read here is in
+        the covering index ``ix_job_summaries_week`` (migration 0005).
         """
         measured = _s.waste_gpu_hours.is_not(None)
         hours = sa.func.coalesce(_s.gpu_hours, 0.0)
         if by_model:
-            model: Any = sa.func.coalesce(_s.data["gpu_model"].as_string(), "")
-            tensor = _s.data["tensor_active"].as_float()
+            model: Any = sa.func.coalesce(_s.gpu_model, "")
+            tensor = _s.tensor_active
             tensor_hours: Any = sa.func.sum(sa.case((tensor.is_not(None), hours * tensor), else_=0.0))
         else:
             model, tensor_hours = sa.literal(""), sa.literal(0.0)
@@ -201,17 +215,17 @@ class ReportStore:
             _s.job_id,
             _s.cluster,
             _s.namespace,
-            _s.data["job"].as_string(),
+            _s.job,
             _s.team,
             _s.verdict,
-            sa.func.coalesce(_s.data["gpu_model"].as_string(), ""),
+            sa.func.coalesce(_s.gpu_model, ""),
             _s.start,
             _s.end,
             _s.gpu_hours,
             _s.waste_gpu_hours,
-            _s.data["sm_active"].as_float(),
-            _s.data["tensor_active"].as_float(),
-            _s.data["coverage"].as_float(),
+            _s.sm_active,
+            _s.tensor_active,
+            _s.coverage,
         ]
 
     def crossing_jobs(
@@ -231,19 +245,17 @@ class ReportStore:
         read once if it crosses any of the weeks' bounds (a trend's weeks share most rows)."""
         if not weeks:
             return []
-        cols = self._job_columns() + [
-            _s.data["busy_signal"].as_string(),
-            _s.data[("stats", "gpu_util", "samples")].as_integer(),
-            _s.data[("stats", "gr_engine_active", "samples")].as_integer(),
-        ]
+        cols = self._job_columns() + [_s.busy_signal, _s.gpu_util_samples, _s.gr_engine_active_samples]
         bounds = sorted({t for w in weeks for t in w})
         lo, hi = min(s for s, _ in weeks), max(e for _, e in weeks)
         crosses = sa.or_(*[sa.and_(_s.start < b, _s.end > b) for b in bounds])
         q = sa.select(*cols).where(_s.end > lo, _s.start < hi, crosses)
-        q = self._scope(q, cluster, teams).order_by(_s.job_id)
+        # no ORDER BY: on SQLite it would make the planner walk the whole table in key order
+        # instead of the weeks' range of the ``end`` index (the few rows are sorted here)
+        q = self._scope(q, cluster, teams)
         out: list[list[JobWeek]] = []
         with self.store._guard("read the weeks' boundary jobs"), self.store._connect() as conn:
-            rows = conn.execute(q).all()
+            rows = sorted(conn.execute(q).all(), key=lambda r: r[0])
             for start, end in weeks:
                 mine = [r for r in rows if r[8] > start and r[7] < end and (r[7] < start or r[8] > end)]
                 sums, has_buckets = self._bucket_sums(conn, [r[0] for r in mine], start, end)
@@ -358,7 +370,7 @@ class ReportStore:
         """Teams with at least one job overlapping ``[start, end)``."""
         q = sa.select(_s.team).where(_s.end > start, _s.start < end).distinct()
         if cluster is not None:
-            q = q.where(_s.cluster == cluster)
+            q = q.where(self._in_cluster(cluster))
         with self.store._guard("list teams"), self.store._connect() as conn:
             return sorted(t for t in conn.execute(q).scalars() if t is not None)
 

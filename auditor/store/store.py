@@ -10,6 +10,7 @@ and the operation, ``retryable`` when a retry can help (a connection drop, a loc
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import threading
@@ -19,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
@@ -27,11 +29,14 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import URL, Connection, Engine
 
+from auditor.core.accumulate import JobAggregate
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, GpuId, JobRef, PodRef, Window
 from auditor.errors import BadInput, StoreError
 from auditor.store import urls
-from auditor.store.tables import AuditRunRow, BucketRow, JobRow, SummaryRow
+from auditor.store.tables import AggregateRow, AuditRunRow, BucketRow, JobRow, SummaryRow
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
@@ -44,6 +49,7 @@ _jobs = JobRow.__table__  # type: ignore[attr-defined]
 _buckets = BucketRow.__table__  # type: ignore[attr-defined]
 _summaries = SummaryRow.__table__  # type: ignore[attr-defined]
 _runs = AuditRunRow.__table__  # type: ignore[attr-defined]
+_aggregates = AggregateRow.__table__  # type: ignore[attr-defined]
 
 _BUCKET_KEY = ("job_id", "pod_namespace", "pod_name", "container", "gpu_uuid", "gpu_instance", "metric", "start")
 _BUCKET_VALUES = ("hostname", "gpu_index", "gpu_model", "mig_profile", "end", "total", "count", "minimum", "maximum", "dropped")
@@ -279,11 +285,15 @@ class Store:
             for b in buckets:
                 row = _bucket_row(job_id, b, to_db)
                 rows[row[:6] + row[10:12]] = row  # the _BUCKET_KEY columns
+        earliest = min(b.start for b in buckets)
         with self._guard(f"write {len(rows)} buckets of job {job_id}"), self._connect(write=True) as conn:
             if self._sqlite:
                 conn.exec_driver_sql(self._bucket_sql, list(rows.values()))
             else:
                 self._copy_buckets(conn, rows.values())
+            # an aggregate that already folded buckets from here on no longer matches them
+            a = _aggregates.c
+            conn.execute(sa.delete(_aggregates).where(a.job_id == job_id, a.through > earliest))
 
     def buckets(self, job_id: int, window: Window | None = None) -> list[Bucket]:
         """The job's buckets (those overlapping ``window`` when given), in time order."""
@@ -295,14 +305,43 @@ class Store:
         with self._guard(f"read buckets of job {job_id}"), self._connect() as conn:
             return [_bucket(r) for r in conn.execute(q).mappings()]
 
+    # ------------------------------------------------------------------ aggregates
+
+    def aggregate(self, job_id: int) -> JobAggregate | None:
+        """The job's folded statistics (None when there are none, or they cannot be read: they
+        are derived from the buckets, and the caller rebuilds them from there)."""
+        q = sa.select(_aggregates.c.state).where(_aggregates.c.job_id == job_id)
+        with self._guard(f"read the aggregate of job {job_id}"), self._connect() as conn:
+            state = conn.execute(q).scalar_one_or_none()
+        if state is None:
+            return None
+        try:
+            return JobAggregate.from_json(orjson.loads(state))
+        except (ValueError, orjson.JSONDecodeError) as exc:
+            log.warning("store %s: the aggregate of job %d is unreadable (%s); it will be rebuilt", self.display_url, job_id, exc)
+            return None
+
+    def save_aggregate(self, job_id: int, agg: JobAggregate, now: datetime) -> None:
+        """Store the job's folded statistics, replacing the previous ones."""
+        where = f"save the aggregate of job {job_id}"
+        with self._guard(where):
+            if agg.through is None:
+                raise _Invalid("an aggregate without 'through' cannot be stored")
+            values = {"job_id": job_id, "through": agg.through, "updated": _aware(now, "now"), "state": orjson.dumps(agg.to_json())}
+        stmt = self._insert(_aggregates).values(**values)
+        stmt = stmt.on_conflict_do_update(index_elements=["job_id"], set_={k: stmt.excluded[k] for k in values if k != "job_id"})
+        with self._guard(where), self._connect(write=True) as conn:
+            conn.execute(stmt)
+
     # ------------------------------------------------------------------ summaries
 
     def save_summary(self, job_id: int, summary: dict) -> None:
         """Store the audit-JSON object of one job, replacing the previous one.
 
         The indexed columns are taken from the object (``team``, ``verdict``, ``start``, ``end``,
-        ``gpu_hours``, ``waste_gpu_hours``, optional ``computed_at``); cluster and namespace come
-        from the job row, the identity the summary belongs to.
+        ``gpu_hours``, ``waste_gpu_hours``, optional ``computed_at``, and the report's fields of
+        :func:`summary_columns`); cluster and namespace come from the job row, the identity the
+        summary belongs to.
         """
         where = f"save summary of job {job_id}"
         with self._guard(where):
@@ -320,6 +359,7 @@ class Store:
                 "waste_gpu_hours": _number(summary.get("waste_gpu_hours"), "waste_gpu_hours"),
                 "computed_at": _parse_time(summary.get("computed_at"), "computed_at") or datetime.now(timezone.utc),
                 "data": doc,
+                **summary_columns(doc),
             }
         with self._guard(where), self._connect(write=True) as conn:
             job = conn.execute(sa.select(_jobs).where(_jobs.c.id == job_id)).mappings().first()
@@ -613,6 +653,41 @@ def _plain_json(value: Any, label: str, default: Any = None) -> Any:
         return json.loads(json.dumps(value, allow_nan=False, default=default))
     except (TypeError, ValueError) as exc:
         raise _Invalid(f"{label} is not plain JSON: {exc}") from None
+
+
+#: Fields of the summary document copied into columns of ``job_summaries`` (migration 0005, whose
+#: backfill extracts the same paths with the same types): column → (path, JSON type).
+SUMMARY_FIELDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "job": (("job",), "string"),
+    "gpu_model": (("gpu_model",), "string"),
+    "busy_signal": (("busy_signal",), "string"),
+    "sm_active": (("sm_active",), "number"),
+    "tensor_active": (("tensor_active",), "number"),
+    "coverage": (("coverage",), "number"),
+    "gpu_util_samples": (("stats", "gpu_util", "samples"), "integer"),
+    "gr_engine_active_samples": (("stats", "gr_engine_active", "samples"), "integer"),
+}
+_BIG = 10**18  # integers beyond 18 digits stay NULL (the columns are 64-bit)
+
+
+def summary_columns(doc: dict) -> dict[str, Any]:
+    """The :data:`SUMMARY_FIELDS` columns of one plain-JSON summary document: the field's value
+    when it has the column's type (booleans are not numbers), else None."""
+    out: dict[str, Any] = {}
+    for column, (path, kind) in SUMMARY_FIELDS.items():
+        v: Any = doc
+        for key in path:
+            v = v.get(key) if isinstance(v, dict) else None
+        if isinstance(v, bool):
+            v = None
+        elif kind == "string":
+            v = v if isinstance(v, str) else None
+        elif kind == "number":
+            v = float(v) if isinstance(v, (int, float)) and abs(v) < 1e300 else None
+        else:
+            v = v if isinstance(v, int) and -_BIG < v < _BIG else None
+        out[column] = v
+    return out
 
 
 def _cached(convert: Any) -> Any:

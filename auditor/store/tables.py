@@ -96,6 +96,7 @@ class BucketRow(SQLModel, table=True):
             name="pk_gpu_buckets",
         ),
         sa.Index("ix_gpu_buckets_end", "end"),
+        sa.Index("ix_gpu_buckets_job_start", "job_id", "start"),
     )
 
     job_id: int = Field(
@@ -121,13 +122,31 @@ class BucketRow(SQLModel, table=True):
 
 
 class SummaryRow(SQLModel, table=True):
-    """The latest audit-JSON object of one job, plus the columns reports filter and sort on."""
+    """The latest audit-JSON object of one job, plus the columns reports filter, sort and sum on.
+
+    ``job`` … ``gr_engine_active_samples`` (migration 0005) are copies of fields of ``data``
+    (:func:`auditor.store.store.summary_columns`), so that the weekly report never parses the
+    documents; NULL where the document lacks the field or holds another type there.
+    ``ix_job_summaries_week`` covers the week's ``GROUP BY`` and ranking (no table row read).
+    """
 
     __tablename__ = "job_summaries"
     __table_args__ = (
         sa.Index("ix_job_summaries_scope", "cluster", "namespace", "team"),
-        sa.Index("ix_job_summaries_end", "end"),
         sa.Index("ix_job_summaries_verdict", "verdict"),
+        sa.Index(  # also serves every range on ``end`` (it replaced ix_job_summaries_end)
+            "ix_job_summaries_week",
+            "end",
+            "start",
+            "cluster",
+            "team",
+            "verdict",
+            "gpu_model",
+            "gpu_hours",
+            "waste_gpu_hours",
+            "tensor_active",
+            "job_id",
+        ),
     )
 
     job_id: int = Field(
@@ -143,6 +162,14 @@ class SummaryRow(SQLModel, table=True):
     waste_gpu_hours: Optional[float] = Field(default=None, sa_column=sa.Column(sa.Float, nullable=True))
     computed_at: datetime = Field(sa_column=sa.Column(UTCDateTime(), nullable=False))
     data: dict = Field(sa_column=sa.Column(JSONDoc, nullable=False))
+    job: Optional[str] = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
+    gpu_model: Optional[str] = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
+    busy_signal: Optional[str] = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
+    sm_active: Optional[float] = Field(default=None, sa_column=sa.Column(sa.Float, nullable=True))
+    tensor_active: Optional[float] = Field(default=None, sa_column=sa.Column(sa.Float, nullable=True))
+    coverage: Optional[float] = Field(default=None, sa_column=sa.Column(sa.Float, nullable=True))
+    gpu_util_samples: Optional[int] = Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=True))
+    gr_engine_active_samples: Optional[int] = Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=True))
 
 
 class AuditRunRow(SQLModel, table=True):
@@ -162,7 +189,21 @@ class AuditRunRow(SQLModel, table=True):
     detail: dict = Field(sa_column=sa.Column(JSONDoc, nullable=False))
 
 
+class AggregateRow(SQLModel, table=True):
+    """A job's folded statistics up to ``through`` (:class:`auditor.core.accumulate.JobAggregate`
+    as JSON): derived from the buckets, rebuilt from them when stale or unreadable."""
+
+    __tablename__ = "job_aggregates"
+
+    job_id: int = Field(
+        sa_column=sa.Column(sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    )
+    through: datetime = Field(sa_column=sa.Column(UTCDateTime(), nullable=False))
+    updated: datetime = Field(sa_column=sa.Column(UTCDateTime(), nullable=False))
+    state: bytes = Field(sa_column=sa.Column(sa.LargeBinary, nullable=False))
+
+
 #: The tables this package owns (for schema comparison in tests and for retention).
 TABLES: tuple[sa.Table, ...] = tuple(
-    m.__table__ for m in (JobRow, BucketRow, SummaryRow, AuditRunRow)  # type: ignore[attr-defined]
+    m.__table__ for m in (JobRow, BucketRow, SummaryRow, AuditRunRow, AggregateRow)  # type: ignore[attr-defined]
 )

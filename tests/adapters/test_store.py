@@ -46,13 +46,6 @@ def _head_revision() -> str:
     return ScriptDirectory.from_config(cfg).get_current_head()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.testbed)])
-def store_url(request: pytest.FixtureRequest, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/store.db"
-    return request.getfixturevalue("postgres_url")
-
-
 @pytest.fixture
 def store(store_url: str):
     s = Store.open(store_url)

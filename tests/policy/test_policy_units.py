@@ -158,3 +158,52 @@ def test_cli_validate_and_simulate(tmp_path) -> None:
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)["policies"]["high-util-low-sm"]
     assert len(res["hits"]) == 1 and res["alerts"] == 1 and res["requeues"] == 0
+
+
+def test_cli_runner_config_is_the_operators_over_the_charts_variables() -> None:
+    """``audit --policies --act`` builds its config with the operator's builder, reading the
+    variables the Helm chart sets (one name for the webhook key everywhere)."""
+    from auditor.cli.policy import runner_config_from_env
+    from auditor.policy.config import chart_notifications, runner_config
+    from auditor.settings import Settings
+
+    env = {"GPU_AUDITOR_SLACK_WEBHOOK_URL": "https://s", "GPU_AUDITOR_WEBHOOK_URL": "https://h",
+           "GPU_AUDITOR_WEBHOOK_HMAC_KEY": "k"}
+    cfg = runner_config_from_env("c1", environ=env)
+    assert (cfg.cluster, cfg.default_route.slack_url, cfg.default_route.webhook_url, cfg.default_route.webhook_secret) == (
+        "c1", "https://s", "https://h", "k")
+    assert cfg == runner_config(Settings(cluster="c1", notifications=chart_notifications()), environ=env)
+    assert not cfg.requeue.enabled and cfg.disabled_actions == frozenset()
+    # unset or empty: no destination, no key
+    empty = runner_config_from_env(environ={"GPU_AUDITOR_WEBHOOK_URL": "", "GPU_AUDITOR_WEBHOOK_HMAC_KEY": ""})
+    assert (empty.default_route.slack_url, empty.default_route.webhook_url, empty.default_route.webhook_secret) == (
+        None, None, None)
+
+
+def test_cli_refuses_the_retired_webhook_key_variable(tmp_path) -> None:
+    """GPU_AUDITOR_WEBHOOK_SECRET is not read (webhooks would silently go unsigned): exit 2 naming
+    the chart's variable, before any query (the Prometheus here is unreachable, which would be exit 1)."""
+    import os
+    import subprocess
+
+    from auditor.cli.policy import runner_config_from_env
+    from auditor.errors import BadInput
+
+    with pytest.raises(BadInput, match="GPU_AUDITOR_WEBHOOK_SECRET is no longer read.*GPU_AUDITOR_WEBHOOK_HMAC_KEY"):
+        runner_config_from_env(environ={"GPU_AUDITOR_WEBHOOK_SECRET": "k", "GPU_AUDITOR_WEBHOOK_HMAC_KEY": "k"})
+    env = {**os.environ, "GPU_AUDITOR_WEBHOOK_SECRET": "k"}
+    r = subprocess.run([_CLI, "audit", "--prometheus", "http://127.0.0.1:9", "--prometheus-retries", "0", "--no-kube",
+                        "--start", "now-1h", "--db", f"sqlite:///{tmp_path}/a.db", "--policies", "policies", "--act"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 2, r.stderr
+    assert "GPU_AUDITOR_WEBHOOK_HMAC_KEY" in r.stderr and "127.0.0.1:9" not in r.stderr
+
+
+def test_warm_up_is_judged_from_the_job_start_not_the_buckets_read() -> None:
+    # the runner reads only the trailing window: 35 minutes of buckets for a 30-minute rule
+    (p,) = parse_policies(P, "p.yaml")
+    recent = example_buckets({"sm_active": 0.1, "minutes": 35})
+    young = evaluate(p, {**SUM, "start": (NOW - timedelta(minutes=35)).isoformat()}, now=NOW, buckets=recent)
+    assert not young.fires and "younger than warm-up" in young.reason
+    old = evaluate(p, {**SUM, "start": (NOW - timedelta(hours=30)).isoformat()}, now=NOW, buckets=recent)
+    assert old.fires, old.reason

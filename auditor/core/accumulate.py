@@ -1,0 +1,513 @@
+"""Mergeable per-GPU statistics: the state a job's summary is computed from. Pure.
+
+A summary needs, per (pod, GPU) row, pooled statistics of each metric (sum, count, min, max,
+dropped, the bucket means for percentiles) and the row's presence (first and last bucket with
+samples, the time in between, the GPU time after sharing). All of that folds bucket by bucket
+in time order, so the same :class:`JobAggregate` serves two uses:
+
+* a one-shot audit folds every bucket of its window into a fresh aggregate and summarizes it;
+* the operator keeps a job's aggregate in the store and folds only the buckets no later cycle
+  can rewrite (``freeze``), then summarizes a *copy* with the still-open buckets folded in. A
+  cycle then costs what its new buckets cost, whatever the age of the job.
+
+The folded result equals the one-shot result with two bounded exceptions, both documented in
+docs/store.md: percentiles come from at most :data:`POINT_LIMIT` centroids of bucket means
+(exact until a row has more buckets than that; nearest centroids are merged after, a streaming
+histogram after Ben-Haim & Tom-Tov), and the peak GPU count of the frozen part is kept as one
+number, so a scrape gap that a later bucket turns into presence is not added to past peaks.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from itertools import accumulate, groupby
+from bisect import bisect_left
+from operator import attrgetter, itemgetter
+from typing import Any, Iterable, Mapping, Sequence
+
+from auditor.core.metrics import Metric
+from auditor.core.model import Bucket, GpuId, PodRef, Window
+
+#: centroids of bucket means kept per metric and row once frozen (5-min buckets: 5 h 20 min exact)
+POINT_LIMIT = 64
+#: version of :meth:`JobAggregate.to_json`; another version is rebuilt from the buckets
+STATE_VERSION = 1
+
+ShareMap = Mapping[tuple[str, datetime], int]
+
+_METRIC = attrgetter("metric")
+_WEIGHT = itemgetter(1)
+_METRIC_START = attrgetter("metric", "start")
+_POD_GPU = attrgetter("pod", "gpu")
+
+
+class StaleFold(ValueError):
+    """Buckets at or before what an aggregate already holds: it must be rebuilt from the store."""
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+@dataclass(slots=True)
+class Stat:
+    """Pooled statistics of one metric over a set of buckets."""
+
+    total: float = 0.0
+    count: int = 0
+    dropped: int = 0
+    minimum: float = float("inf")
+    maximum: float = float("-inf")
+    #: (bucket mean, weight) pairs for the percentiles; centroids after :meth:`compress`
+    points: list[tuple[float, int]] = field(default_factory=list)
+
+    def add(self, b: Bucket) -> None:
+        self.dropped += b.dropped
+        if b.count <= 0:
+            return
+        self.total += b.total
+        self.count += b.count
+        self.minimum = min(self.minimum, b.minimum)
+        self.maximum = max(self.maximum, b.maximum)
+        self.points.append((b.total / b.count, b.count))
+
+    def merge(self, other: "Stat") -> None:
+        self.total += other.total
+        self.count += other.count
+        self.dropped += other.dropped
+        self.minimum = min(self.minimum, other.minimum)
+        self.maximum = max(self.maximum, other.maximum)
+        self.points.extend(other.points)
+
+    def copy(self) -> "Stat":
+        return Stat(self.total, self.count, self.dropped, self.minimum, self.maximum, list(self.points))
+
+    def compress(self, limit: int = POINT_LIMIT) -> None:
+        """Keep at most ``limit`` points (see :func:`merge_nearest`)."""
+        if len(self.points) > limit:
+            self.points = merge_nearest(self.points, limit)
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+    @property
+    def exactly_zero(self) -> bool:
+        """Every valid sample read exactly 0 (the silent-zero signature)."""
+        return self.count > 0 and self.maximum == 0.0 and self.minimum == 0.0
+
+    def percentile(self, p: float) -> float | None:
+        """Count-weighted percentile of the bucket means (lower value at ties)."""
+        return self.percentiles(p)[0]
+
+    def percentiles(self, *ps: float) -> list[float | None]:
+        """:meth:`percentile` for several ``p`` at once, sorting the points only once."""
+        if not self.points:
+            return [None] * len(ps)
+        pts = sorted(self.points)
+        cumulative = list(accumulate(map(_WEIGHT, pts)))
+        total = cumulative[-1]
+        out: list[float | None] = []
+        for p in ps:
+            # the first point whose cumulative weight reaches p of the total
+            i = bisect_left(cumulative, p * total - 1e-9)
+            out.append(pts[i][0] if i < len(pts) else pts[-1][0])
+        return out
+
+    def to_json(self) -> list[Any]:
+        flat: list[float] = []
+        for v, w in self.points:
+            flat += (v, w)
+        has = self.count > 0
+        return [self.total, self.count, self.dropped, self.minimum if has else None, self.maximum if has else None, flat]
+
+    @classmethod
+    def from_json(cls, doc: Sequence[Any]) -> "Stat":
+        total, count, dropped, lo, hi, flat = doc
+        pts = [(float(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
+        return cls(
+            float(total), int(count), int(dropped),
+            float("inf") if lo is None else float(lo), float("-inf") if hi is None else float(hi), pts,
+        )
+
+
+def merge_nearest(points: Sequence[tuple[float, int]], limit: int) -> list[tuple[float, int]]:
+    """At most ``limit`` weighted points: the two adjacent points closest in value are merged
+    into their weighted mean until few enough are left.
+
+    Equal values merge first (at no cost to any percentile); with spread-out values the error of
+    a percentile is at most the widest merged gap. Deterministic: ties go to the lower value.
+    """
+    pts = sorted(points)
+    vals: list[float] = []
+    wts: list[int] = []
+    for v, w in pts:
+        if vals and vals[-1] == v:
+            wts[-1] += w
+        else:
+            vals.append(v)
+            wts.append(w)
+    n = len(vals)
+    if n <= limit:
+        return list(zip(vals, wts))
+    nxt = list(range(1, n + 1))
+    prv = list(range(-1, n - 1))
+    alive = [True] * n
+    heap = [(vals[i + 1] - vals[i], i, i + 1) for i in range(n - 1)]
+    heapq.heapify(heap)
+    left = n
+    while left > limit:
+        gap, i, j = heapq.heappop(heap)
+        if not (alive[i] and alive[j] and nxt[i] == j and vals[j] - vals[i] == gap):
+            continue  # an entry from before one of the two was merged
+        w = wts[i] + wts[j]
+        vals[i] = (vals[i] * wts[i] + vals[j] * wts[j]) / w
+        wts[i] = w
+        alive[j] = False
+        nxt[i] = nxt[j]
+        if nxt[j] < n:
+            prv[nxt[j]] = i
+            heapq.heappush(heap, (vals[nxt[j]] - vals[i], i, nxt[j]))
+        if prv[i] >= 0:
+            heapq.heappush(heap, (vals[i] - vals[prv[i]], prv[i], i))
+        left -= 1
+    return [(vals[i], wts[i]) for i in range(n) if alive[i]]
+
+
+# --------------------------------------------------------------------------- per-row view
+
+
+@dataclass(slots=True)
+class RowView:
+    """Everything computed for one (pod, GPU) pair."""
+
+    pod: PodRef
+    gpu: GpuId
+    stats: dict[Metric, Stat]
+    start: datetime
+    end: datetime
+    span_s: float
+    gpu_seconds: float  # presence × fraction / sharing
+    shared_seconds: float  # presence in buckets shared with other pods
+    max_share: int
+    coverage: float | None
+    busy_metric: Metric | None
+    #: per bucket start: GPU equivalents this row held there (not-yet-frozen buckets only)
+    presence: dict[datetime, float]
+
+    def mean(self, m: Metric) -> float | None:
+        s = self.stats.get(m)
+        return s.mean if s else None
+
+    @property
+    def busy(self) -> float | None:
+        return self.mean(self.busy_metric) if self.busy_metric else None
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpu_seconds / 3600.0
+
+    @property
+    def waste_gpu_hours(self) -> float | None:
+        sm = self.mean(Metric.SM_ACTIVE)
+        return None if sm is None else self.gpu_hours * (1.0 - sm)
+
+
+def busy_metric_of(stats: Mapping[Metric, Stat], gpu: GpuId) -> Metric | None:
+    """GPU_UTIL where it exists (never on MIG), else GR_ENGINE_ACTIVE."""
+    if not gpu.instance and Metric.GPU_UTIL in stats and stats[Metric.GPU_UTIL].count:
+        return Metric.GPU_UTIL
+    if Metric.GR_ENGINE_ACTIVE in stats and stats[Metric.GR_ENGINE_ACTIVE].count:
+        return Metric.GR_ENGINE_ACTIVE
+    return None
+
+
+# --------------------------------------------------------------------------- one row
+
+
+@dataclass(slots=True)
+class RowAggregate:
+    """The folded state of one (pod, GPU) row.
+
+    Presence follows the summary's definition (docs/verdicts.md): every bucket from the first to
+    the last with samples counts in full (scrape gaps included) except the first and the last,
+    which count for ``samples × interval``. Until a later bucket arrives the last one may still
+    be the row's end, so it is kept apart (``last_*``) and only the interior is summed.
+    """
+
+    pod: PodRef
+    gpu: GpuId
+    stats: dict[Metric, Stat] = field(default_factory=dict)
+    #: earliest bucket start seen at all (the row's time when no bucket has samples)
+    first_any: datetime | None = None
+    width: float = 0.0
+    first: datetime | None = None
+    first_end: datetime | None = None
+    first_scraped: int = 0
+    first_share: int = 1
+    last: datetime | None = None
+    last_scraped: int = 0
+    last_share: int = 1
+    inner_s: float = 0.0
+    inner_gpu_s: float = 0.0
+    inner_shared_s: float = 0.0
+    max_share: int = 1
+    #: bucket start → GPU equivalents held, for buckets folded since the last freeze
+    held: dict[datetime, float] = field(default_factory=dict)
+
+    def fold(self, buckets: Sequence[Bucket], shares: ShareMap) -> None:
+        """Add this row's buckets, sorted by (metric, start), all later than what it holds."""
+        if not buckets:
+            return
+        stats = self.stats
+        seen_by_metric: list[dict[datetime, int]] = []
+        ends: dict[datetime, datetime] = {}
+        # One pass per metric run with the Stat fields in locals (this loop sees every bucket of
+        # an audit). Same arithmetic, in the same order, as Stat.add bucket by bucket.
+        for metric, run in groupby(buckets, key=_METRIC):
+            st = stats.get(metric)
+            if st is None:
+                st = stats[metric] = Stat()
+            total, count, dropped, lo, hi, points = st.total, st.count, st.dropped, st.minimum, st.maximum, st.points
+            seen: dict[datetime, int] = {}
+            seen_by_metric.append(seen)
+            for _, _, _, start, end, t, n, mn, mx, d in run:  # Bucket's fields, in order
+                seen[start] = seen.get(start, 0) + n + d
+                ends[start] = end
+                dropped += d
+                if n <= 0:
+                    continue
+                total += t
+                count += n
+                if mn < lo:
+                    lo = mn
+                if mx > hi:
+                    hi = mx
+                points.append((t / n, n))
+            st.total, st.count, st.dropped, st.minimum, st.maximum = total, count, dropped, lo, hi
+        scraped: dict[datetime, int] = {}  # bucket start → samples seen (max over metrics)
+        for seen in seen_by_metric:
+            for start, n in seen.items():
+                if n > scraped.get(start, 0):
+                    scraped[start] = n
+        earliest = min(ends)
+        if self.first_any is None or earliest < self.first_any:
+            self.first_any = earliest
+        key = self.gpu.key
+        for s in sorted(s for s, n in scraped.items() if n > 0):
+            self._present(s, ends[s], scraped[s], max(1, shares.get((key, s), 1)), key, shares)
+
+    def _present(self, s: datetime, end: datetime, scraped: int, share: int, key: str, shares: ShareMap) -> None:
+        frac = self.gpu.fraction
+        if share > self.max_share:
+            self.max_share = share
+        if self.first is None:
+            self.width = (end - s).total_seconds()
+            self.first, self.first_end, self.first_scraped, self.first_share = s, end, scraped, share
+        else:
+            last = self.last
+            assert last is not None
+            if s <= last:
+                raise StaleFold(f"bucket {s.isoformat()} is not after the folded {last.isoformat()}")
+            if last != self.first:
+                self._inner(self.last_share)  # the previous last bucket is interior now
+            step = timedelta(seconds=self.width)
+            g = last + step
+            while g < s:  # a scrape gap inside the span: held without telemetry
+                n = max(1, shares.get((key, g), 1))
+                self.max_share = max(self.max_share, n)
+                self._inner(n)
+                self.held[g] = frac / n
+                g += step
+        self.last, self.last_scraped, self.last_share = s, scraped, share
+        self.held[s] = frac / share
+
+    def _inner(self, share: int) -> None:
+        w = self.width
+        self.inner_s += w
+        self.inner_gpu_s += w * self.gpu.fraction / share
+        if share > 1:
+            self.inner_shared_s += w
+
+    def copy(self) -> "RowAggregate":
+        c = RowAggregate(self.pod, self.gpu)
+        for name in _ROW_SCALARS:
+            setattr(c, name, getattr(self, name))
+        c.stats = {m: s.copy() for m, s in self.stats.items()}
+        c.held = dict(self.held)
+        return c
+
+    def view(self, window: Window, interval: float) -> RowView:
+        """The row as the summary sees it, its first and last bucket counted as partial."""
+        w0, w1 = window.start, window.end
+        span_s = self.inner_s
+        gpu_s = self.inner_gpu_s
+        shared_s = self.inner_shared_s
+        frac = self.gpu.fraction
+
+        def partial(s: datetime, scraped: int) -> float:
+            full = max(0.0, (min(s + timedelta(seconds=self.width), w1) - max(s, w0)).total_seconds())
+            return min(full, scraped * interval)
+
+        if self.first is None or self.last is None or self.first_end is None:
+            t = max(w0, self.first_any) if self.first_any is not None else w0
+            row_start = row_end = t
+        else:
+            p_first = partial(self.first, self.first_scraped)
+            span_s += p_first
+            gpu_s += p_first * frac / self.first_share
+            shared_s += p_first if self.first_share > 1 else 0.0
+            if self.last == self.first:
+                row_start = max(self.first, w0)
+                row_end = row_start + timedelta(seconds=p_first)
+            else:
+                p_last = partial(self.last, self.last_scraped)
+                span_s += p_last
+                gpu_s += p_last * frac / self.last_share
+                shared_s += p_last if self.last_share > 1 else 0.0
+                row_start = min(self.first_end, w1) - timedelta(seconds=p_first)
+                row_end = max(self.last, w0) + timedelta(seconds=p_last)
+        busy = busy_metric_of(self.stats, self.gpu)
+        expected = span_s / interval if interval > 0 else 0.0
+        coverage: float | None = None
+        if expected > 0 and busy is not None:
+            counts = [self.stats[busy].count]
+            if Metric.SM_ACTIVE in self.stats:
+                counts.append(self.stats[Metric.SM_ACTIVE].count)
+            coverage = min(1.0, min(counts) / expected)
+        elif expected > 0:
+            coverage = 0.0
+        return RowView(
+            pod=self.pod,
+            gpu=self.gpu,
+            stats=self.stats,
+            start=row_start,
+            end=row_end,
+            span_s=span_s,
+            gpu_seconds=gpu_s,
+            shared_seconds=shared_s,
+            max_share=self.max_share,
+            coverage=coverage,
+            busy_metric=busy,
+            presence=self.held,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "pod": [self.pod.namespace, self.pod.pod, self.pod.container],
+            "gpu": [self.gpu.uuid, self.gpu.instance, self.gpu.hostname, self.gpu.index, self.gpu.model, self.gpu.mig_profile],
+            "stats": {m.value: s.to_json() for m, s in self.stats.items()},
+        }
+        for name in _ROW_SCALARS:
+            v = getattr(self, name)
+            doc[name] = _ts(v) if isinstance(v, datetime) else v
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "RowAggregate":
+        r = cls(PodRef(*doc["pod"]), GpuId(*doc["gpu"]))
+        r.stats = {Metric(k): Stat.from_json(v) for k, v in doc["stats"].items()}
+        for name in _ROW_SCALARS:
+            v = doc[name]
+            setattr(r, name, _dt(v) if name in _ROW_TIMES else v)
+        return r
+
+
+_ROW_TIMES = ("first_any", "first", "first_end", "last")
+_ROW_SCALARS = (
+    "first_any", "width", "first", "first_end", "first_scraped", "first_share", "last", "last_scraped",
+    "last_share", "inner_s", "inner_gpu_s", "inner_shared_s", "max_share",
+)
+
+
+def _ts(t: datetime) -> float:
+    return t.timestamp()
+
+
+def _dt(v: float | None) -> datetime | None:
+    return None if v is None else datetime.fromtimestamp(v, timezone.utc)
+
+
+# --------------------------------------------------------------------------- one job
+
+
+@dataclass
+class JobAggregate:
+    """A job's rows folded up to ``through``: every bucket that starts before it is in here."""
+
+    rows: dict[tuple[PodRef, str], RowAggregate] = field(default_factory=dict)
+    through: datetime | None = None
+    #: GPU equivalents at the busiest frozen bucket
+    peak: float = 0.0
+    #: scrape interval (s) last used, for a cycle whose source could not tell
+    interval: float = 0.0
+
+    def fold(self, buckets: Iterable[Bucket], shares: ShareMap) -> None:
+        """Add buckets (any order): each row's new buckets must all be later than its last.
+
+        Raises :class:`StaleFold` otherwise; the aggregate is then in an undefined state.
+        """
+        grouped: dict[tuple[PodRef, str], list[Bucket]] = {}
+        for (pod, gpu), run in groupby(buckets, key=_POD_GPU):
+            key = (pod, gpu.key)
+            lst = grouped.get(key)
+            if lst is None:
+                lst = grouped[key] = []
+                if key not in self.rows:
+                    self.rows[key] = RowAggregate(pod, gpu)
+            lst.extend(run)
+        for key, lst in grouped.items():
+            # Metric is a str enum: members order as their names do, so this is (name, start)
+            lst.sort(key=_METRIC_START)
+            self.rows[key].fold(lst, shares)
+
+    def freeze(self, through: datetime, limit: int = POINT_LIMIT) -> None:
+        """Mark everything folded so far as final up to ``through``: the peak of the buckets
+        folded since the last freeze is kept as one number, and the points are compressed."""
+        per: dict[datetime, float] = defaultdict(float)
+        for r in self.rows.values():
+            for s, held in r.held.items():
+                per[s] += held
+            r.held = {}
+            for st in r.stats.values():
+                st.compress(limit)
+        if per:
+            self.peak = max(self.peak, max(per.values()))
+        self.through = through if self.through is None else max(self.through, through)
+
+    def copy(self) -> "JobAggregate":
+        return JobAggregate({k: r.copy() for k, r in self.rows.items()}, self.through, self.peak, self.interval)
+
+    def views(self, window: Window, interval: float) -> list[RowView]:
+        """Every row as the summary sees it, in (pod, GPU key) order."""
+        return [self.rows[k].view(window, interval) for k in sorted(self.rows)]
+
+    @property
+    def earliest(self) -> datetime | None:
+        """The earliest bucket start of any row."""
+        starts = [r.first_any for r in self.rows.values() if r.first_any is not None]
+        return min(starts) if starts else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "through": None if self.through is None else _ts(self.through),
+            "peak": self.peak,
+            "interval": self.interval,
+            "rows": [r.to_json() for _, r in sorted(self.rows.items(), key=lambda kv: kv[0])],
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "JobAggregate":
+        """Parse :meth:`to_json`; ValueError for another version or a malformed document."""
+        try:
+            if doc.get("version") != STATE_VERSION:
+                raise ValueError(f"aggregate state version {doc.get('version')!r}, expected {STATE_VERSION}")
+            rows = [RowAggregate.from_json(r) for r in doc["rows"]]
+            return cls(
+                {(r.pod, r.gpu.key): r for r in rows}, _dt(doc["through"]), float(doc["peak"]), float(doc["interval"])
+            )
+        except (KeyError, TypeError, IndexError, AttributeError) as exc:
+            raise ValueError(f"malformed aggregate state: {type(exc).__name__}: {exc}") from exc
