@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import REPO, PrivatePrometheus, log, query_requests, write_history  # noqa: E402
 
 INTERVAL_S = 60
-AGES = {"1h": 3600, "24h": 86400}
+AGES = {"1h": 3600, "24h": 86400, "7d": 7 * 86400}
 
 
 def _iso(t: datetime) -> str:

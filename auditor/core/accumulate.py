@@ -126,7 +126,7 @@ class Stat:
     @classmethod
     def from_json(cls, doc: Sequence[Any]) -> "Stat":
         total, count, dropped, lo, hi, flat = doc
-        pts = [(float(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
+        pts = list(zip(flat[0::2], flat[1::2]))  # JSON numbers: floats and ints already
         return cls(
             float(total), int(count), int(dropped),
             float("inf") if lo is None else float(lo), float("-inf") if hi is None else float(hi), pts,
@@ -149,9 +149,37 @@ def merge_nearest(points: Sequence[tuple[float, int]], limit: int) -> list[tuple
         else:
             vals.append(v)
             wts.append(w)
-    n = len(vals)
-    if n <= limit:
+    if len(vals) <= limit:
         return list(zip(vals, wts))
+    if len(vals) - limit <= _SCAN_MERGES:
+        return _merge_scan(vals, wts, limit)
+    return _merge_heap(vals, wts, limit)
+
+
+#: up to this many merges, a scan for the closest pair beats a heap (a cycle adds 1-2 points)
+_SCAN_MERGES = 8
+
+
+def _merge_scan(vals: list[float], wts: list[int], limit: int) -> list[tuple[float, int]]:
+    """:func:`merge_nearest` by scanning for the closest pair once per merge (the same choice as
+    :func:`_merge_heap`: the smallest gap, the lowest value at ties)."""
+    while len(vals) > limit:
+        best, i = vals[1] - vals[0], 0
+        for k in range(1, len(vals) - 1):
+            gap = vals[k + 1] - vals[k]
+            if gap < best:
+                best, i = gap, k
+        w = wts[i] + wts[i + 1]
+        vals[i] = (vals[i] * wts[i] + vals[i + 1] * wts[i + 1]) / w
+        wts[i] = w
+        del vals[i + 1], wts[i + 1]
+    return list(zip(vals, wts))
+
+
+def _merge_heap(vals: list[float], wts: list[int], limit: int) -> list[tuple[float, int]]:
+    """:func:`merge_nearest` with a heap of gaps: many merges at once (a first fold of a long
+    history, a catch-up)."""
+    n = len(vals)
     nxt = list(range(1, n + 1))
     prv = list(range(-1, n - 1))
     alive = [True] * n

@@ -84,19 +84,19 @@ class BucketRow(SQLModel, table=True):
 
     __tablename__ = "gpu_buckets"
     __table_args__ = (
+        # (job, start) first (migration 0004): a cycle's new rows of a job are neighbours
         sa.PrimaryKeyConstraint(
             "job_id",
+            "start",
             "pod_namespace",
             "pod_name",
             "container",
             "gpu_uuid",
             "gpu_instance",
             "metric",
-            "start",
             name="pk_gpu_buckets",
         ),
         sa.Index("ix_gpu_buckets_end", "end"),
-        sa.Index("ix_gpu_buckets_job_start", "job_id", "start"),
     )
 
     job_id: int = Field(

@@ -88,3 +88,45 @@ def test_rewritten_history_or_an_unreadable_aggregate_is_rebuilt_from_the_bucket
         for job in ("Pod/train-0", "Pod/spin"):
             assert comparable(got[job]) == comparable(whole[job]), job
         assert store.aggregate(spin_id) is not None
+
+
+def test_upgrade_from_0003_keeps_the_buckets_under_the_new_key(store_url: str) -> None:
+    """Migration 0004 reorders the buckets' primary key to (job, start, …): SQLite rebuilds the
+    table, PostgreSQL the constraint; every bucket stays, and so does the cascade from jobs."""
+    from alembic import command
+    from alembic.config import Config
+
+    from auditor.store.store import MIGRATIONS_DIR
+    from auditor.store.tables import BucketRow, JobRow
+    from auditor.store.urls import resolve
+
+    with Store.open("sqlite://") as ref:  # rows as the store writes them
+        run_audit(source(), NoKubeResolver("c1"), ref, Window(START, END), now=END)
+        with ref._engine.connect() as conn:
+            rows = {t.name: [dict(r) for r in conn.execute(sa.select(t)).mappings()]
+                    for t in (JobRow.__table__, BucketRow.__table__)}
+    assert len(rows["gpu_buckets"]) > 400
+    engine = sa.create_engine(resolve(store_url))
+    try:
+        with engine.begin() as conn:
+            cfg = Config()
+            cfg.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "0003")
+            for t in (JobRow.__table__, BucketRow.__table__):
+                conn.execute(t.insert(), rows[t.name])
+    finally:
+        engine.dispose()
+    with Store.open(store_url) as store:
+        with store._engine.connect() as conn:
+            pk = sa.inspect(conn).get_pk_constraint("gpu_buckets")
+            assert pk["constrained_columns"][:2] == ["job_id", "start"] and len(pk["constrained_columns"]) == 8
+            got = [dict(r) for r in conn.execute(sa.select(BucketRow.__table__)).mappings()]
+        key = lambda r: (r["job_id"], r["start"], r["pod_name"], r["gpu_uuid"], r["metric"])  # noqa: E731
+        assert sorted(got, key=key) == sorted(rows["gpu_buckets"], key=key)
+        # cycles work on the upgraded store, and deleting a job still takes its buckets along
+        cycles(store, ENDS[-2:])
+        job_id = store.find_job("b", "Pod", "spin")[0]
+        with store._engine.begin() as conn:
+            conn.execute(sa.delete(JobRow.__table__).where(JobRow.__table__.c.id == job_id))
+        assert store.buckets(job_id) == []

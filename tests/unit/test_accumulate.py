@@ -138,3 +138,13 @@ def test_state_round_trips_through_json_and_refuses_other_versions() -> None:
         JobAggregate.from_json({**doc, "version": 99})
     with pytest.raises(ValueError, match="malformed"):
         JobAggregate.from_json({**doc, "rows": [{"pod": ["a"]}]})
+
+
+def test_the_scan_and_the_heap_merge_the_same_pairs() -> None:
+    from auditor.core.accumulate import _merge_heap, _merge_scan
+
+    rnd = random.Random(11)
+    for n in (POINT_LIMIT + 1, POINT_LIMIT + 2, POINT_LIMIT + 8):
+        vals = sorted({round(rnd.random(), 3) for _ in range(n * 2)})[:n]  # ties in the gaps too
+        wts = [rnd.randint(1, 20) for _ in vals]
+        assert _merge_scan(list(vals), list(wts), POINT_LIMIT) == _merge_heap(list(vals), list(wts), POINT_LIMIT)

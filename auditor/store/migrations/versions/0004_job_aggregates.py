@@ -10,9 +10,14 @@ folds each cycle's finished buckets into it instead of re-reading the job's whol
 derived data: the buckets stay the source of truth, a stale or unreadable row is rebuilt from
 them, and writing buckets before ``through`` deletes the row.
 
-``ix_gpu_buckets_job_start`` serves the bounded reads by job and time (policies' sustained
-windows, the rebuild of a gap): the primary key starts with the job but orders by pod and GPU,
-so without it such a read scans all of a job's buckets. Frozen once shipped, like 0001.
+The primary key of ``gpu_buckets`` becomes ``(job_id, start, pod…, gpu…, metric)`` (was
+``(job_id, pod…, gpu…, metric, start)``): the same columns, so the same uniqueness, in an order
+where one cycle's new buckets of a job are neighbours at the end of the job's range. In the old
+order each (pod, GPU, metric) run got its row in its own place, and with a day of history that
+is a separate index page per run (up to 18,000 for a cycle of 2,000 GPUs × 9 metrics): on SQLite
+the cycle's writes and commit grew with the jobs' age. The new order also serves the bounded reads by job and time
+(policies' sustained windows, the rebuild of a gap) without another index. SQLite rebuilds the
+table for it (alembic's batch mode: copy, drop, rename), once. Frozen once shipped, like 0001.
 """
 
 from __future__ import annotations
@@ -36,9 +41,23 @@ def upgrade() -> None:
         sa.Column("updated", sa.DateTime(timezone=True), nullable=False),
         sa.Column("state", sa.LargeBinary(), nullable=False),
     )
-    op.create_index("ix_gpu_buckets_job_start", "gpu_buckets", ["job_id", "start"])
+    _primary_key(_NEW_KEY)
 
 
 def downgrade() -> None:
-    op.drop_index("ix_gpu_buckets_job_start", table_name="gpu_buckets")
+    _primary_key(_OLD_KEY)
     op.drop_table("job_aggregates")
+
+
+_OLD_KEY = ["job_id", "pod_namespace", "pod_name", "container", "gpu_uuid", "gpu_instance", "metric", "start"]
+_NEW_KEY = ["job_id", "start", "pod_namespace", "pod_name", "container", "gpu_uuid", "gpu_instance", "metric"]
+
+
+def _primary_key(columns: list[str]) -> None:
+    if op.get_bind().dialect.name == "sqlite":
+        with op.batch_alter_table("gpu_buckets", recreate="always") as batch:
+            batch.drop_constraint("pk_gpu_buckets", type_="primary")
+            batch.create_primary_key("pk_gpu_buckets", columns)
+    else:
+        op.drop_constraint("pk_gpu_buckets", "gpu_buckets", type_="primary")
+        op.create_primary_key("pk_gpu_buckets", "gpu_buckets", columns)
