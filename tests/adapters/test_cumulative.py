@@ -93,12 +93,8 @@ def test_rewritten_history_or_an_unreadable_aggregate_is_rebuilt_from_the_bucket
 def test_upgrade_from_0003_keeps_the_buckets_under_the_new_key(store_url: str) -> None:
     """Migration 0004 reorders the buckets' primary key to (job, start, …): SQLite rebuilds the
     table, PostgreSQL the constraint; every bucket stays, and so does the cascade from jobs."""
-    from alembic import command
-    from alembic.config import Config
-
-    from auditor.store.store import MIGRATIONS_DIR
     from auditor.store.tables import BucketRow, JobRow
-    from auditor.store.urls import resolve
+    from revisions import store_at
 
     with Store.open("sqlite://") as ref:  # rows as the store writes them
         run_audit(source(), NoKubeResolver("c1"), ref, Window(START, END), now=END)
@@ -106,17 +102,7 @@ def test_upgrade_from_0003_keeps_the_buckets_under_the_new_key(store_url: str) -
             rows = {t.name: [dict(r) for r in conn.execute(sa.select(t)).mappings()]
                     for t in (JobRow.__table__, BucketRow.__table__)}
     assert len(rows["gpu_buckets"]) > 400
-    engine = sa.create_engine(resolve(store_url))
-    try:
-        with engine.begin() as conn:
-            cfg = Config()
-            cfg.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "0003")
-            for t in (JobRow.__table__, BucketRow.__table__):
-                conn.execute(t.insert(), rows[t.name])
-    finally:
-        engine.dispose()
+    store_at(store_url, "0003", {t: rows[t.name] for t in (JobRow.__table__, BucketRow.__table__)})
     with Store.open(store_url) as store:
         with store._engine.connect() as conn:
             pk = sa.inspect(conn).get_pk_constraint("gpu_buckets")

@@ -10,18 +10,17 @@ from datetime import timedelta
 from pathlib import Path
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 
 from auditor.reports import IsoWeek, Prices, ReportOptions, generate, iter_jobs
 from auditor.reports.weeks import zone
 from auditor.store import Store
-from auditor.store.store import MIGRATIONS_DIR, SUMMARY_FIELDS, summary_columns
+from auditor.store.store import SUMMARY_FIELDS, summary_columns
 from auditor.store.tables import BucketRow, JobRow, SummaryRow
 from auditor.store.urls import resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reports"))
 from reportgen import GenJob, store_jobs  # noqa: E402
+from revisions import store_at  # noqa: E402
 
 W = IsoWeek(2026, 47)
 WS, WE = W.bounds(zone("UTC"))
@@ -68,16 +67,11 @@ def _rows_written_at_head() -> dict[str, list[dict]]:
 
 
 def _store_at_0004_with(url: str, rows: dict[str, list[dict]]) -> None:
+    store_at(url, "0004", {t: rows[t.name] for t in _tables()})
     engine = sa.create_engine(resolve(url))
     try:
-        with engine.begin() as conn:
-            cfg = Config()
-            cfg.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "0004")
+        with engine.connect() as conn:
             assert "gpu_model" not in {c["name"] for c in sa.inspect(conn).get_columns("job_summaries")}
-            for t in _tables():
-                conn.execute(t.insert(), rows[t.name])
     finally:
         engine.dispose()
 
