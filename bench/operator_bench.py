@@ -119,6 +119,8 @@ def main() -> int:
     ap.add_argument("--pods", type=int, default=10, help="pods per job (1 GPU each)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--ages", default="1h,24h", help=f"comma-separated, of {', '.join(AGES)}")
+    ap.add_argument("--store", choices=("sqlite", "postgresql"), default="sqlite",
+                    help="the operator's store: a SQLite file, or a fresh database in the test bed's PostgreSQL")
     args = ap.parse_args()
 
     from auditor.kube.client import KubeConfig, api_client
@@ -144,13 +146,15 @@ def main() -> int:
             write_history(work / "data", jobs=args.jobs, pods_per_job=args.pods, gpus=1, end=int(t_end),
                           seconds=age_s, interval=INTERVAL_S, namespace=namespace)
             prom = PrivatePrometheus(work / "data")
+            database = f"opbench_{uuid.uuid4().hex[:12]}"
+            store_url = f"sqlite:///{work / 'store.db'}" if args.store == "sqlite" else _database(bed.postgres_admin_url, database, create=True)
             try:
                 settings = work / "settings.yaml"
                 settings.write_text(json.dumps({
                     "cluster": f"bench-{label}",
                     "kubernetes": {"kubeconfig": bed.kubeconfig},
                     "prometheus": {"url": prom.url, "label_convention": "pod"},
-                    "store": {"url": f"sqlite:///{work / 'store.db'}"},
+                    "store": {"url": store_url},
                     "leader_election": {"enabled": False},
                     "features": {"annotate": False, "events": False, "kueue": True, "requeue": False},
                     "max_lookback": "2d",
@@ -166,13 +170,27 @@ def main() -> int:
                 rows.append(res)
             finally:
                 prom.stop()
+                if args.store == "postgresql":
+                    _database(bed.postgres_admin_url, database, create=False)
                 shutil.rmtree(work, ignore_errors=True)
                 _delete_namespace(api, namespace)
     finally:
         if private is not None:
             down(private, quiet=True)
-    write_results(Path(args.out), rows)
+    write_results(Path(args.out), rows, args.store)
     return 0
+
+
+def _database(admin_url: str, name: str, *, create: bool) -> str:
+    """Create (or drop) a database beside the test bed's maintenance one; its URL."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"' if create else f'DROP DATABASE IF EXISTS "{name}"')
+    parts = urlsplit(admin_url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
 
 
 def _delete_namespace(api, namespace: str) -> None:
@@ -184,16 +202,17 @@ def _delete_namespace(api, namespace: str) -> None:
         log(f"could not delete namespace {namespace}: {exc}")
 
 
-def write_results(out: Path, rows: list[dict]) -> None:
+def write_results(out: Path, rows: list[dict], store: str = "sqlite") -> None:
     out.mkdir(parents=True, exist_ok=True)
-    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    day = datetime.now(timezone.utc).strftime("%Y-%m-%d") + ("" if store == "sqlite" else f"-{store}")
     machine = f"{platform.node()} ({os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()})"
     (out / f"operator-{day}.json").write_text(json.dumps({"date": day, "machine": machine, "rows": rows}, indent=2))
     lines = [
         f"# Operator cycle benchmark, {day}",
         "",
         f"Machine: {machine}. Test-bed kube-apiserver v1.36.3 (RBAC on); private Prometheus 2.42 with "
-        f"TSDB blocks written by bench/tsdbgen; history at {INTERVAL_S} s, 9 DCGM metrics; store SQLite.",
+        f"TSDB blocks written by bench/tsdbgen; history at {INTERVAL_S} s, 9 DCGM metrics; "
+        f"store {'SQLite' if store == 'sqlite' else 'PostgreSQL 15 (the test bed)'}.",
         "",
         "| job age | GPU pods | informer sync s | sync kube requests | cycle | window | wall s | CPU s | "
         "queries | kube requests | jobs | peak RSS MB |",
