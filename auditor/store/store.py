@@ -14,6 +14,7 @@ import logging
 import math
 import re
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -624,7 +625,7 @@ def _create_sqlite_engine(url: URL) -> Engine:
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA foreign_keys=ON")
         if not memory:
-            cur.execute("PRAGMA journal_mode=WAL")
+            _set_wal(cur)
             cur.execute("PRAGMA synchronous=NORMAL")
         cur.close()
 
@@ -634,6 +635,25 @@ def _create_sqlite_engine(url: URL) -> Engine:
         conn.exec_driver_sql(f"BEGIN {mode}" if mode else "BEGIN")
 
     return engine
+
+
+def _set_wal(cur: Any, wait: float = 30.0) -> None:
+    """``PRAGMA journal_mode=WAL``, waiting while another connection holds the lock.
+
+    The pragma does not go through SQLite's busy timeout: while another process migrates a
+    fresh file (migration 0004 rebuilds a table) it fails at once with "database is locked".
+    """
+    import sqlite3
+
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 class _Invalid(ValueError):
