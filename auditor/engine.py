@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from auditor.core.accumulate import JobAggregate, ShareMap, StaleFold
 from auditor.core.model import Bucket, JobRef, PodRef, Window
 from auditor.core.rollup import LazyBuckets
-from auditor.core.summary import estimate_interval, gpu_shares, shared_gpus, summarize_aggregate, summarize_job
+from auditor.core.summary import estimate_interval, shared_gpus, shares_among, summarize_aggregate, summarize_job
 from auditor.core.thresholds import Thresholds
 from auditor.correlate import JobResolver, NoKubeResolver
 from auditor.sources.base import MetricSource, SourceReport
@@ -82,14 +82,11 @@ def gc_paused() -> Iterator[None]:
 def _lazy_shares(buckets: LazyBuckets) -> dict[tuple[str, datetime], int]:
     """:func:`~auditor.core.summary.shared_gpus` of a lazy read: only GPUs that several pods
     used are made into bucket objects (on a cluster without sharing, none)."""
-    pods_per_gpu: dict[str, set[PodRef]] = defaultdict(set)
-    for pod, key, _ in buckets.pieces:
-        pods_per_gpu[key].add(pod)
-    candidates = {k for k, v in pods_per_gpu.items() if len(v) > 1}
-    if not candidates:
-        return {}
-    shares = gpu_shares(LazyBuckets.materialize(p for p in buckets.pieces if p[1] in candidates))
-    return {k: n for k, n in shares.items() if n > 1}
+    pieces = buckets.pieces
+    return shares_among(
+        ((pod, key) for pod, key, _ in pieces),
+        lambda keys: LazyBuckets.materialize(p for p in pieces if p[1] in keys),
+    )
 
 
 def align_down(t: datetime, width: timedelta) -> datetime:

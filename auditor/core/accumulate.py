@@ -63,16 +63,6 @@ class Stat:
     #: (bucket mean, weight) pairs for the percentiles; centroids after :meth:`compress`
     points: list[tuple[float, int]] = field(default_factory=list)
 
-    def add(self, b: Bucket) -> None:
-        self.dropped += b.dropped
-        if b.count <= 0:
-            return
-        self.total += b.total
-        self.count += b.count
-        self.minimum = min(self.minimum, b.minimum)
-        self.maximum = max(self.maximum, b.maximum)
-        self.points.append((b.total / b.count, b.count))
-
     def merge(self, other: "Stat") -> None:
         self.total += other.total
         self.count += other.count
@@ -98,12 +88,9 @@ class Stat:
         """Every valid sample read exactly 0 (the silent-zero signature)."""
         return self.count > 0 and self.maximum == 0.0 and self.minimum == 0.0
 
-    def percentile(self, p: float) -> float | None:
-        """Count-weighted percentile of the bucket means (lower value at ties)."""
-        return self.percentiles(p)[0]
-
     def percentiles(self, *ps: float) -> list[float | None]:
-        """:meth:`percentile` for several ``p`` at once, sorting the points only once."""
+        """Count-weighted percentiles of the bucket means (the lower value at ties), for several
+        ``p`` at once, sorting the points only once."""
         if not self.points:
             return [None] * len(ps)
         pts = sorted(self.points)
@@ -292,8 +279,8 @@ class RowAggregate:
         stats = self.stats
         seen_by_metric: list[dict[datetime, int]] = []
         ends: dict[datetime, datetime] = {}
-        # One pass per metric run with the Stat fields in locals (this loop sees every bucket of
-        # an audit). Same arithmetic, in the same order, as Stat.add bucket by bucket.
+        # One pass per metric run with the Stat fields in locals: this loop sees every bucket of
+        # an audit. Buckets without valid samples add only their dropped count.
         for metric, run in groupby(buckets, key=_METRIC):
             st = stats.get(metric)
             if st is None:
@@ -461,6 +448,16 @@ def _dt(v: float | None) -> datetime | None:
 # --------------------------------------------------------------------------- one job
 
 
+def peak_held(helds: Iterable[Mapping[datetime, float]]) -> float | None:
+    """GPU equivalents held at the busiest bucket start, over rows' ``held`` maps (None: none)."""
+    per: dict[datetime, float] = defaultdict(float)
+    for held in helds:
+        for s, h in held.items():
+            per[s] += h
+    return max(per.values()) if per else None
+
+
+
 @dataclass
 class JobAggregate:
     """A job's rows folded up to ``through``: every bucket that starts before it is in here."""
@@ -494,15 +491,13 @@ class JobAggregate:
     def freeze(self, through: datetime, limit: int = POINT_LIMIT) -> None:
         """Mark everything folded so far as final up to ``through``: the peak of the buckets
         folded since the last freeze is kept as one number, and the points are compressed."""
-        per: dict[datetime, float] = defaultdict(float)
+        peak = peak_held(r.held for r in self.rows.values())
+        if peak is not None:
+            self.peak = max(self.peak, peak)
         for r in self.rows.values():
-            for s, held in r.held.items():
-                per[s] += held
             r.held = {}
             for st in r.stats.values():
                 st.compress(limit)
-        if per:
-            self.peak = max(self.peak, max(per.values()))
         self.through = through if self.through is None else max(self.through, through)
 
     def copy(self) -> "JobAggregate":

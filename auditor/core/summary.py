@@ -29,9 +29,9 @@ from itertools import groupby
 from operator import attrgetter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
-from auditor.core.accumulate import JobAggregate, RowView, ShareMap, Stat
+from auditor.core.accumulate import JobAggregate, RowView, ShareMap, Stat, peak_held
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, Finding, JobRef, PodRef, Verdict, Window
 from auditor.core.thresholds import Thresholds
@@ -106,13 +106,24 @@ def shared_gpus(buckets: Sequence[Bucket]) -> dict[tuple[str, datetime], int]:
     looks at single buckets only on GPUs that more than one pod used at all — on a cluster
     without sharing, one step per (pod, GPU) run instead of a set per bucket.
     """
+    return shares_among(
+        ((pod, gpu.key) for (pod, gpu), _ in groupby(buckets, key=_POD_GPU)),
+        lambda keys: (b for b in buckets if b.gpu.key in keys),
+    )
+
+
+def shares_among(
+    pod_gpus: Iterable[tuple[PodRef, str]], buckets_on: Callable[[set[str]], Iterable[Bucket]]
+) -> dict[tuple[str, datetime], int]:
+    """:func:`shared_gpus` for any form of a read: ``pod_gpus`` lists its (pod, GPU key) pairs,
+    ``buckets_on(keys)`` gives its buckets on those GPUs (asked only for GPUs several pods used)."""
     pods_per_gpu: dict[str, set[PodRef]] = defaultdict(set)
-    for (pod, gpu), _ in groupby(buckets, key=_POD_GPU):
-        pods_per_gpu[gpu.key].add(pod)
+    for pod, key in pod_gpus:
+        pods_per_gpu[key].add(pod)
     candidates = {k for k, v in pods_per_gpu.items() if len(v) > 1}
     if not candidates:
         return {}
-    shares = gpu_shares(b for b in buckets if b.gpu.key in candidates)
+    shares = gpu_shares(buckets_on(candidates))
     return {k: n for k, n in shares.items() if n > 1}
 
 
@@ -598,12 +609,9 @@ def summarize_aggregate(
 def _peak_gpus(rows: Sequence[RowView], frozen_peak: float = 0.0) -> float:
     """GPU equivalents held at the busiest bucket (MIG fractions, shared GPUs divided);
     ``frozen_peak`` is that of the buckets an aggregate no longer lists one by one."""
-    per: dict[datetime, float] = defaultdict(float)
-    for r in rows:
-        for s, held in r.presence.items():
-            per[s] += held
-    if per:
-        return max(frozen_peak, max(per.values()))
+    peak = peak_held(r.presence for r in rows)
+    if peak is not None:
+        return max(frozen_peak, peak)
     return frozen_peak or sum(r.gpu.fraction for r in rows)
 
 
