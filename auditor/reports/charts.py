@@ -36,23 +36,33 @@ def _png(fig: Any) -> str:
 def hours_by_team(rows: Sequence[Mapping[str, Any]]) -> str:
     """Stacked bars per team: SM-active, wasted and unmeasured GPU-hours (they sum to the
     allocated GPU-hours)."""
+    series = [
+        (label, color, [float(r.get(key) or 0.0) for r in rows])
+        for key, label, color in (
+            ("sm_active_gpu_hours", "SM-active", SM_COLOR),
+            ("waste_gpu_hours", "wasted (SMs idle)", WASTE_COLOR),
+            ("unmeasured_gpu_hours", "unmeasured", UNMEASURED_COLOR),
+        )
+    ]
+    return _team_bars(rows, series, xlabel="GPU-hours", ncol=3, fontsize=8)
+
+
+def _team_bars(
+    rows: Sequence[Mapping[str, Any]], series: list[tuple[str, str, list[float]]], *, xlabel: str, ncol: int, fontsize: int
+) -> str:
+    """Stacked horizontal bars, one per team, of ``series`` ((label, colour, values) each)."""
     plt = _plt()
     labels = [str(r["team"]) for r in rows]
     n = len(rows)
     fig, ax = plt.subplots(figsize=(7.5, 0.42 * n + 1.5), layout="constrained")
     left = [0.0] * n
-    for key, label, color in (
-        ("sm_active_gpu_hours", "SM-active", SM_COLOR),
-        ("waste_gpu_hours", "wasted (SMs idle)", WASTE_COLOR),
-        ("unmeasured_gpu_hours", "unmeasured", UNMEASURED_COLOR),
-    ):
-        vals = [float(r.get(key) or 0.0) for r in rows]
+    for label, color, vals in series:
         ax.barh(range(n), vals, left=left, color=color, label=label, height=0.65)
         left = [a + b for a, b in zip(left, vals)]
     ax.set_yticks(range(n), labels, fontsize=9)
     ax.invert_yaxis()
-    ax.set_xlabel("GPU-hours")
-    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, fontsize=8, frameon=False)
+    ax.set_xlabel(xlabel)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=ncol, fontsize=fontsize, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     return _png(fig)
 
@@ -87,19 +97,9 @@ def trend(points: Sequence[Mapping[str, Any]]) -> str:
 
 def verdicts_by_team(rows: Sequence[Mapping[str, Any]]) -> str:
     """Stacked bars per team: number of jobs by verdict."""
-    plt = _plt()
-    labels = [str(r["team"]) for r in rows]
-    n = len(rows)
-    fig, ax = plt.subplots(figsize=(7.5, 0.42 * n + 1.5), layout="constrained")
-    left = [0.0] * n
+    series = []
     for verdict in VERDICTS:
         vals = [float(r.get("verdicts", {}).get(verdict, 0)) for r in rows]
         if any(vals):
-            ax.barh(range(n), vals, left=left, color=VERDICT_COLORS.get(verdict, "#999"), label=verdict, height=0.65)
-            left = [a + b for a, b in zip(left, vals)]
-    ax.set_yticks(range(n), labels, fontsize=9)
-    ax.invert_yaxis()
-    ax.set_xlabel("jobs")
-    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, fontsize=7, frameon=False)
-    ax.grid(axis="x", alpha=0.3)
-    return _png(fig)
+            series.append((verdict, VERDICT_COLORS.get(verdict, "#999"), vals))
+    return _team_bars(rows, series, xlabel="jobs", ncol=4, fontsize=7)
