@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from auditor.core.accumulate import JobAggregate, ShareMap, StaleFold
 from auditor.core.model import Bucket, JobRef, PodRef, Window
 from auditor.core.rollup import LazyBuckets
-from auditor.core.summary import estimate_interval, shared_gpus, shares_among, summarize_aggregate, summarize_job
+from auditor.core.summary import shared_gpus, shares_among, summarize_aggregate, summarize_job
 from auditor.core.thresholds import Thresholds
 from auditor.correlate import JobResolver, NoKubeResolver
 from auditor.sources.base import MetricSource, SourceReport
@@ -130,7 +130,9 @@ def _fold_cumulative(
         agg = JobAggregate()
         agg.fold(store.buckets(job_id, Window(_EPOCH, freeze_to)), shares)
     agg.freeze(freeze_to)
-    agg.interval = interval or agg.interval
+    # what a source first told is kept for a job without full buckets: a later cycle's window
+    # may hold only a partial bucket, and the source's estimate from it must not replace it
+    agg.interval = agg.interval or interval
     store.save_aggregate(job_id, agg, now)
     if not tail:
         return agg
@@ -236,12 +238,13 @@ def _run_audit(
             job_id = store.upsert_job(job, first, last)
             store.replace_buckets(job_id, buckets)
             if cumulative:
-                iv = interval or estimate_interval(buckets) or 0.0
-                agg = _fold_cumulative(store, job_id, buckets, shares, freeze_to=freeze_to, interval=iv, now=now)
+                agg = _fold_cumulative(store, job_id, buckets, shares, freeze_to=freeze_to, interval=interval or 0.0, now=now)
                 earliest = agg.earliest or window.start
+                # the job's whole history tells its interval, not this cycle's window (which may
+                # hold one partial bucket): the summary stays the same while the data does
                 summary = summarize_aggregate(
                     job, agg, window=Window(min(window.start, earliest), window.end), now=now,
-                    interval=iv or agg.interval, thresholds=th,
+                    interval=agg.interval_for(agg.interval), thresholds=th,
                 )
             else:
                 buckets = store.buckets(job_id, window)

@@ -34,7 +34,8 @@ from auditor.core.model import Bucket, GpuId, PodRef, Window
 #: centroids of bucket means kept per metric and row once frozen (5-min buckets: 5 h 20 min exact)
 POINT_LIMIT = 64
 #: version of :meth:`JobAggregate.to_json`; another version is rebuilt from the buckets
-STATE_VERSION = 1
+#: (2: rows keep the sample counts of their full buckets, for :meth:`JobAggregate.sample_interval`)
+STATE_VERSION = 2
 
 ShareMap = Mapping[tuple[str, datetime], int]
 
@@ -269,6 +270,12 @@ class RowAggregate:
     inner_gpu_s: float = 0.0
     inner_shared_s: float = 0.0
     max_share: int = 1
+    #: the last bucket follows a bucket with samples (so it is full once a next one follows it)
+    last_follows: bool = False
+    #: samples per *full* bucket (samples in it and in both neighbours) → how many such buckets
+    full: dict[int, int] = field(default_factory=dict)
+    #: the most samples in any one bucket (``width / most`` bounds the interval from above)
+    most: int = 0
     #: bucket start → GPU equivalents held, for buckets folded since the last freeze
     held: dict[datetime, float] = field(default_factory=dict)
 
@@ -316,6 +323,8 @@ class RowAggregate:
 
     def _present(self, s: datetime, end: datetime, scraped: int, share: int, key: str, shares: ShareMap) -> None:
         frac = self.gpu.fraction
+        if scraped > self.most:
+            self.most = scraped
         if share > self.max_share:
             self.max_share = share
         if self.first is None:
@@ -330,6 +339,12 @@ class RowAggregate:
                 self._inner(self.last_share)  # the previous last bucket is interior now
             step = timedelta(seconds=self.width)
             g = last + step
+            follows = s == g
+            if follows and self.last_follows:
+                # samples on both sides: the job ran through the whole bucket, so its count
+                # is the scrape rate's (a first or last bucket, or one by a gap, may be partial)
+                self.full[self.last_scraped] = self.full.get(self.last_scraped, 0) + 1
+            self.last_follows = follows
             while g < s:  # a scrape gap inside the span: held without telemetry
                 n = max(1, shares.get((key, g), 1))
                 self.max_share = max(self.max_share, n)
@@ -352,6 +367,7 @@ class RowAggregate:
             setattr(c, name, getattr(self, name))
         c.stats = {m: s.copy() for m, s in self.stats.items()}
         c.held = dict(self.held)
+        c.full = dict(self.full)
         return c
 
     def view(self, window: Window, interval: float) -> RowView:
@@ -418,6 +434,7 @@ class RowAggregate:
         for name in _ROW_SCALARS:
             v = getattr(self, name)
             doc[name] = _ts(v) if isinstance(v, datetime) else v
+        doc["full"] = sorted(self.full.items())
         return doc
 
     @classmethod
@@ -427,13 +444,14 @@ class RowAggregate:
         for name in _ROW_SCALARS:
             v = doc[name]
             setattr(r, name, _dt(v) if name in _ROW_TIMES else v)
+        r.full = {int(c): int(k) for c, k in doc["full"]}
         return r
 
 
 _ROW_TIMES = ("first_any", "first", "first_end", "last")
 _ROW_SCALARS = (
     "first_any", "width", "first", "first_end", "first_scraped", "first_share", "last", "last_scraped",
-    "last_share", "inner_s", "inner_gpu_s", "inner_shared_s", "max_share",
+    "last_share", "inner_s", "inner_gpu_s", "inner_shared_s", "max_share", "last_follows", "most",
 )
 
 
@@ -457,6 +475,27 @@ def peak_held(helds: Iterable[Mapping[datetime, float]]) -> float | None:
     return max(per.values()) if per else None
 
 
+def interval_of(spacings: Iterable[tuple[float, int]]) -> float | None:
+    """The scrape interval (s, to the millisecond) from ``(width / samples, buckets)`` pairs of
+    full buckets: the spacing that 90 % of the buckets reach or exceed in samples.
+
+    A high percentile of samples per bucket rather than the mean: a bucket that lost a scrape
+    has fewer samples, and one scrape more than the interval predicts is a boundary effect
+    that a few buckets show (21 samples in 300 s at 15 s). None without any bucket.
+    """
+    ordered = sorted(((iv, k) for iv, k in spacings if k > 0), reverse=True)  # fewest samples first
+    total = sum(k for _, k in ordered)
+    if not total:
+        return None
+    rank = min(total - 1, int(total * 0.9))
+    seen = 0
+    for iv, k in ordered:
+        seen += k
+        if rank < seen:
+            return round(iv, 3)
+    return None
+
+
 
 @dataclass
 class JobAggregate:
@@ -466,7 +505,8 @@ class JobAggregate:
     through: datetime | None = None
     #: GPU equivalents at the busiest frozen bucket
     peak: float = 0.0
-    #: scrape interval (s) last used, for a cycle whose source could not tell
+    #: scrape interval (s) a source told for this job, the first one: kept so that a job without
+    #: full buckets does not follow each cycle's estimate (see :meth:`interval_for`)
     interval: float = 0.0
 
     def fold(self, buckets: Iterable[Bucket], shares: ShareMap) -> None:
@@ -506,6 +546,37 @@ class JobAggregate:
     def views(self, window: Window, interval: float) -> list[RowView]:
         """Every row as the summary sees it, in (pod, GPU key) order."""
         return [self.rows[k].view(window, interval) for k in sorted(self.rows)]
+
+    def sample_interval(self) -> float | None:
+        """The job's scrape interval from its own full buckets (:func:`interval_of`), or None
+        when it has none (a job shorter than three buckets, or never scraped without a gap).
+
+        Only full buckets tell the spacing of samples: a job that starts or ends inside a bucket,
+        or a gap that does, leaves that bucket with fewer samples than its width holds, and
+        ``width / samples`` there overstates the interval (15 s data ending after 75 s of a
+        5-minute bucket reads as 60 s). They depend on the stored buckets only, so re-running a
+        cycle over unchanged data gives the same interval whatever the cycle's window held.
+        """
+        return interval_of(
+            (r.width / c, k) for r in self.rows.values() if r.width > 0 for c, k in r.full.items() if c > 0
+        )
+
+    def interval_for(self, told: float | None) -> float:
+        """The scrape interval a summary of this job uses (s; 0 when nothing tells it).
+
+        The job's own full buckets first (:meth:`sample_interval`). Without any, ``told`` (what
+        the source saw across its window, or what it first told for this job), but never more
+        than the job's busiest bucket allows: ``width / most`` is an upper bound, since no
+        bucket holds more samples than its width over the interval (plus the one on the edge).
+        """
+        measured = self.sample_interval()
+        if measured:
+            return measured
+        bounds = [r.width / r.most for r in self.rows.values() if r.most > 0 and r.width > 0]
+        bound = round(min(bounds), 3) if bounds else None
+        if told and told > 0:
+            return min(told, bound) if bound else told
+        return bound or 0.0
 
     @property
     def earliest(self) -> datetime | None:

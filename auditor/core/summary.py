@@ -127,18 +127,6 @@ def shares_among(
     return {k: n for k, n in shares.items() if n > 1}
 
 
-def estimate_interval(buckets: Iterable[Bucket]) -> float | None:
-    """Scrape interval guessed from the fullest bucket (width / samples) when the source
-    could not say; None without any sample."""
-    best: float | None = None
-    for b in buckets:
-        n = b.count + b.dropped
-        if n > 0:
-            iv = (b.end - b.start).total_seconds() / n
-            best = iv if best is None else min(best, iv)
-    return best
-
-
 # --------------------------------------------------------------------------- classification
 
 
@@ -426,14 +414,15 @@ def summarize_job(
 ) -> dict[str, object]:
     """The audit-JSON object of one job from its buckets (DESIGN.md "Audit JSON").
 
-    ``interval`` is the scrape interval in seconds (estimated from the buckets when None);
-    ``shares`` comes from :func:`gpu_shares` over *all* pods' buckets of the window, so GPUs
-    shared with other jobs are seen.
+    ``interval`` is the scrape interval in seconds the source saw, used when the job has no
+    full bucket to measure its own (:meth:`JobAggregate.interval_for`); ``shares`` comes from
+    :func:`gpu_shares` over *all* pods' buckets of the window, so GPUs shared with other jobs
+    are seen.
     """
     shares = shares if shares is not None else gpu_shares(buckets)
-    iv = interval if interval and interval > 0 else (estimate_interval(buckets) or 0.0)
     agg = JobAggregate()
     agg.fold(buckets, shares)
+    iv = agg.interval_for(interval)
     return summarize_aggregate(job, agg, window=window, now=now, interval=iv, thresholds=thresholds)
 
 

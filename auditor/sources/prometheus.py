@@ -41,6 +41,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from auditor.agent.dedup import prefer_one_source
+from auditor.core.accumulate import interval_of
 from auditor.core.metrics import BY_NAME, SPECS, Metric
 from auditor.core.model import Bucket, GpuId, PodRef, Window
 from auditor.core.rollup import BucketRun, LazyBuckets, Piece, Sample, aggregate
@@ -380,7 +381,7 @@ class PrometheusSource:
         gpu_objs: dict[GpuId, GpuId] = {}
 
         dirty: dict[str, list[tuple[_Series, PodRef, GpuId, list[int]]]] = {}
-        #: samples per clean bucket → how many buckets had that many (for the interval estimate)
+        #: samples per clean full bucket → how many buckets had that many (the interval estimate)
         counts: dict[int, int] = {}
         # 1. which pod and GPU each series describes (series order, for the warnings)
         attributed: list[tuple[_Series, PodRef, GpuId]] = []
@@ -432,8 +433,6 @@ class PrometheusSource:
             for b in self._reread_garbage(name, items, width_ms, major):
                 if b.dropped:
                     report.dropped[b.metric] = report.dropped.get(b.metric, 0) + b.dropped
-                if b.count:
-                    counts[b.count] = counts.get(b.count, 0) + 1
                 groups.setdefault((b.pod, b.gpu.key, b.metric), []).append([b])
 
         unattributed = stats.gpus - stats.attributed
@@ -667,7 +666,8 @@ def _classify(
     or min/max fall outside the metric's valid range (garbage, or an overshoot that must be
     clamped): it is re-read raw. (NaN compares false, so NaN min/max are dirty too.) Done with
     numpy over all series of one exporter name at once, so the cost per bucket is a few
-    machine instructions; each clean bucket's sample count also goes into ``counts``.
+    machine instructions; the sample count of each clean full bucket (one with samples in both
+    neighbours, inside the window) goes into ``counts``.
     """
     import numpy as np  # only here: imported once per read, not at CLI start
 
@@ -692,7 +692,12 @@ def _classify(
             ok &= stack("max") * spec.scale <= spec.high
         bad = present & ~ok
         full, any_ok, any_bad = ok.all(axis=1).tolist(), ok.any(axis=1).tolist(), bad.any(axis=1).tolist()
-        values, times = np.unique(cnt[ok].astype(np.int64), return_counts=True)
+        # only full buckets tell the scrape interval: samples in the bucket and both neighbours
+        # (a series that starts, ends or pauses inside a bucket has fewer there), and neither
+        # end of the window (which may cut its bucket short)
+        full_ok = np.zeros_like(ok)
+        full_ok[:, 1:-1] = ok[:, 1:-1] & present[:, :-2] & present[:, 2:]
+        values, times = np.unique(cnt[full_ok].astype(np.int64), return_counts=True)
         for v, t in zip(values.tolist(), times.tolist()):
             histogram[v] = histogram.get(v, 0) + t
         for j, s in enumerate(rows):
@@ -765,22 +770,10 @@ def _merge(groups: dict[tuple[PodRef, str, Metric], list[BucketRun | list[Bucket
 
 
 def _interval(counts: Mapping[int, int], width_ms: int) -> float | None:
-    """Scrape-interval estimate: bucket width over a high percentile of samples per bucket.
-
-    ``counts`` maps samples-per-bucket to the number of buckets with that many (a histogram,
-    so that millions of buckets need no sorted list); the percentile is the 90th of the buckets.
-    """
-    full = sorted((c, k) for c, k in counts.items() if c > 0)
-    total = sum(k for _, k in full)
-    if not total:
-        return None
-    rank = min(total - 1, int(total * 0.9))
-    seen = 0
-    for c, k in full:
-        seen += k
-        if rank < seen:
-            return round(width_ms / 1000 / c, 3)
-    return None
+    """Scrape-interval estimate (:func:`~auditor.core.accumulate.interval_of`) from ``counts``:
+    samples per full bucket → the number of buckets with that many (a histogram, so that
+    millions of buckets need no sorted list). None when the window held no full bucket."""
+    return interval_of((width_ms / 1000 / c, k) for c, k in counts.items() if c > 0)
 
 
 def _device_labels(label_sets: Iterable[Mapping[str, str]]) -> dict[str, str]:

@@ -43,7 +43,8 @@ def fold_in_steps(buckets: list[Bucket], cuts: list, *, window: Window) -> dict:
         lo = cut
     view = agg.copy()
     view.fold([b for b in buckets if lo is None or b.start >= lo], shares)
-    return summarize_aggregate(JOB, view, window=window, now=NOW, interval=IV)
+    # as the engine does: the job's own full buckets tell the interval, the source's is the fallback
+    return summarize_aggregate(JOB, view, window=window, now=NOW, interval=view.interval_for(IV))
 
 
 def job_mix() -> list[Bucket]:
