@@ -3,16 +3,20 @@
 ``docs/verdicts.md`` explains each threshold and how the shipped H200 traces land against it.
 The defaults are starting points chosen from those measurements and DCGM's own guidance
 (SM activity ≥ 0.8 "necessary but not sufficient", < 0.5 "likely ineffective"); operators tune
-them through :meth:`Thresholds.from_mapping` (settings file, ``GPU_AUDITOR_*``).
+them through :meth:`Thresholds.from_mapping` (the settings file's ``thresholds:`` section and
+``GPU_AUDITOR_THRESHOLDS__<KEY>`` variables, auditor/settings.py).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import Any, Mapping
 
+from auditor.core.ranges import RATIO, Range
 from auditor.errors import BadInput
+from auditor.timeparse import parse_duration
 
 #: Per GPU model: the power (W) above which a GPU is clearly doing work. Used by the silent-zero
 #: guard only (profiling fields reading exactly 0 on a GPU drawing this much are suspect
@@ -41,10 +45,14 @@ DEFAULT_MAX_SM_CLOCK_MHZ: dict[str, float] = {
 
 
 def match_model(table: Mapping[str, float], model: str) -> float | None:
-    """The value of the longest key of ``table`` contained in ``model`` (None when none is)."""
+    """The value of the longest key of ``table`` contained in ``model`` (None when none is).
+
+    Case-insensitive: environment variable names carry no case (``…__POWER_FLOOR_W__H200``
+    arrives as ``h200``), and no two GPU models differ by case alone."""
     best: tuple[int, float] | None = None
+    folded = model.casefold()
     for key, value in table.items():
-        if key and key in model and (best is None or len(key) > best[0]):
+        if key and key.casefold() in folded and (best is None or len(key) > best[0]):
             best = (len(key), value)
     return best[1] if best else None
 
@@ -94,30 +102,47 @@ class Thresholds:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None, *, where: str = "thresholds") -> "Thresholds":
-        """Defaults overridden by ``values`` (e.g. a settings file section); unknown keys and
-        out-of-range numbers are :class:`BadInput` naming the key."""
+        """Defaults overridden by ``values`` (a settings file's ``thresholds:`` section, or the
+        ``GPU_AUDITOR_THRESHOLDS__*`` variables, whose values arrive as text).
+
+        Every problem is a :class:`ThresholdError` naming the key: an unknown key, a value of the
+        wrong type, one outside its unit's range (:data:`UNITS`), or a pair that contradicts the
+        verdict order (:data:`ORDERED`) — a threshold that silently never fires is worse than a
+        refusal at start."""
         base = cls()
         if not values:
             return base
-        known = {f.name: f for f in fields(cls)}
+        if not isinstance(values, Mapping):
+            raise ThresholdError("", f"expected a mapping of threshold → value, got {values!r}", where)
         changes: dict[str, Any] = {}
         for key, raw in values.items():
-            if key not in known:
-                raise BadInput(f"{where}: unknown threshold {key!r} (known: {', '.join(sorted(known))})")
-            if key in ("power_floor_w", "max_sm_clock_mhz"):
+            key = str(key)
+            if key not in UNITS:
+                raise ThresholdError(key, f"unknown threshold (known: {', '.join(sorted(UNITS))})", where)
+            if key in _TABLES:
                 if not isinstance(raw, Mapping):
-                    raise BadInput(f"{where}.{key}: expected a mapping of GPU model → number")
+                    raise ThresholdError(key, f"expected a mapping of GPU model → {UNITS[key].unit}, got {raw!r}", where)
                 merged = dict(getattr(base, key))
                 for model, v in raw.items():
-                    merged[str(model)] = _number(v, f"{where}.{key}.{model}", low=0.0, high=None)
+                    value = _number(v, f"{key}.{model}", UNITS[key], where)
+                    merged = {m: x for m, x in merged.items() if m.casefold() != str(model).casefold()}
+                    merged[str(model)] = value
                 changes[key] = merged
             elif key == "min_span":
-                changes[key] = timedelta(seconds=_number(raw, f"{where}.{key} (seconds)", low=0.0, high=None))
+                changes[key] = timedelta(seconds=_number(_seconds(raw, where), key, UNITS[key], where))
             elif key == "min_samples":
-                changes[key] = int(_number(raw, f"{where}.{key}", low=0.0, high=None))
+                changes[key] = int(_number(raw, key, UNITS[key], where))
             else:
-                changes[key] = _number(raw, f"{where}.{key}", low=0.0, high=1.0)
-        return replace(base, **changes)
+                changes[key] = _number(raw, key, UNITS[key], where)
+        out = replace(base, **changes)
+        for low, high, why in ORDERED:
+            if getattr(out, low) > getattr(out, high):
+                raise ThresholdError(
+                    low if low in changes else high,
+                    f"{low} ({getattr(out, low):g}) must not exceed {high} ({getattr(out, high):g}): {why}",
+                    where,
+                )
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly view (for ``explain`` and the audit-run record)."""
@@ -128,11 +153,61 @@ class Thresholds:
         return out
 
 
-def _number(raw: Any, where: str, *, low: float | None, high: float | None) -> float:
+class ThresholdError(BadInput):
+    """A bad ``thresholds`` entry: ``key`` is its dotted path inside the section (``low_sm``,
+    ``power_floor_w.H200``), ``reason`` what is wrong, so a caller can name the file or the
+    environment variable it came from."""
+
+    def __init__(self, key: str, reason: str, where: str = "thresholds") -> None:
+        super().__init__(f"{where}.{key}: {reason}" if key else f"{where}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+_SECONDS = Range("seconds")
+#: every threshold's unit and valid range; for the per-model tables, the range of each entry
+UNITS: dict[str, Range] = {
+    **{f.name: RATIO for f in fields(Thresholds)},
+    "min_samples": Range("samples", integer=True),
+    "min_span": _SECONDS,
+    "power_floor_w": Range("W", 0.0, 5_000.0),
+    "max_sm_clock_mhz": Range("MHz", 1.0, 10_000.0),  # a divisor of the MFU proxy: never 0
+}
+_TABLES = ("power_floor_w", "max_sm_clock_mhz")
+#: (lower, upper, why): pairs whose order the verdict rules rely on; equal turns the band off
+ORDERED: tuple[tuple[str, str, str], ...] = (
+    ("idle_util", "busy_util", "a job below idle_util is idle, one between the two underutilized"),
+    ("tensor_idle", "tensor_headroom", "tensor_headroom is the band above tensor_idle where a healthy job gets a hint"),
+)
+
+
+def _seconds(raw: Any, where: str) -> Any:
+    """``min_span`` as seconds: a number, or a duration such as ``90s``/``2m`` (the settings' format)."""
+    if not isinstance(raw, str) or _is_number_text(raw):
+        return raw
+    if re.fullmatch(r"\s*0+[smhd]?\s*", raw):
+        return 0.0
+    try:
+        return parse_duration(raw, what="min_span").total_seconds()
+    except BadInput:
+        raise ThresholdError("min_span", f"expected seconds or a duration such as 90s or 2m, got {raw!r}", where) from None
+
+
+def _is_number_text(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _number(raw: Any, key: str, unit: Range, where: str) -> float:
+    """``raw`` as a float within ``unit``'s range; numeric text is accepted (environment values)."""
+    if isinstance(raw, str) and _is_number_text(raw):
+        raw = float(raw)
     if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-        raise BadInput(f"{where}: expected a number, got {raw!r}")
-    v = float(raw)
-    if v != v or (low is not None and v < low) or (high is not None and v > high):
-        rng = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise BadInput(f"{where}: {raw!r} is out of range {rng}")
-    return v
+        raise ThresholdError(key, f"expected a number ({unit.describe()}), got {raw!r}", where)
+    problem = unit.problem(float(raw))
+    if problem:
+        raise ThresholdError(key, problem, where)
+    return float(raw)

@@ -64,11 +64,20 @@ def parse_policies(text: str, source: str) -> list[Policy]:
                 msg = err["msg"].removeprefix("Value error, ")
                 if err["type"] == "extra_forbidden":
                     msg = "unknown field"
+                elif err["type"] == "missing":
+                    msg = "required" + (f": {REQUIRED_HINTS[path[-1]]}" if path and path[-1] in REQUIRED_HINTS else "")
                 found.append((doc.line_of(path), f"{source}:{doc.line_of(path)}: {where}: {msg}"))
             problems += [m for _, m in sorted(found, key=lambda x: x[0])]
     if problems:
         raise PolicyError(problems)
     return out
+
+
+#: what to write where a required key is missing (docs/policies.md says the same)
+REQUIRED_HINTS = {
+    "escalation": "the ordered action steps, at least one, e.g. escalation: [{actions: [annotate, event]}] "
+                  "(in mode audit they are recorded as what would have run)",
+}
 
 
 def _check_unique(policies: Iterable[tuple[str, Policy]]) -> list[str]:
@@ -99,6 +108,13 @@ def load_files(files: Mapping[str, str]) -> list[Policy]:
     return [p for _, p in loaded]
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{path}: cannot read: {exc}") from None
+
+
 def read_dir(directory: str | Path) -> dict[str, str]:
     """All policy files under ``directory`` (recursively, hidden entries skipped), path → text."""
     root = Path(directory)
@@ -109,12 +125,25 @@ def read_dir(directory: str | Path) -> dict[str, str]:
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for f in sorted(filenames):
             if _is_policy_file(f):
-                p = Path(dirpath) / f
-                try:
-                    files[str(p)] = p.read_text(encoding="utf-8")
-                except (OSError, UnicodeDecodeError) as exc:
-                    raise BadInput(f"{p}: cannot read: {exc}") from None
+                files[str(Path(dirpath) / f)] = _read(Path(dirpath) / f)
     return files
+
+
+def read_path(path: str | Path) -> dict[str, str]:
+    """One policy file, or every policy file under a directory (:func:`read_dir`), path → text.
+
+    A file named explicitly must be a policy file: an example suite or a non-YAML file is refused
+    rather than skipped, so ``policy validate suite.yaml`` never reports "0 policies valid"."""
+    p = Path(path)
+    if p.is_dir():
+        return read_dir(p)
+    if not p.exists():
+        raise BadInput(f"{path}: no such file or directory")
+    if p.name.endswith(("suite.yaml", "suite.yml")):
+        raise BadInput(f"{path}: an example suite, not a policy (validate the policy file next to it)")
+    if not _is_policy_file(p.name):
+        raise BadInput(f"{path}: not a policy file (policies are .yaml or .yml)")
+    return {str(p): _read(p)}
 
 
 def load_dir(directory: str | Path) -> list[Policy]:

@@ -25,10 +25,12 @@ import fnmatch
 import re
 from datetime import timedelta
 from enum import Enum
-from typing import Annotated, Any, Literal
+from types import MappingProxyType
+from typing import Annotated, Any, Literal, Mapping
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from auditor.core.ranges import RATIO, Range
 from auditor.timeparse import parse_duration
 
 API_VERSION = "gpu-auditor.io/v1alpha1"
@@ -37,25 +39,22 @@ ANNOTATION_PREFIX = "gpu-auditor.io/"
 EXEMPT_ANNOTATION = "gpu-auditor.io/exempt"
 SNOOZE_ANNOTATION = "gpu-auditor.io/snooze-until"
 
-#: Summary fields a condition may test (audit JSON, DESIGN.md). Ratios 0–1 unless noted.
-SUMMARY_FIELDS = frozenset(
+#: Summary fields a condition may test (audit JSON, DESIGN.md), each with its unit and range: a
+#: value outside it can never (or always) match, so it is refused (``value: 90`` for a ratio).
+SUMMARY_FIELDS: Mapping[str, Range] = MappingProxyType(
     {
-        "gpu_util",
-        "gr_engine_active",
-        "sm_active",
-        "sm_occupancy",
-        "tensor_active",
-        "dram_active",
-        "fp32_active",
-        "fp16_active",
-        "power_w",
-        "fb_used_mib",
-        "sm_clock_mhz",
-        "coverage",
-        "mfu_estimate",
-        "gpu_hours",
-        "waste_gpu_hours",
-        "gpus",
+        **dict.fromkeys(
+            ("gpu_util", "gr_engine_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
+             "fp32_active", "fp16_active", "coverage", "mfu_estimate"),
+            RATIO,
+        ),
+        # the limits beyond which a source drops a sample as garbage (auditor/core/metrics.py)
+        "power_w": Range("W", 0.0, 5_000.0),
+        "fb_used_mib": Range("MiB", 0.0, 16_777_216.0),
+        "sm_clock_mhz": Range("MHz", 0.0, 10_000.0),
+        "gpu_hours": Range("GPU-hours"),
+        "waste_gpu_hours": Range("GPU-hours"),
+        "gpus": Range("GPUs"),
     }
 )
 #: Fields a sustained condition may test: means per bucket, computed from the stored rollup.
@@ -117,6 +116,16 @@ class Condition(_Strict):
     op: Literal["<", "<=", ">", ">=", "==", "!="]
     value: float
 
+    @field_validator("value")
+    @classmethod
+    def _in_range(cls, v: float, info: ValidationInfo) -> float:
+        name = info.data.get("field")  # absent when the field itself was refused
+        unit = SUMMARY_FIELDS.get(name) if isinstance(name, str) else None
+        problem = unit.problem(v) if unit is not None else None
+        if problem:
+            raise ValueError(f"{name}: {problem}")
+        return v
+
     def holds(self, actual: float | None) -> bool:
         if actual is None or actual != actual:
             return False
@@ -157,8 +166,16 @@ class Sustained(_Strict):
 
     duration: Duration = Field(alias="for")
     warmup: Duration = timedelta(minutes=10)
-    min_coverage: float = Field(0.8, alias="minCoverage", gt=0.0, le=1.0)
+    min_coverage: float = Field(0.8, alias="minCoverage")
     conditions: list[SustainedCondition] = Field(min_length=1)
+
+    @field_validator("min_coverage")
+    @classmethod
+    def _coverage(cls, v: float) -> float:
+        problem = RATIO.problem(v)
+        if problem or v == 0:
+            raise ValueError(problem or "must be above 0 (a window without data never holds)")
+        return v
 
     @field_validator("duration")
     @classmethod
