@@ -13,8 +13,14 @@ settings are logged with every password in a URL masked (:meth:`Settings.masked`
 Environment variables: ``GPU_AUDITOR_<KEY>`` sets a top-level scalar (``GPU_AUDITOR_INTERVAL=1m``),
 ``GPU_AUDITOR_<SECTION>__<KEY>`` a nested one (``GPU_AUDITOR_LEADER_ELECTION__LEASE_DURATION=10s``);
 lists are comma-separated (``GPU_AUDITOR_TEAM_SOURCES=podLabel:team,namespace``). The CLI's own
-``GPU_AUDITOR_PROMETHEUS_URL`` sets ``prometheus.url``. Other ``GPU_AUDITOR_*`` names (secrets such
-as ``GPU_AUDITOR_DATABASE_URL``) are only read where a ``*_env`` key names them.
+``GPU_AUDITOR_PROMETHEUS_URL`` sets ``prometheus.url``, and the chart's ``GPU_AUDITOR_DATABASE_URL``
+sets the store (``store.url``, over the file's ``store.url``/``store.url_env``). Other
+``GPU_AUDITOR_*`` names (secrets such as ``GPU_AUDITOR_SLACK_WEBHOOK_URL``) are only read where a
+``*_env`` key names them.
+
+Every command reads the same sources (:func:`load_cli_settings`): without ``--config`` the file
+named by ``GPU_AUDITOR_CONFIG``, else the chart's ``/etc/gpu-auditor/settings.yaml`` when it
+exists, so that ``report`` or ``explain`` run inside the operator's pod read the operator's store.
 """
 
 from __future__ import annotations
@@ -35,6 +41,12 @@ from auditor.timeparse import parse_duration
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "GPU_AUDITOR_"
+#: the file the Helm chart mounts (charts/gpu-auditor/templates/deployment.yaml)
+DEFAULT_SETTINGS_FILE = Path("/etc/gpu-auditor/settings.yaml")
+#: names the settings file when ``--config`` is not given
+CONFIG_ENV = "GPU_AUDITOR_CONFIG"
+#: the store URL the chart sets from its Secret (``store.postgresql.urlSecret``)
+DATABASE_URL_ENV = "GPU_AUDITOR_DATABASE_URL"
 
 
 def _duration(value: Any) -> timedelta:
@@ -87,8 +99,12 @@ class PrometheusSettings(_Section):
 
 
 class RetentionSettings(_Section):
-    buckets: Duration = timedelta(days=90)
-    summaries: Duration = timedelta(days=730)
+    """What the operator prunes hourly (``gpu-auditor store prune``); docs/store.md, "Retention"."""
+
+    #: the bucket rollup (and the aggregates of jobs that ended)
+    buckets: Duration = timedelta(days=35)
+    #: everything kept per job: summaries, jobs, audit runs, decisions and actions, report deliveries
+    summaries: Duration = timedelta(days=400)
 
 
 class StoreSettings(_Section):
@@ -123,7 +139,8 @@ class RequeueSettings(_Section):
 
 class LeaderElectionSettings(_Section):
     enabled: bool = True
-    namespace: str | None = None  # None: POD_NAMESPACE, else "gpu-auditor"
+    #: None: $POD_NAMESPACE, in a pod its own namespace, else the kubeconfig context's (kube.lease.lease_namespace)
+    namespace: str | None = None
     lease_name: str = "gpu-auditor"
     lease_duration: Duration = timedelta(seconds=15)
     renew_deadline: Duration = timedelta(seconds=10)
@@ -297,6 +314,10 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         if name == "GPU_AUDITOR_PROMETHEUS_URL":
             out.setdefault("prometheus", {})["url"] = value
             continue
+        if name == DATABASE_URL_ENV:
+            if value.strip():  # an empty variable (a Secret without the key) is no setting
+                out.setdefault("store", {}).update(url=value, url_env=None)
+            continue
         if "__" in rest:
             path = rest.split("__")
             node = out
@@ -327,6 +348,8 @@ def _env_name(loc: tuple) -> str:
     parts = [str(p) for p in loc if not isinstance(p, int)]
     if parts == ["prometheus", "url"]:
         return "GPU_AUDITOR_PROMETHEUS_URL"
+    if parts[:1] == ["store"] and parts[-1:] in (["url"], ["url_env"]):
+        return DATABASE_URL_ENV
     return ENV_PREFIX + "__".join(p.upper() for p in parts)
 
 
@@ -390,6 +413,32 @@ def load_settings(
         return Settings.model_validate(merged)
     except ValidationError as exc:
         raise BadInput(_describe(exc, "command line")) from None
+
+
+def settings_file(config: str | Path | None, environ: Mapping[str, str] | None = None) -> Path | None:
+    """The settings file a command reads: ``--config``, else ``$GPU_AUDITOR_CONFIG``, else the
+    chart's :data:`DEFAULT_SETTINGS_FILE` when it exists (None: defaults and variables only).
+
+    The default file is what makes a command typed in the operator's pod (``kubectl exec``) use
+    the operator's store and settings without flags.
+    """
+    env = os.environ if environ is None else environ
+    if config:
+        return Path(config)
+    if env.get(CONFIG_ENV):
+        return Path(env[CONFIG_ENV])
+    return DEFAULT_SETTINGS_FILE if DEFAULT_SETTINGS_FILE.is_file() else None
+
+
+def load_cli_settings(
+    config: str | Path | None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """:func:`load_settings` over :func:`settings_file`: the one way every command (``run``,
+    ``report``, ``explain``, ``policy simulate``, ...) finds its settings."""
+    return load_settings(settings_file(config, environ), environ=environ, overrides=overrides)
 
 
 def log_effective(settings: Settings, logger: logging.Logger = log) -> None:

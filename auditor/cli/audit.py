@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from auditor.cli.storeopts import add_store_flags
 from auditor.errors import BadInput
 from auditor.timeparse import format_time, parse_duration, parse_time
 
@@ -135,7 +136,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     kube.add_argument("--no-kube", action="store_true", help="jobs from metric labels alone: each pod is a job Pod/<name>, its team is its namespace")
     p.add_argument("--start", required=True, metavar="T", help="start of the range: RFC 3339 or now-<duration>")
     p.add_argument("--end", default="now", metavar="T", help="end of the range (default: now)")
-    p.add_argument("--db", metavar="URL", help="store: sqlite:///path or postgresql://... (default: the user's SQLite file)")
+    add_store_flags(p)
     p.add_argument("--policies", metavar="DIR", help="evaluate the policies in DIR and report their decisions (dry run)")
     p.add_argument("--act", action="store_true", help="with --policies: carry out the decided actions")
     p.add_argument("--output", choices=("table", "json"), default="table", help="table (default) or the audit JSON")
@@ -186,14 +187,15 @@ def run(args: argparse.Namespace) -> int:
         policies = load_dir(args.policies)
         config = runner_config_from_env(args.cluster)
 
+    from auditor.cli.storeopts import command_settings, open_store
     from auditor.engine import run_audit
-    from auditor.store import Store
 
+    settings = command_settings(args)  # the store: --db, GPU_AUDITOR_DATABASE_URL, the settings file
     resolver, api = _resolver(args)
     try:
         source = source_from_args(args)
         try:
-            store = Store.open(args.db)
+            store = open_store(settings)
             try:
                 result = run_audit(source, resolver, store, window, now=now, width=width, progress=log.info)
                 decisions = []

@@ -14,11 +14,15 @@ import json
 from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
+from auditor.cli.storeopts import add_store_flags
 from auditor.core.metrics import Metric
-from auditor.core.model import Bucket
+from auditor.core.model import Bucket, JobRef
 from auditor.errors import BadInput
+
+if TYPE_CHECKING:
+    from auditor.store import Store
 
 BARS = "▁▂▃▄▅▆▇█"
 NO_DATA = " "
@@ -39,11 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="show the numbers and time windows behind one job's verdict",
         description=(
             "Print one audited job's verdict, findings with their evidence, per-GPU means and a per-bucket "
-            "picture of GPU utilization against SM activity, from the store. Exit 1 if the job is not in the store."
+            "picture of GPU utilization against SM activity, from the store. A pod of an audited job "
+            "(NAMESPACE/Pod/NAME) explains that job. Exit 1 if the job is not in the store."
         ),
     )
     p.add_argument("job", metavar="NAMESPACE/KIND/NAME", help="e.g. team-a/Pod/train-0 or ml/Job/bert-finetune")
-    p.add_argument("--db", metavar="URL", help="store: sqlite:///path or postgresql://... (default: the user's SQLite file)")
+    add_store_flags(p)
     p.add_argument("--cluster", metavar="NAME", help="the job's cluster, where several share one store")
     p.add_argument("--png", metavar="FILE", help="also draw the time series into a PNG file")
     p.add_argument("--output", choices=("text", "json"), default="text", help="text (default), or the summary and buckets as JSON")
@@ -57,23 +62,47 @@ def parse_ref(text: str) -> tuple[str, str, str]:
     return parts[0], parts[1], parts[2]
 
 
+def _owner_of_pod(store: "Store", namespace: str, pod: str, cluster: str | None) -> tuple[int, JobRef] | None:
+    """The audited job that pod ``namespace/pod`` belonged to (None: no stored bucket of it).
+
+    A pod name reused by several jobs (a StatefulSet's ``-0`` across re-creations) is ambiguous:
+    :class:`BadInput` listing the jobs, so the user picks one.
+    """
+    owners = store.jobs_of_pod(namespace, pod, cluster)
+    if len(owners) > 1:
+        names = ", ".join(f"{_ref(j)} (cluster {j.cluster})" for _, j in owners)
+        raise BadInput(f"pod {namespace}/{pod} belonged to several audited jobs: {names}; explain one of them")
+    return owners[0] if owners else None
+
+
+def _ref(job: JobRef) -> str:
+    return f"{job.namespace}/{job.kind}/{job.name}"
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from auditor.store import Store
+    from auditor.cli.storeopts import command_settings, open_store, require_jobs
 
     namespace, kind, name = parse_ref(args.job)
     if args.png and not Path(args.png).parent.exists():
         raise BadInput(f"--png {args.png}: directory {Path(args.png).parent} does not exist")
-    store = Store.open(args.db)
+    store = open_store(command_settings(args))
     try:
+        require_jobs(store, args.cluster)
         found = store.find_job(namespace, kind, name, args.cluster)
         if found is None and kind[:1].islower():
             kind = kind[:1].upper() + kind[1:]
             found = store.find_job(namespace, kind, name, args.cluster)
+        if found is None and kind.lower() == "pod":
+            found = _owner_of_pod(store, namespace, name, args.cluster)
+            if found is not None:
+                owner = found[1]
+                print(f"gpu-auditor: pod {namespace}/{name} belongs to the audited job {_ref(owner)} "
+                      f"(cluster {owner.cluster}): explaining that job", file=sys.stderr)
         if found is None:
             print(
-                f"gpu-auditor: no audited job {namespace}/{kind}/{name} in the store"
+                f"gpu-auditor: no audited job {namespace}/{kind}/{name} in store {store.display_url}"
                 + (f" (cluster {args.cluster})" if args.cluster else "")
                 + "; run `gpu-auditor audit` over its time range first",
                 file=sys.stderr,

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Mapping, Sequence
 
+from auditor.cli.storeopts import add_store_flags
 from auditor.errors import BadInput
 from auditor.timeparse import parse_duration
 
@@ -31,8 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     v.set_defaults(handler=validate)
     s = sub.add_parser("simulate", help="backtest: which jobs each policy would have hit, with which actions (no side effects)")
     s.add_argument("--since", default="7d", metavar="DURATION", help="how far back (default 7d)")
-    s.add_argument("--db", metavar="URL", help="store: sqlite:///path or postgresql://... (default: the user's SQLite file)")
-    s.add_argument("--policies", metavar="DIR", help=f"policies to try (default: the shipped ones, {DEFAULT_POLICIES})")
+    add_store_flags(s)
+    s.add_argument("--policies", metavar="DIR",
+                   help="policies to try (default: the operator's, from the settings: the shipped ones and policies.dir)")
     s.add_argument("--output", choices=("text", "json"), default="text")
     s.set_defaults(handler=simulate)
 
@@ -64,22 +66,29 @@ def validate(args: argparse.Namespace) -> int:
 
 
 def simulate(args: argparse.Namespace) -> int:
+    """Backtest over the store and the policies the operator uses (its settings sources), unless
+    ``--db``/``--policies`` name others; a store without jobs is an error (exit 1)."""
+    from auditor.cli.storeopts import command_settings, open_store, require_jobs
+    from auditor.operator_loop.policies import policy_files
     from auditor.policy.backtest import simulate as backtest
-    from auditor.policy.loader import load_dir
-    from auditor.store import Store
+    from auditor.policy.loader import load_dir, load_files
 
     since = parse_duration(args.since, what="--since")
-    policies = load_dir(args.policies or DEFAULT_POLICIES)
+    settings = command_settings(args)
+    policies = load_dir(args.policies) if args.policies else load_files(policy_files(settings))
+    if not policies:
+        raise BadInput("no policies to simulate (give --policies DIR, or set policies.dir / policies.builtin)")
     now = datetime.now(timezone.utc)
-    store = Store.open(args.db)
+    store = open_store(settings)
     try:
-        result = backtest(store, policies, since=now - since, until=now)
+        require_jobs(store)
+        result = {"store": store.display_url, **backtest(store, policies, since=now - since, until=now)}
     finally:
         store.close()
     if args.output == "json":
         print(json.dumps(result, indent=2, default=str))
         return 0
-    print(f"backtest over {result['jobs']} stored job(s) since {result['since']} (no side effects)")
+    print(f"backtest over {result['jobs']} stored job(s) since {result['since']} in store {result['store']} (no side effects)")
     for name, pol in result["policies"].items():
         print(f"\n{name} (mode {pol['mode']}): {len(pol['hits'])} job(s) hit, {pol['alerts']} alert(s), {pol['requeues']} requeue(s)")
         for day, c in sorted(pol["per_day"].items()):

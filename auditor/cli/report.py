@@ -10,6 +10,11 @@ writes into DIR (several formats: ``--format html,csv``):
 - json: ``report-<week>[-<team>].json`` (the document every other format renders)
 
 and prints the paths written. Any past week renders as long as the store still holds it.
+
+The store and the report options (time zone, prices, currency, top N) come from the operator's
+settings sources (:mod:`auditor.cli.storeopts`); flags win. Every report names the store it read
+(password masked). A store without any job is an error (exit 1); a week without jobs in a
+store that has some is an empty report (exit 0, with a note on stderr).
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from typing import Any
+
+from auditor.cli.storeopts import add_store_flags
 from auditor.errors import BadInput
 
 FORMATS = ("html", "csv", "md", "json")
@@ -55,33 +63,47 @@ def _slug(team: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", team).strip("_") or "team"
 
 
-def _handle(args: argparse.Namespace) -> int:
+def _options(args: argparse.Namespace, settings: Any) -> Any:
+    """The settings' ``reports`` section (what the operator's weekly reports use), flags over it."""
     from auditor.reports.aggregate import Prices
+    from auditor.reports.service import options_from
+
+    base = options_from(settings.reports)
+    over: dict[str, Any] = {"cluster": args.cluster}
+    if args.timezone is not None:
+        over["timezone"] = args.timezone
+    if args.top is not None:
+        if args.top < 0:
+            raise BadInput("--top must be 0 or more")
+        over["top_n"] = args.top
+    if args.price:
+        per, default = _prices(args.price)
+        over["prices"] = Prices(per, default, args.currency or base.prices.currency)
+    elif args.currency is not None:
+        over["prices"] = Prices(base.prices.per_model, base.prices.default, args.currency)
+    return options_from(settings.reports, **over)
+
+
+def _handle(args: argparse.Namespace) -> int:
+    from auditor.cli.storeopts import command_settings, open_store, require_jobs
     from auditor.reports.formats import teams_csv, to_json, to_markdown, write_jobs_csv
-    from auditor.reports.service import ReportOptions, generate, iter_jobs
-    from auditor.reports.weeks import IsoWeek, zone
-    from auditor.store import Store
+    from auditor.reports.service import generate, iter_jobs
+    from auditor.reports.weeks import IsoWeek
 
     week = IsoWeek.parse(args.week)
     formats = _formats(args.format)
-    zone(args.timezone)
-    if args.top < 0:
-        raise BadInput("--top must be 0 or more")
-    per, default = _prices(args.price or [])
-    opts = ReportOptions(
-        timezone=args.timezone,
-        prices=Prices(per, default, args.currency),
-        top_n=args.top,
-        cluster=args.cluster,
-    )
+    settings = command_settings(args)
+    opts = _options(args, settings)  # a bad --timezone, --price or --top is refused here (exit 2)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     suffix = f"{week}" + (f"-{_slug(args.team)}" if args.team else "")
     now = datetime.now(timezone.utc).replace(microsecond=0)
     written: list[Path] = []
-    store = Store.open(args.db)
+    store = open_store(settings)
     try:
+        require_jobs(store, args.cluster)
         report = generate(store, week, now=now, options=opts, team=args.team)
+        report["store"] = store.display_url
         if "json" in formats:
             p = out / f"report-{suffix}.json"
             p.write_text(to_json(report), encoding="utf-8")
@@ -109,7 +131,7 @@ def _handle(args: argparse.Namespace) -> int:
     for p in written:
         print(p)
     if not report["total"]["jobs"]:
-        print(f"report: {report['total']['note']}", file=sys.stderr)
+        print(f"report: {report['total']['note']} (store {report['store']})", file=sys.stderr)
     return 0
 
 
@@ -123,10 +145,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--team", metavar="T", help="only this team (default: every team, and the cluster total)")
     p.add_argument("--format", default="html", metavar="FMT", help="html (default), csv, md, json; comma-separated for several")
     p.add_argument("--out", default=".", metavar="DIR", help="output directory (default: .)")
-    p.add_argument("--db", metavar="URL", help="store: sqlite:///path or postgresql://... (default: the user's SQLite file)")
+    add_store_flags(p)
     p.add_argument("--cluster", metavar="NAME", help="only this cluster, where several share one store")
-    p.add_argument("--timezone", default="UTC", metavar="TZ", help="the week's time zone (IANA name; default UTC)")
-    p.add_argument("--price", action="append", metavar="MODEL=PRICE", help="price per GPU-hour of a GPU model; default=PRICE for the rest (repeatable)")
-    p.add_argument("--currency", default="USD", help="currency of --price (default USD)")
-    p.add_argument("--top", type=int, default=10, metavar="N", help="most wasteful jobs listed per team (default 10)")
+    p.add_argument("--timezone", metavar="TZ", help="the week's time zone (IANA name; default: settings reports.timezone, UTC)")
+    p.add_argument("--price", action="append", metavar="MODEL=PRICE",
+                   help="price per GPU-hour of a GPU model; default=PRICE for the rest (repeatable; default: settings reports.prices)")
+    p.add_argument("--currency", help="currency of the prices (default: settings reports.currency, USD)")
+    p.add_argument("--top", type=int, metavar="N", help="most wasteful jobs listed per team (default: settings reports.top_n, 10)")
     p.set_defaults(handler=_handle)

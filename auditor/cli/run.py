@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from auditor.cli.audit import add_prometheus_flags
+from auditor.cli.storeopts import CONFIG_HELP
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "audits. Exit codes: 0 done, 1 failed, 2 bad usage or settings."
         ),
     )
-    p.add_argument("--config", metavar="FILE", help="settings file (YAML; docs/operator.md lists the keys)")
+    p.add_argument("--config", metavar="FILE", help=f"{CONFIG_HELP}; docs/operator.md lists the keys")
     p.add_argument("--once", action="store_true", help="run one cycle (taking the Lease) and exit")
     p.add_argument("--output", choices=("table", "json"), default="table",
                    help="with --once: print the touched jobs as a table (default) or as audit JSON")
@@ -90,9 +91,9 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from auditor.operator_loop import Operator
-    from auditor.settings import load_settings
+    from auditor.settings import load_cli_settings
 
-    settings = load_settings(args.config, overrides=overrides_from_args(args))
+    settings = load_cli_settings(args.config, overrides=overrides_from_args(args))
     logging.getLogger().setLevel(min(logging.getLogger().level or logging.WARNING,
                                      getattr(logging, settings.log_level.upper())))
     token = None

@@ -106,7 +106,8 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         "",
         f"ISO week {report['week']}: {report['start']} – {report['end']} ({report['timezone']}, {report['hours_in_week']} h)"
         + (f", cluster {_md_escape(report['cluster'])}" if report["cluster"] else "")
-        + f". Generated {report['generated_at']}.",
+        + f". Generated {report['generated_at']}"
+        + (f" from store {_md_escape(report['store'])}." if report.get("store") else "."),
         "",
     ]
     if t["note"]:

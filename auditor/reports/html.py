@@ -46,7 +46,7 @@ _TEMPLATE = """<!DOCTYPE html>
 <title>{{ title }}</title>
 <style>{{ css }}</style></head><body>
 <h1>{{ title }}</h1>
-<p class="sub">ISO week <b data-k="week">{{ r.week }}</b> · {{ r.start }} – {{ r.end }} ({{ r.timezone }}, {{ r.hours_in_week }} h){% if r.cluster %} · cluster {{ r.cluster }}{% endif %} · generated {{ r.generated_at }}</p>
+<p class="sub">ISO week <b data-k="week">{{ r.week }}</b> · {{ r.start }} – {{ r.end }} ({{ r.timezone }}, {{ r.hours_in_week }} h){% if r.cluster %} · cluster {{ r.cluster }}{% endif %} · generated {{ r.generated_at }}{% if r.store is defined and r.store %} from store <span data-k="store">{{ r.store }}</span>{% endif %}</p>
 {% macro kpis(t) -%}
 <div class="kpis">
 {% for key, label, kind in figures %}<div class="kpi"><b data-k="{{ key }}">{{ f(kind, t[key]) }}</b><span>{{ label }}</span></div>{% endfor %}

@@ -305,10 +305,24 @@ class DecisionStore:
         with self.store._guard("read decisions"), self.store._connect() as conn:
             return [dict(r._mapping) for r in conn.execute(q.order_by(decisions.c.id))]
 
-    def actions(self, *, job: JobIdent | None = None) -> list[ActionRow]:
+    def actions(
+        self,
+        *,
+        job: JobIdent | None = None,
+        since: datetime | None = None,
+        states: Iterable[str] | None = None,
+        cluster: str | None = None,
+    ) -> list[ActionRow]:
+        """Recorded actions, oldest first; ``since`` keeps those created or updated from then on."""
         q = sa.select(actions)
         if job is not None:
             q = q.where(job.where(actions))
+        if since is not None:
+            q = q.where(sa.or_(actions.c.created_at >= since, actions.c.updated_at >= since))
+        if states is not None:
+            q = q.where(actions.c.state.in_(list(states)))
+        if cluster is not None:
+            q = q.where(actions.c.cluster == cluster)
         with self.store._guard("read actions"), self.store._connect() as conn:
             return [_action(r) for r in conn.execute(q.order_by(actions.c.id))]
 

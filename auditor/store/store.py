@@ -269,6 +269,31 @@ class Store:
         r = rows[0]
         return int(r["id"]), _job_ref(r)
 
+    def job_count(self, cluster: str | None = None) -> int:
+        """How many jobs the store holds (in ``cluster`` when given): 0 tells a command that it
+        reads the wrong store (or one no audit has written yet), not that nothing ran."""
+        q = sa.select(sa.func.count()).select_from(_jobs)
+        if cluster is not None:
+            q = q.where(_jobs.c.cluster == cluster)
+        with self._guard("count jobs"), self._connect() as conn:
+            return int(conn.execute(q).scalar_one())
+
+    def jobs_of_pod(self, namespace: str, pod: str, cluster: str | None = None) -> list[tuple[int, JobRef]]:
+        """The jobs whose stored buckets come from pod ``namespace/pod`` (a pod name reused by
+        later jobs gives several), newest first.
+
+        Only the jobs of that namespace are searched, each through the bucket key's ``job_id``
+        prefix (stopping at its first bucket of the pod): the rollup of other namespaces is never read.
+        """
+        b, j = _buckets.c, _jobs.c
+        has_pod = sa.exists().where(b.job_id == j.id, b.pod_namespace == namespace, b.pod_name == pod)
+        q = sa.select(_jobs).where(j.namespace == namespace, has_pod)
+        if cluster is not None:
+            q = q.where(j.cluster == cluster)
+        with self._guard(f"find the jobs of pod {namespace}/{pod}"), self._connect() as conn:
+            rows = conn.execute(q.order_by(j.last_seen.desc(), j.id.desc())).mappings().all()
+        return [(int(r["id"]), _job_ref(r)) for r in rows]
+
     # ------------------------------------------------------------------ buckets
 
     def replace_buckets(self, job_id: int, buckets: Sequence[Bucket]) -> None:
