@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -39,6 +39,18 @@ class OperatorMetrics:
         self.prometheus_queries = Counter("gpu_auditor_prometheus_queries", "Prometheus queries made", registry=r)
         self.kube_requests = Gauge("gpu_auditor_kube_api_requests", "Kubernetes API requests made since start", registry=r)
         self.window_seconds = Gauge("gpu_auditor_cycle_window_seconds", "Length of the last cycle's window", registry=r)
+        self.alerts_undelivered = Counter(
+            "gpu_auditor_policy_alerts_undelivered",
+            "Policy alerts recorded as skipped, by team and reason (no_destination: no Slack or webhook route for the team)",
+            ["team", "reason"], registry=r,
+        )
+
+    def count_undelivered(self, decisions: Iterable[Any]) -> None:
+        """Count the cycle's alerts that went nowhere (a team label: teams are few, unlike jobs)."""
+        for d in decisions:
+            result = d.results.get("notify")
+            if isinstance(result, dict) and result.get("skipped") and result.get("reason"):
+                self.alerts_undelivered.labels(team=result.get("team") or "", reason=result["reason"]).inc()
 
 
 class HealthServer:

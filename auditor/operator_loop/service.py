@@ -212,6 +212,7 @@ class Operator:
         m.final_summaries.inc(len(result.finalized))
         m.gpu_jobs.set(result.jobs_seen)
         m.prometheus_queries.inc(result.queries)
+        m.count_undelivered(result.decisions)
         m.window_seconds.set(result.window.seconds if result.window else 0)
         m.last_cycle.set(time.time())
         m.last_success.set(time.time())

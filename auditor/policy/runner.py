@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 #: read this much before a sustained window, so its first bucket is whole whatever the width
 _READ_MARGIN = timedelta(hours=1)
+#: ``reason`` of a notification recorded as skipped because its team has no destination
+NO_DESTINATION = "no_destination"
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,8 @@ class PolicyRunner:
         self.kube = kube
         self.config = config or RunnerConfig()
         self._sleep = sleep
+        #: teams already warned about having no alert destination (once per team and process)
+        self._unrouted: set[str] = set()
         self._repo = None
         if store is not None:
             from auditor.store.decisions import DecisionStore
@@ -331,7 +335,7 @@ class PolicyRunner:
     def _notify(self, policy: Policy, summary: dict, reason: str, evidence: dict, key: str, now: datetime) -> dict:
         route = self._route(summary.get("team"))
         if not route.slack_url and not route.webhook_url:
-            return {"ok": False, "skipped": True, "why": "no destination for this team"}
+            return self._unrouted_alert(str(summary.get("team") or ""), policy)
         kw = {"retry": self.config.retry}
         if self._sleep is not None:
             kw["sleep"] = self._sleep
@@ -363,6 +367,18 @@ class PolicyRunner:
         if errs:
             out["error"] = "; ".join(errs)
         return out
+
+    def _unrouted_alert(self, team: str, policy: Policy) -> dict:
+        """The result of an alert that has nowhere to go: recorded as skipped (``reason``
+        :data:`NO_DESTINATION`, the operator counts it), and a warning the first time per team,
+        since every later alert of that team is lost the same way until a route is configured."""
+        why = (f"no destination for team {team or '(none)'}: set notifications.routes.{team or '<team>'} "
+               "or a default notifications.slack / notifications.webhook")
+        if team not in self._unrouted:
+            self._unrouted.add(team)
+            log.warning("policy %s: alerts of team %s are not delivered (%s); they are recorded as skipped",
+                        policy.name, team or "(none)", why)
+        return {"ok": False, "skipped": True, "reason": NO_DESTINATION, "team": team, "why": why}
 
     def _requeue(self, key: str, policy: Policy, summary: dict, reason: str, now: datetime) -> dict:
         from auditor.actions.kube import RequeueRefused
