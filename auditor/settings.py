@@ -33,8 +33,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError, field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
+from auditor.core.thresholds import ThresholdError, Thresholds
 from auditor.errors import BadInput
 from auditor.timeparse import parse_duration
 
@@ -68,6 +73,20 @@ def _duration(value: Any) -> timedelta:
 
 
 Duration = Annotated[timedelta, BeforeValidator(_duration)]
+
+
+def _thresholds(value: Any) -> Thresholds:
+    """The ``thresholds:`` section, checked by the core's own rules (units, ranges, ordered pairs:
+    :meth:`Thresholds.from_mapping`), so the settings file and the library cannot disagree."""
+    if isinstance(value, Thresholds):
+        return value
+    try:
+        return Thresholds.from_mapping(value)
+    except ThresholdError as exc:
+        raise PydanticCustomError("threshold", "{reason}", {"key": exc.key, "reason": exc.reason}) from None
+
+
+ThresholdSection = Annotated[Thresholds, PlainValidator(_thresholds), PlainSerializer(Thresholds.as_dict)]
 
 
 class _Section(BaseModel):
@@ -232,6 +251,8 @@ class Settings(_Section):
     notifications: NotificationsSettings = Field(default_factory=NotificationsSettings)
     reports: ReportsSettings = Field(default_factory=ReportsSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    #: the verdict thresholds (auditor/core/thresholds.py, docs/verdicts.md "Tuning")
+    thresholds: ThresholdSection = Field(default_factory=Thresholds)
 
     @field_validator("team_sources")
     @classmethod
@@ -358,9 +379,12 @@ def _describe(exc: ValidationError, origin: str, env: bool = False) -> str:
     unknown key``."""
     lines = []
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        loc = tuple(err["loc"])
+        if err["type"] == "threshold" and err["ctx"]["key"]:  # the key inside the section
+            loc += tuple(err["ctx"]["key"].split("."))
+        key = ".".join(str(p) for p in loc) or "(top level)"
         if env:
-            key = f"{key} (variable {_env_name(err['loc'])})"
+            key = f"{key} (variable {_env_name(loc)})"
         if err["type"] == "extra_forbidden":
             parent = ".".join(str(p) for p in err["loc"][:-1])
             lines.append(f"{origin}: unknown key {key}" + (f" in section {parent!r}" if parent else ""))

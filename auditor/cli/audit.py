@@ -190,14 +190,16 @@ def run(args: argparse.Namespace) -> int:
     from auditor.cli.storeopts import command_settings, open_store
     from auditor.engine import run_audit
 
-    settings = command_settings(args)  # the store: --db, GPU_AUDITOR_DATABASE_URL, the settings file
+    # the store (--db, GPU_AUDITOR_DATABASE_URL, the settings file) and the verdict thresholds
+    settings = command_settings(args)
     resolver, api = _resolver(args)
     try:
         source = source_from_args(args)
         try:
             store = open_store(settings)
             try:
-                result = run_audit(source, resolver, store, window, now=now, width=width, progress=log.info)
+                result = run_audit(source, resolver, store, window, now=now, width=width, progress=log.info,
+                                   thresholds=settings.thresholds)
                 decisions = []
                 if policies is not None:
                     from auditor.policy.runner import PolicyRunner

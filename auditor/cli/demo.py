@@ -23,6 +23,7 @@ from pathlib import Path
 
 from auditor.core.metrics import Metric
 from auditor.core.model import GpuId, JobRef, PodRef, Window
+from auditor.core.thresholds import Thresholds
 from auditor.correlate import StaticResolver
 from auditor.traces import Trace, TraceJob, fake_uuid, load_trace, make_gpus
 
@@ -100,8 +101,12 @@ def scenario(now: datetime, *, interval: timedelta = timedelta(seconds=30)) -> S
     )
 
 
-def run_demo(out_dir: Path, *, now: datetime | None = None, html: bool = True, progress=None) -> list[dict]:
-    """Replay, audit, store, and write the page; returns the summaries (most waste first)."""
+def run_demo(out_dir: Path, *, now: datetime | None = None, html: bool = True, progress=None,
+             thresholds: "Thresholds | None" = None) -> list[dict]:
+    """Replay, audit, store, and write the page; returns the summaries (most waste first).
+
+    ``thresholds`` are the verdict thresholds (default: the built-in ones), so that a tuning can
+    be tried on the bundled traces before it reaches the operator."""
     from auditor.engine import run_audit
     from auditor.sources.replay import ReplaySource
     from auditor.store import Store
@@ -117,7 +122,7 @@ def run_demo(out_dir: Path, *, now: datetime | None = None, html: bool = True, p
     say(f"store: {db}")
     store = Store.open(f"sqlite:///{db.resolve()}")
     try:
-        result = run_audit(source, sc.resolver, store, sc.window, now=now, progress=say)
+        result = run_audit(source, sc.resolver, store, sc.window, now=now, progress=say, thresholds=thresholds)
     finally:
         store.close()
     (out_dir / "summaries.json").write_text(json.dumps(result.summaries, indent=2) + "\n", encoding="utf-8")
@@ -154,6 +159,10 @@ def run_demo(out_dir: Path, *, now: datetime | None = None, html: bool = True, p
 
 def _handle(args: argparse.Namespace) -> int:
     from auditor.render.table import format_table
+    from auditor.settings import load_cli_settings
+
+    # only the thresholds are used: the demo has its own store and no cluster
+    thresholds = load_cli_settings(args.config).thresholds
 
     t0 = time.monotonic()
     out = Path(args.out)
@@ -162,7 +171,7 @@ def _handle(args: argparse.Namespace) -> int:
         print(f"demo: {msg}", file=sys.stderr, flush=True)
 
     say("replaying the bundled H200 traces as a small cluster (13 pods, 12 jobs, 4 teams)")
-    summaries = run_demo(out, html=not args.no_html, progress=say)
+    summaries = run_demo(out, html=not args.no_html, progress=say, thresholds=thresholds)
     sys.stdout.write(format_table(summaries))
     say(f"wrote {out / 'demo.sqlite'}, {out / 'summaries.json'}" + ("" if args.no_html else f", {out / 'index.html'}, {out / 'weekly-report.html'}"))
     say(f"done in {time.monotonic() - t0:.1f} s")
@@ -177,4 +186,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", default="demo-out", metavar="DIR", help="output directory (default: ./demo-out)")
     p.add_argument("--no-html", action="store_true", help="skip the HTML page (faster)")
+    p.add_argument("--config", metavar="FILE",
+                   help="settings file whose thresholds: section the verdicts use (default: $GPU_AUDITOR_CONFIG, "
+                        "else /etc/gpu-auditor/settings.yaml when it exists; GPU_AUDITOR_THRESHOLDS__* apply too)")
     p.set_defaults(handler=_handle)

@@ -1,8 +1,8 @@
-"""``gpu-auditor policy validate DIR`` and ``gpu-auditor policy simulate --since 7d``.
+"""``gpu-auditor policy validate FILE|DIR`` and ``gpu-auditor policy simulate --since 7d``.
 
-``validate`` checks every policy file (exit 2 with ``file:line`` on the first bad one) and runs
-the example suites found next to them. ``simulate`` backtests policies over the stored summaries
-and buckets without any side effect.
+``validate`` checks one policy file or every policy file of a directory (exit 2 with
+``file:line`` on the first bad one) and runs the example suites found next to them.
+``simulate`` backtests policies over the stored summaries and buckets without any side effect.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("policy", help="validate policies, or backtest them over stored history")
     sub = p.add_subparsers(dest="policy_command", metavar="COMMAND", required=True)
     v = sub.add_parser("validate", help="check policy files (exit 2 with file:line on an error)")
-    v.add_argument("dir", metavar="DIR", help="directory of policy YAML files (searched recursively)")
+    v.add_argument("path", metavar="FILE|DIR", help="a policy file, or a directory of policy YAML files (searched recursively)")
     v.add_argument("--no-suites", action="store_true", help="do not run the example suites (suite.yaml)")
     v.set_defaults(handler=validate)
     s = sub.add_parser("simulate", help="backtest: which jobs each policy would have hit, with which actions (no side effects)")
@@ -41,17 +41,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def validate(args: argparse.Namespace) -> int:
     from auditor.policy.examples import run_suite
-    from auditor.policy.loader import load_dir, read_dir
+    from auditor.policy.loader import load_files, parse_policies, read_path
 
-    policies = load_dir(args.dir)
+    files = read_path(args.path)
+    if not files:
+        raise BadInput(f"{args.path}: no policy files (*.yaml, *.yml) in it")
+    policies = load_files(files)
     failures: list[str] = []
     if not args.no_suites:
-        by_file: dict[str, list] = {}
-        from auditor.policy.loader import parse_policies
-
-        for path, text in read_dir(args.dir).items():
-            by_file[path] = parse_policies(text, path)
-        for path, ps in by_file.items():
+        for path, text in files.items():
+            ps = parse_policies(text, path)
             suite = Path(path).with_name("suite.yaml")
             if suite.exists() and len(ps) == 1:
                 failures += run_suite(ps[0], suite)

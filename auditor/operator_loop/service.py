@@ -96,6 +96,7 @@ class Operator:
             store=self.store, source=self.source, resolver=self.resolver, cluster=settings.cluster,
             width=settings.bucket_width, max_lookback=settings.max_lookback,
             catch_up_chunk=settings.catch_up_chunk, holder=self.identity, still_leader=self.is_leader,
+            thresholds=settings.thresholds,
         )
         self.policies = PolicyStage(settings, self.store, self.api, self.identity) if (
             settings.policies.builtin or settings.policies.dir) else None

@@ -92,7 +92,8 @@ def test_settings_file(chart: Chart):
     assert s["leader_election"]["namespace"] == "gpu-auditor"
     assert s["leader_election"]["lease_name"] == "gpu-auditor-leader"
     assert s["features"]["requeue"] is True
-    assert s["thresholds"] == {"low_sm_efficiency": {"sm_active_below": 0.25}}  # extraSettings merged
+    assert s["thresholds"] == {"low_sm": 0.25, "power_floor_w": {"RTX 6000 Ada": 100}}  # test_examples_load.py loads it
+    assert s["max_lookback"] == "3d"  # extraSettings merged
     # the variables the chart sets are the ones `gpu-auditor audit --policies --act` reads
     from auditor.policy.config import chart_notifications
 
