@@ -141,6 +141,12 @@ def _fold_cumulative(
     return view
 
 
+def _cluster_of(resolver: JobResolver) -> dict[str, str]:
+    """The run's cluster, for its record: retention prunes runs by cluster (several may share a store)."""
+    cluster = getattr(resolver, "cluster", None)
+    return {"cluster": cluster} if isinstance(cluster, str) and cluster else {}
+
+
 def run_audit(
     source: MetricSource,
     resolver: JobResolver,
@@ -273,6 +279,7 @@ def _run_audit(
                     "unattributed_pods": len(unattributed),
                     "width_s": width.total_seconds(),
                     "thresholds": th.as_dict(),
+                    **_cluster_of(resolver),
                 },
             )
         return AuditResult(summaries=summaries, report=report, run_id=run_id)
@@ -286,7 +293,7 @@ def _run_audit(
                     jobs=0,
                     queries=0,
                     status="failed",
-                    detail={"error": f"{type(exc).__name__}: {exc}"},
+                    detail={"error": f"{type(exc).__name__}: {exc}", **_cluster_of(resolver)},
                 )
             except Exception:  # the original error matters more than the bookkeeping
                 log.warning("could not record the failed audit run", exc_info=True)

@@ -443,7 +443,7 @@ class PolicyRunner:
                 d.results["reactivate"] = {"state": "retry", "error": str(exc)}
             out.append(d)
         policies = {p.name: p for p in self.policies}
-        for row in repo.stale_claims(now, self.config.stale_claim_after):
+        for row in repo.stale_claims(now, self.config.stale_claim_after, cluster=self.config.cluster):
             decision = next((x for x in repo.decisions(job=row.job) if x["id"] == row.decision_id), None)
             policy = policies.get(row.policy)
             if decision is None or policy is None:

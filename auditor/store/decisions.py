@@ -326,9 +326,13 @@ class DecisionStore:
         with self.store._guard("read actions"), self.store._connect() as conn:
             return [_action(r) for r in conn.execute(q.order_by(actions.c.id))]
 
-    def stale_claims(self, now: datetime, older_than: timedelta) -> list[ActionRow]:
-        """Actions claimed but never finished (the process died in between): to resume."""
-        q = sa.select(actions).where(actions.c.state == CLAIMED, actions.c.updated_at < now - older_than)
+    def stale_claims(self, now: datetime, older_than: timedelta, *, cluster: str) -> list[ActionRow]:
+        """Actions of ``cluster`` claimed but never finished (the process died in between): to
+        resume. Only that cluster's: its operator resumes them against its own API server, so
+        it must never pick up another cluster's sharing the store."""
+        q = sa.select(actions).where(
+            actions.c.cluster == cluster, actions.c.state == CLAIMED, actions.c.updated_at < now - older_than
+        )
         with self.store._guard("read actions"), self.store._connect() as conn:
             return [_action(r) for r in conn.execute(q.order_by(actions.c.id))]
 

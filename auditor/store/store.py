@@ -481,42 +481,17 @@ class Store:
             run_id = conn.execute(stmt).scalar_one()
             return int(run_id)
 
-    def apply_retention(self, now: datetime, *, bucket_retention: timedelta, summary_retention: timedelta) -> int:
-        """Delete what has aged out; return the number of rows deleted.
+    def apply_retention(
+        self, now: datetime, *, bucket_retention: timedelta, summary_retention: timedelta, cluster: str | None = None
+    ) -> int:
+        """Delete what has aged out at ``now`` for ``cluster`` (None: every cluster); return the
+        number of rows deleted. The rules per table are :mod:`auditor.store.retention`'s."""
+        from auditor.store.retention import Retention, prune
 
-        Buckets whose end is at least ``bucket_retention`` before ``now``; summaries whose job
-        span ended (or, without a span, that were computed) at least ``summary_retention`` before
-        ``now``, audit runs finished that long ago, and then the jobs last seen that long ago that
-        have neither buckets nor a summary left.
-        """
-        with self._guard("apply retention"):
-            _aware(now, "now")
         for label, value in (("bucket_retention", bucket_retention), ("summary_retention", summary_retention)):
             if not isinstance(value, timedelta) or value <= timedelta(0):
                 raise BadInput(f"{label} must be positive, got {value}")
-        b_cut = now - bucket_retention
-        s_cut = now - summary_retention
-        s = _summaries.c
-        statements = [
-            sa.delete(_buckets).where(_buckets.c.end <= b_cut),
-            sa.delete(_summaries).where(
-                sa.or_(
-                    sa.and_(s.end.is_not(None), s.end <= s_cut),
-                    sa.and_(s.end.is_(None), s.computed_at <= s_cut),
-                )
-            ),
-            sa.delete(_runs).where(_runs.c.finished <= s_cut),
-            sa.delete(_jobs).where(
-                _jobs.c.last_seen <= s_cut,
-                ~sa.exists().where(_buckets.c.job_id == _jobs.c.id),
-                ~sa.exists().where(_summaries.c.job_id == _jobs.c.id),
-            ),
-        ]
-        deleted = 0
-        with self._guard("apply retention"), self._connect(write=True) as conn:
-            for stmt in statements:
-                deleted += conn.execute(stmt).rowcount or 0
-        return deleted
+        return prune(self, now, Retention(bucket_retention, summary_retention), cluster=cluster).total
 
     # ------------------------------------------------------------------ operator state
     # Added for the operator (issue 4): its cycle cursor is the last run it recorded, and a job's
