@@ -22,7 +22,7 @@ from auditor.errors import BadInput
 from auditor.store import Store
 from auditor.store.decisions import DONE, WAITING, DecisionStore, JobIdent
 from auditor.store.reports import ReportStore
-from auditor.store.retention import DELIVERY_FLOOR, OPERATOR_ORIGIN, TABLE_ORDER, Retention, prune
+from auditor.store.retention import DELIVERY_FLOOR, FINAL_STATES, OPERATOR_ORIGIN, TABLE_ORDER, Retention, prune
 
 UTC = timezone.utc
 NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
@@ -255,3 +255,42 @@ def test_store_prune_command_reads_the_settings_and_prints_per_table(store: Stor
 
     assert main(["store", "prune", "--config", str(config), "--cluster", "", "--as-of", as_of]) == 2
     assert main(["store", "prune", "--db", store_url, "--as-of", "yesterday"]) == 2
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_dry_run_counts_exactly_what_the_prune_deletes_on_random_stores(store: Store, store_url: str, seed: int) -> None:
+    """Random ages and states around the cut-offs: the prune deletes what the dry run counted
+    (no cascade deletes more), nothing of the other cluster, and nothing a rule keeps."""
+    import random
+
+    rnd = random.Random(seed)
+
+    def when() -> datetime:
+        return NOW - timedelta(days=rnd.choice([1, 30, 36, 100, 399, 401, 600]))
+
+    for cluster in ("east", "west"):
+        for i in range(12):
+            ended = rnd.random() < 0.5
+            seen = when()
+            _job(store, cluster, f"j{i}", seen=seen, buckets=sorted({when() for _ in range(3)}),
+                 summary_end=rnd.choice([None, seen]), ended=seen if ended else None,
+                 through=rnd.choice([None, when()]))
+            if rnd.random() < 0.7:
+                _episode(store, cluster, f"j{i}", at=when(), close=rnd.random() < 0.6,
+                         state=rnd.choice([DONE, WAITING, "claimed", "failed"]))
+        for _ in range(3):
+            _run(store, cluster, when(), operator=rnd.random() < 0.7, status=rnd.choice(["ok", "failed"]))
+    repo = DecisionStore(store)
+    unfinished = {a.dedup_key for a in repo.actions() if a.state not in FINAL_STATES}
+    before = _counts(store_url)
+    dry = prune(store, NOW, RET, cluster="east", dry_run=True)
+    real = prune(store, NOW, RET, cluster="east")
+    after = _counts(store_url)
+    assert real.deleted == dry.deleted
+    assert after["east"] == {t: before["east"][t] - dry.deleted[t] for t in TABLE_ORDER}
+    assert after["west"] == before["west"]
+    assert prune(store, NOW, RET, cluster="east").total == 0
+    for jid, ref, _first, _last in store.open_jobs("east"):  # running jobs keep what is not folded yet
+        agg = store.aggregate(jid)
+        assert all(b.end > NOW - RET.buckets or (agg is not None and b.start >= agg.through) for b in store.buckets(jid)), ref.name
+    assert unfinished <= {a.dedup_key for a in repo.actions()}  # a restart must still finish these
