@@ -95,6 +95,48 @@ def align_down(t: datetime, width: timedelta) -> datetime:
     return datetime.fromtimestamp(t.timestamp() // step * step, timezone.utc)
 
 
+def _hand_over(
+    store: "Store",
+    owner: JobRef,
+    displaced: list,
+    report: SourceReport,
+    *,
+    now: datetime,
+    interval: float | None,
+    thresholds: Thresholds,
+) -> None:
+    """Another job held GPU time that ``owner``'s write took over (the store's
+    ``replace_buckets``): say so loudly, and re-summarize that job from what it has left, so
+    its GPU-hours are not counted a second time (no buckets left: its summary is dropped).
+
+    Two audits of one window with different resolvers (``--no-kube``: ``Pod/<name>``; through
+    the API: the pod's job) name the same GPU time differently; the newer audit's identity wins.
+    """
+    by_job: dict[int, list] = defaultdict(list)
+    for d in displaced:
+        by_job[d.job_id].append(d)
+    for other_id, items in sorted(by_job.items()):
+        other = store.job(other_id)
+        name = other.key if other is not None else f"#{other_id}"
+        pods = ", ".join(f"{d.namespace}/{d.pod}" for d in items)
+        moved = sum(d.buckets for d in items)
+        msg = (
+            f"GPU time of pod(s) {pods} was stored under job {name}; job {owner.key} now owns it "
+            f"({moved} buckets moved): the same pods were audited under two job identities "
+            "(e.g. --no-kube and --kubeconfig), and GPU time is counted once, under the latest"
+        )
+        log.warning(msg)
+        report.warnings.append(msg)
+        rest = store.buckets(other_id)
+        if other is None or not rest:
+            store.delete_summary(other_id)
+            continue
+        span = Window(min(b.start for b in rest), max(b.end for b in rest))
+        store.save_summary(
+            other_id, summarize_job(other, rest, window=span, now=now, interval=interval, thresholds=thresholds)
+        )
+
+
 def _fold_cumulative(
     store: "Store",
     job_id: int,
@@ -242,7 +284,9 @@ def _run_audit(
             first = max(window.start, min(b.start for b in buckets))
             last = min(window.end, max(b.end for b in buckets))
             job_id = store.upsert_job(job, first, last)
-            store.replace_buckets(job_id, buckets)
+            displaced = store.replace_buckets(job_id, buckets)
+            if displaced:
+                _hand_over(store, job, displaced, report, now=now, interval=interval, thresholds=th)
             if cumulative:
                 agg = _fold_cumulative(store, job_id, buckets, shares, freeze_to=freeze_to, interval=interval or 0.0, now=now)
                 earliest = agg.earliest or window.start

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, GpuId, JobRef, PodRef, Window
 from auditor.errors import BadInput, StoreError
 from auditor.store import urls
-from auditor.store.tables import AggregateRow, AuditRunRow, BucketRow, JobRow, SummaryRow
+from auditor.store.tables import AggregateRow, AuditRunRow, BucketRow, JobRow, PodOwnerRow, SummaryRow
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ _buckets = BucketRow.__table__  # type: ignore[attr-defined]
 _summaries = SummaryRow.__table__  # type: ignore[attr-defined]
 _runs = AuditRunRow.__table__  # type: ignore[attr-defined]
 _aggregates = AggregateRow.__table__  # type: ignore[attr-defined]
+_owners = PodOwnerRow.__table__  # type: ignore[attr-defined]
 
 _BUCKET_KEY = ("job_id", "pod_namespace", "pod_name", "container", "gpu_uuid", "gpu_instance", "metric", "start")
 _BUCKET_VALUES = ("hostname", "gpu_index", "gpu_model", "mig_profile", "end", "total", "count", "minimum", "maximum", "dropped")
@@ -79,6 +81,7 @@ class Store:
         self._local = threading.local()
         self._insert = sqlite_dialect.insert if self._sqlite else pg_dialect.insert
         self._upsert_job_stmt = self._make_upsert_job()
+        self._upsert_owner_stmt = self._make_upsert_owner()
         self._bucket_sql = self._make_bucket_sql()
         # SQLAlchemy's own conversion (UTC, and SQLite's fixed text format), once per distinct time.
         self._time_to_db = _cached(
@@ -93,13 +96,23 @@ class Store:
         return stmt.on_conflict_do_update(
             index_elements=["cluster", "namespace", "kind", "name"],
             set_={
-                "first_seen": sa.case((ex.first_seen < j.first_seen, ex.first_seen), else_=j.first_seen),
-                "last_seen": sa.case((ex.last_seen > j.last_seen, ex.last_seen), else_=j.last_seen),
+                "first_seen": _earlier(ex.first_seen, j.first_seen),
+                "last_seen": _later(ex.last_seen, j.last_seen),
                 "uid": sa.func.coalesce(ex.uid, j.uid),
                 "team": sa.case((ex.team != "", ex.team), else_=j.team),
                 "queue": sa.func.coalesce(ex.queue, j.queue),
             },
         ).returning(j.id)
+
+    def _make_upsert_owner(self) -> sa.Executable:
+        """The ``gpu_pod_owners`` upsert (executemany), widening the stored span of starts."""
+        stmt = self._insert(_owners).values({c: sa.bindparam(c) for c in (
+            "cluster", "pod_namespace", "pod_name", "job_id", "first_start", "last_start")})
+        ex, o = stmt.excluded, _owners.c
+        return stmt.on_conflict_do_update(
+            index_elements=["cluster", "pod_namespace", "pod_name", "job_id"],
+            set_={"first_start": _earlier(ex.first_start, o.first_start), "last_start": _later(ex.last_start, o.last_start)},
+        )
 
     def _make_bucket_sql(self) -> str:
         """The bucket upsert as driver SQL.
@@ -296,15 +309,22 @@ class Store:
 
     # ------------------------------------------------------------------ buckets
 
-    def replace_buckets(self, job_id: int, buckets: Sequence[Bucket]) -> None:
+    def replace_buckets(self, job_id: int, buckets: Sequence[Bucket]) -> list["Displaced"]:
         """Write the buckets of one job; a bucket already stored under the same
         (pod, GPU key, metric, start) is replaced, so re-auditing a window is idempotent.
+
+        GPU time is owned once: where another job of the same cluster holds buckets of the same
+        pod on the same GPU between this write's first and last bucket of that pod (the pod was
+        audited under another identity: ``Pod/<name>`` with ``--no-kube``, ``Job/<name>``
+        through the API), those are removed, and the other job's aggregate with them; the
+        answer lists what was taken over, for the caller to say so and to re-summarize the
+        other job (:class:`Displaced`).
 
         Within one call the last of several buckets with the same key wins. All rows are
         written in one transaction with one executemany: none are written if any is invalid.
         """
         if not buckets:
-            return
+            return []
         to_db = self._time_to_db
         rows: dict[tuple, tuple] = {}
         with self._guard(f"write buckets of job {job_id}"):
@@ -320,6 +340,61 @@ class Store:
             # an aggregate that already folded buckets from here on no longer matches them
             a = _aggregates.c
             conn.execute(sa.delete(_aggregates).where(a.job_id == job_id, a.through > earliest))
+            return self._claim(conn, job_id, buckets)
+
+    def _claim(self, conn: Connection, job_id: int, buckets: Sequence[Bucket]) -> list["Displaced"]:
+        """Record the job as an owner of its pods' GPU time, and take that time over from any
+        other job holding it (see :meth:`replace_buckets`), on the write's transaction.
+
+        The common case (no other owner) costs one executemany and one indexed read per call.
+        """
+        cluster = conn.execute(sa.select(_jobs.c.cluster).where(_jobs.c.id == job_id)).scalar_one_or_none()
+        if cluster is None:
+            raise _Invalid(f"no job with id {job_id}")
+        spans: dict[tuple[str, str], tuple[datetime, datetime, set[tuple[str, str]]]] = {}
+        for bk in buckets:
+            key = (bk.pod.namespace, bk.pod.pod)
+            span = spans.get(key)
+            if span is None:
+                spans[key] = (bk.start, bk.start, {(bk.gpu.uuid, bk.gpu.instance or "")})
+            else:
+                span[2].add((bk.gpu.uuid, bk.gpu.instance or ""))
+                if bk.start < span[0] or bk.start > span[1]:
+                    spans[key] = (min(span[0], bk.start), max(span[1], bk.start), span[2])
+        conn.execute(self._upsert_owner_stmt, [
+            {"cluster": cluster, "pod_namespace": ns, "pod_name": pod, "job_id": job_id, "first_start": lo, "last_start": hi}
+            for (ns, pod), (lo, hi, _) in spans.items()
+        ])
+        o, b = _owners.c, _buckets.c
+        out: list[Displaced] = []
+        names = sorted({pod for _, pod in spans})
+        for i in range(0, len(names), 500):
+            rivals = conn.execute(
+                sa.select(o.job_id, o.pod_namespace, o.pod_name, o.first_start, o.last_start).where(
+                    o.cluster == cluster, o.job_id != job_id, o.pod_name.in_(names[i:i + 500])
+                ).order_by(o.job_id, o.pod_namespace, o.pod_name)
+            ).all()
+            for other, ns, pod, first, last in rivals:
+                span = spans.get((ns, pod))
+                if span is None or last < span[0] or first > span[1]:
+                    continue
+                lo, hi, gpus = span
+                moved = 0
+                for uuid, instance in sorted(gpus):
+                    moved += conn.execute(sa.delete(_buckets).where(
+                        b.job_id == other, b.start >= lo, b.start <= hi, b.pod_namespace == ns, b.pod_name == pod,
+                        b.gpu_uuid == uuid, b.gpu_instance == instance,
+                    )).rowcount or 0
+                if not moved:
+                    continue
+                conn.execute(sa.delete(_aggregates).where(_aggregates.c.job_id == other))
+                left = conn.execute(sa.select(b.start).where(
+                    b.job_id == other, b.pod_namespace == ns, b.pod_name == pod).limit(1)).first()
+                if left is None:
+                    conn.execute(sa.delete(_owners).where(
+                        o.cluster == cluster, o.pod_namespace == ns, o.pod_name == pod, o.job_id == other))
+                out.append(Displaced(other, ns, pod, moved))
+        return out
 
     def buckets(self, job_id: int, window: Window | None = None) -> list[Bucket]:
         """The job's buckets (those overlapping ``window`` when given), in time order."""
@@ -440,6 +515,17 @@ class Store:
         )
         with self._guard("read summaries"), self._connect() as conn:
             return [dict(d) for d in conn.execute(q).scalars()]
+
+    def delete_summary(self, job_id: int) -> bool:
+        """Drop the job's summary (its GPU time went to another job); True if there was one."""
+        with self._guard(f"delete summary of job {job_id}"), self._connect(write=True) as conn:
+            return bool(conn.execute(sa.delete(_summaries).where(_summaries.c.job_id == job_id)).rowcount)
+
+    def job(self, job_id: int) -> JobRef | None:
+        """The job stored under ``job_id``, or None."""
+        with self._guard(f"read job {job_id}"), self._connect() as conn:
+            row = conn.execute(sa.select(_jobs).where(_jobs.c.id == job_id)).mappings().first()
+        return None if row is None else _job_ref(row)
 
     def summary(self, job_id: int) -> dict | None:
         """The stored summary of one job (for ``explain``), or None."""
@@ -654,6 +740,26 @@ def _set_wal(cur: Any, wait: float = 30.0) -> None:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def _earlier(new: Any, old: Any) -> Any:
+    """The earlier of an upsert's new and stored value (SQL): stored spans only ever widen."""
+    return sa.case((new < old, new), else_=old)
+
+
+def _later(new: Any, old: Any) -> Any:
+    return sa.case((new > old, new), else_=old)
+
+
+@dataclass(frozen=True, slots=True)
+class Displaced:
+    """GPU time a write took over from another job: ``buckets`` rows of pod
+    ``namespace/pod`` that job ``job_id`` held (see :meth:`Store.replace_buckets`)."""
+
+    job_id: int
+    namespace: str
+    pod: str
+    buckets: int
 
 
 class _Invalid(ValueError):

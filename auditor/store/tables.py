@@ -203,7 +203,30 @@ class AggregateRow(SQLModel, table=True):
     state: bytes = Field(sa_column=sa.Column(sa.LargeBinary, nullable=False))
 
 
+class PodOwnerRow(SQLModel, table=True):
+    """A job that holds buckets of a pod (migration 0006), with the span of their starts.
+
+    Derived from ``gpu_buckets``: a pod belongs to one job at a time, so when a write of one job
+    finds another holding the same pod's GPU time, the newer write takes it over (the store's
+    ``replace_buckets``), and GPU-hours are never counted under two identities.
+    """
+
+    __tablename__ = "gpu_pod_owners"
+    __table_args__ = (
+        sa.PrimaryKeyConstraint("cluster", "pod_namespace", "pod_name", "job_id", name="pk_gpu_pod_owners"),
+    )
+
+    cluster: str = Field(sa_column=sa.Column(sa.String(253), nullable=False))
+    pod_namespace: str = Field(sa_column=sa.Column(sa.String(253), nullable=False))
+    pod_name: str = Field(sa_column=sa.Column(sa.String(253), nullable=False))
+    job_id: int = Field(
+        sa_column=sa.Column(sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False)
+    )
+    first_start: datetime = Field(sa_column=sa.Column(UTCDateTime(), nullable=False))
+    last_start: datetime = Field(sa_column=sa.Column(UTCDateTime(), nullable=False))
+
+
 #: The tables this package owns (for schema comparison in tests and for retention).
 TABLES: tuple[sa.Table, ...] = tuple(
-    m.__table__ for m in (JobRow, BucketRow, SummaryRow, AuditRunRow, AggregateRow)  # type: ignore[attr-defined]
+    m.__table__ for m in (JobRow, BucketRow, SummaryRow, AuditRunRow, AggregateRow, PodOwnerRow)  # type: ignore[attr-defined]
 )
