@@ -1,0 +1,87 @@
+"""The operator counts policy alerts that have nowhere to go (issue 12, item 10), end to end.
+
+One operator cycle on the test bed (real apiserver, Prometheus with a backfilled one-SM spin,
+SQLite store) over two bare GPU pods of a team that has no Slack or webhook route: both alerts
+are recorded as skipped, the log warns once for the team, and the operator's own /metrics
+registry counts two.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from auditor import traces
+from auditor.core.model import PodRef
+from auditor.operator_loop import Operator
+from auditor.settings import load_settings
+from auditor.store.decisions import DecisionStore
+from kubeobjects import create_pod
+
+pytestmark = pytest.mark.testbed
+
+INTERVAL = timedelta(seconds=15)
+POLICY = """\
+apiVersion: gpu-auditor.io/v1alpha1
+kind: GpuPolicy
+metadata: {name: tell-low-sm}
+spec:
+  mode: warn
+  verdicts: [low_sm_efficiency]
+  escalation:
+    - actions: [notify]
+"""
+
+
+def test_operator_counts_alerts_without_destination(testbed, kube_admin, namespace, prometheus, tmp_path, caplog,
+                                                    monkeypatch) -> None:
+    for var in ("GPU_AUDITOR_SLACK_WEBHOOK_URL", "GPU_AUDITOR_WEBHOOK_URL", "GPU_AUDITOR_DATABASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    case = f"ua{uuid.uuid4().hex[:8]}"
+    trace = traces.load_trace("h200-microbench")
+    cycle = len(trace.steady("one_sm_spin")) * INTERVAL
+    duration = cycle * math.ceil(timedelta(minutes=30) / cycle)
+    end = datetime.now(timezone.utc).replace(microsecond=0)
+    jobs = []
+    for k, name in enumerate(("spin-a", "spin-b")):
+        create_pod(kube_admin, namespace, name, gpus=1, labels={"team": "nohook"}, node=f"{case}-n{k}",
+                   started=end - duration)
+        jobs.append(traces.TraceJob(PodRef(namespace, name, "main"), traces.make_gpus(1, f"{case}-n{k}"),
+                                    "one_sm_spin", duration=duration))
+    text = traces.trace_to_openmetrics(trace, jobs, end=end, duration=duration, interval=INTERVAL)
+    prometheus.backfill(re.sub(r"^([A-Za-z_:][A-Za-z0-9_:]*)\{", rf'\1{{case="{case}",', text, flags=re.M))
+
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "tell.yaml").write_text(POLICY)
+    settings = load_settings(None, environ={}, overrides={
+        "cluster": "t",
+        "kubernetes": {"kubeconfig": testbed.kubeconfig},
+        "prometheus": {"url": prometheus.url, "matchers": {"case": case}, "label_convention": "pod"},
+        "store": {"url": f"sqlite:///{tmp_path}/s.db"},
+        "leader_election": {"enabled": False},
+        "policies": {"builtin": False, "dir": str(policies)},
+        "reports": {"weekly_schedule": ""},
+        "http": {"port": 0},
+    })
+    op = Operator(settings)
+    try:
+        with caplog.at_level(logging.WARNING, logger="auditor.policy.runner"):
+            result = op.run_once()
+        skipped = DecisionStore(op.store).actions(states=["skipped"])
+    finally:
+        op.shutdown()
+
+    assert sorted(s["job"] for s in result.summaries if s["namespace"] == namespace) == ["Pod/spin-a", "Pod/spin-b"]
+    assert sorted(r.job.name for r in skipped) == ["spin-a", "spin-b"]
+    assert all(r.action == "notify" and r.result["reason"] == "no_destination" for r in skipped)
+    warned = [r.getMessage() for r in caplog.records if "not delivered" in r.getMessage()]
+    assert len(warned) == 1 and "team nohook " in warned[0], warned
+    value = op.metrics.registry.get_sample_value(
+        "gpu_auditor_policy_alerts_undelivered_total", {"team": "nohook", "reason": "no_destination"})
+    assert value == 2.0
