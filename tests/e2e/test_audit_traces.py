@@ -244,6 +244,27 @@ def test_explain_shows_numbers_windows_and_picture(prometheus, data, tmp_path, c
     assert main(["explain", "not-a-ref", "--db", db]) == 2
 
 
+def test_audit_judges_with_the_configured_thresholds(prometheus, data, tmp_path, capsys, monkeypatch):
+    """``audit`` takes the thresholds from the settings sources (``--config``, then
+    ``GPU_AUDITOR_THRESHOLDS__*``): one spinning block (SM activity 0.0076) is low_sm_efficiency
+    with the built-in low_sm 0.5 and memory_bound (no pipe does math) once low_sm is 0.005."""
+    monkeypatch.delenv("GPU_AUDITOR_CONFIG", raising=False)
+    ds = data["micro-pod"]
+    cfg = tmp_path / "settings.yaml"
+    cfg.write_text("thresholds: {low_sm: 0.005}\n")
+    by_job = {s["job"]: s for s in _audit(prometheus, ds, f"sqlite:///{tmp_path}/a.db", capsys, "--config", str(cfg))}
+    assert by_job["Pod/one-sm-spin"]["verdict"] == "memory_bound"
+    assert by_job["Pod/bf16-matmul"]["verdict"] == "healthy"
+    monkeypatch.setenv("GPU_AUDITOR_THRESHOLDS__LOW_SM", "0.5")  # the variable wins over the file
+    by_job = {s["job"]: s for s in _audit(prometheus, ds, f"sqlite:///{tmp_path}/b.db", capsys, "--config", str(cfg))}
+    assert by_job["Pod/one-sm-spin"]["verdict"] == "low_sm_efficiency"
+    monkeypatch.setenv("GPU_AUDITOR_THRESHOLDS__LOW_SM", "50")
+    rc = main(["audit", "--prometheus", prometheus.url, "--no-kube", "--start", ds.start.isoformat(),
+               "--end", ds.end.isoformat(), "--db", f"sqlite:///{tmp_path}/c.db"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "thresholds.low_sm (variable GPU_AUDITOR_THRESHOLDS__LOW_SM): 50 is out of range" in err, err
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "auditor.cli.main", *args], capture_output=True, text=True, timeout=120)
 
