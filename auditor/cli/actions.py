@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     since = since_time(args.since, now)
     if since > now:
         raise BadInput(f"--since {args.since}: in the future")
-    store = open_store(command_settings(args))
+    store = open_store(command_settings(args), existing=True)
     try:
         require_jobs(store, args.cluster)
         rows = [as_dict(r) for r in DecisionStore(store).actions(since=since, states=args.state, cluster=args.cluster)]

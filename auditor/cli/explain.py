@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     namespace, kind, name = parse_ref(args.job)
     if args.png and not Path(args.png).parent.exists():
         raise BadInput(f"--png {args.png}: directory {Path(args.png).parent} does not exist")
-    store = open_store(command_settings(args))
+    store = open_store(command_settings(args), existing=True)
     try:
         require_jobs(store, args.cluster)
         found = store.find_job(namespace, kind, name, args.cluster)

@@ -78,7 +78,7 @@ def simulate(args: argparse.Namespace) -> int:
     if not policies:
         raise BadInput("no policies to simulate (give --policies DIR, or set policies.dir / policies.builtin)")
     now = datetime.now(timezone.utc)
-    store = open_store(settings)
+    store = open_store(settings, existing=True)
     try:
         require_jobs(store)
         result = {"store": store.display_url, **backtest(store, policies, since=now - since, until=now)}

@@ -99,7 +99,7 @@ def _handle(args: argparse.Namespace) -> int:
     suffix = f"{week}" + (f"-{_slug(args.team)}" if args.team else "")
     now = datetime.now(timezone.utc).replace(microsecond=0)
     written: list[Path] = []
-    store = open_store(settings)
+    store = open_store(settings, existing=True)
     try:
         require_jobs(store, args.cluster)
         report = generate(store, week, now=now, options=opts, team=args.team)

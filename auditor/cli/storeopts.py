@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from auditor.errors import PermanentError
@@ -45,11 +46,29 @@ def command_settings(args: argparse.Namespace) -> "Settings":
     return load_cli_settings(getattr(args, "config", None), overrides=overrides)
 
 
-def open_store(settings: "Settings") -> "Store":
-    """Open the settings' store and say on stderr which one was read (password masked)."""
-    from auditor.store import Store
+#: what to do about a store that holds nothing (the end of both "empty store" errors)
+ELSEWHERE = (
+    "If the operator writes elsewhere, name its store with --db URL, GPU_AUDITOR_DATABASE_URL or "
+    "--config FILE (its settings file); otherwise run `gpu-auditor audit` or the operator first"
+)
 
-    store = Store.open(settings.database_url())
+
+def open_store(settings: "Settings", *, existing: bool = False) -> "Store":
+    """Open the settings' store and say on stderr which one was read (password masked).
+
+    ``existing`` (the commands that only read): a SQLite file that does not exist is refused
+    instead of being created empty, so a mistyped path leaves nothing behind.
+    """
+    from auditor.store import Store
+    from auditor.store.urls import display_url, resolve
+
+    url = settings.database_url()
+    if existing:
+        sa_url = resolve(url)
+        if sa_url.get_backend_name() == "sqlite" and sa_url.database and sa_url.database != ":memory:" \
+                and not Path(sa_url.database).exists():
+            raise PermanentError(f"store {display_url(sa_url)}: no such file, so no audited jobs. {ELSEWHERE}")
+    store = Store.open(url)
     print(f"gpu-auditor: reading store {store.display_url}", file=sys.stderr)
     return store
 
@@ -58,8 +77,4 @@ def require_jobs(store: "Store", cluster: str | None = None) -> None:
     """Refuse a store (or a cluster in it) that holds no job at all, naming the store."""
     if store.job_count(cluster) == 0:
         scope = f" for cluster {cluster}" if cluster else ""
-        raise PermanentError(
-            f"store {store.display_url} holds no audited jobs{scope}. If the operator writes elsewhere, name its "
-            "store with --db URL, GPU_AUDITOR_DATABASE_URL or --config FILE (its settings file); otherwise "
-            "run `gpu-auditor audit` or the operator first"
-        )
+        raise PermanentError(f"store {store.display_url} holds no audited jobs{scope}. {ELSEWHERE}")

@@ -170,11 +170,21 @@ def test_precedence_db_flag_then_variable_then_file(tmp_path: Path, monkeypatch)
         load_cli_settings(tmp_path / "missing.yaml", environ={})
 
 
+READERS = (["report", "--week", str(W), "--format", "json", "--out", "OUT"], ["explain", "ns-a/Job/j1"],
+           ["policy", "simulate", "--since", "7d"], ["actions"])
+
+
 def test_an_empty_store_is_an_error_naming_it(db: str, tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("GPU_AUDITOR_DATABASE_URL", db)
     shown = display_url(resolve(db))
-    for argv in (["report", "--week", str(W), "--format", "json", "--out", str(tmp_path / "o")],
-                 ["explain", "ns-a/Job/j1"], ["policy", "simulate", "--since", "7d"], ["actions"]):
+    readers = [[str(tmp_path / "o") if a == "OUT" else a for a in argv] for argv in READERS]
+    if db.startswith("sqlite"):  # a file that is not there: refused, and not created
+        for argv in readers:
+            rc, out, err = run_cli(argv, capsys)
+            assert rc == 1 and f"store {shown}: no such file, so no audited jobs" in err, (argv, err)
+        assert not Path(resolve(db).database).exists()
+        Store.open(db).close()  # now there, migrated, and empty
+    for argv in readers:
         rc, out, err = run_cli(argv, capsys)
         assert rc == 1, (argv, err)
         assert f"store {shown} holds no audited jobs" in err and "GPU_AUDITOR_DATABASE_URL" in err, err
