@@ -106,6 +106,41 @@ def test_two_cycles_8s_apart_over_data_that_ended_mid_bucket_agree(store_url: st
     assert second == first  # was 5.37 → 6.00 GPU-hours and "sample interval 60 s" in the report
 
 
+@pytest.mark.testbed
+def test_two_cycles_8s_apart_over_prometheus_data_that_ended_mid_bucket_agree(prometheus, store_url: str) -> None:
+    """The report's case through the real Prometheus source: 8 GPUs, 15 s samples ending 75 s
+    into a bucket, two cycles 8 s apart; the second window holds only that partial bucket."""
+    import time
+    import uuid
+
+    from auditor.sources.prometheus import PrometheusSource
+    from test_prometheus_source import _const, _gpu, _om
+
+    case = f"c{uuid.uuid4().hex[:8]}"
+    start = (int(time.time()) // 300 * 300) - 3 * 3600  # Prometheus's backfill wants the past
+    end = start + 40 * 60 + 75
+    series = []
+    for i in range(8):
+        labels = _gpu(case, i, pod="train-0", namespace="ml", container="main")
+        series.append(("DCGM_FI_DEV_GPU_UTIL", labels, _const(start, end, 95)))
+        series.append(("DCGM_FI_PROF_SM_ACTIVE", labels, _const(start, end, 0.06)))
+    prometheus.backfill(_om(series))
+    source = PrometheusSource(prometheus.url, matchers={"case": case})
+    now1 = datetime.fromtimestamp(end + 100, timezone.utc)
+    now2 = now1 + timedelta(seconds=8)
+    with Store.open(store_url) as store:
+        cycle(store, source, datetime.fromtimestamp(start, timezone.utc), now1)
+        first = summaries(store)["ml/Pod/train-0"]
+        window2 = Window(align_down(now1, W), now2)
+        assert source.read(window2, W).report.scrape_interval is None  # no full bucket in it
+        cycle(store, source, window2.start, now2)
+        second = summaries(store)["ml/Pod/train-0"]
+    assert first["scrape_interval_s"] == 15.0
+    assert first["gpu_hours"] == pytest.approx(8 * (40 * 60 + 75) / 3600, rel=2e-3)
+    assert first["waste_gpu_hours"] == pytest.approx(first["gpu_hours"] * 0.94, rel=1e-3)
+    assert second == first
+
+
 def scenario(seed: int) -> tuple[list[Run], float]:
     """A random cluster: 1-3 pods, 1-2 GPUs each (sometimes one shared by two pods), a scrape
     interval of 10-60 s, starts and ends anywhere in a bucket, sometimes a gap; and its end."""

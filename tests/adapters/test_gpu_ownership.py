@@ -117,6 +117,12 @@ def test_upgrade_to_0006_records_the_owners_of_stored_buckets(store_url: str) ->
                     for t in (JobRow.__table__, BucketRow.__table__)}
             owners = sorted(tuple(r) for r in conn.execute(sa.select(PodOwnerRow.__table__)).all())
     assert len(owners) == 2
+    # ids past the ones the new store hands out (explicit ids leave PostgreSQL's sequence behind)
+    for r in rows[JobRow.__table__]:
+        r["id"] += 1000
+    for r in rows[BucketRow.__table__]:
+        r["job_id"] += 1000
+    owners = sorted((c, ns, pod, jid + 1000, lo, hi) for c, ns, pod, jid, lo, hi in owners)
     store_at(store_url, "0005", rows)
     with Store.open(store_url) as store:
         with store._engine.connect() as conn:
