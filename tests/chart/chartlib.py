@@ -84,3 +84,48 @@ def find(objs: list[dict], kind: str, name: str | None = None) -> list[dict]:
 
 def pod_specs(objs: list[dict]) -> list[dict]:
     return [o["spec"]["template"]["spec"] for o in objs if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet", "Job")]
+
+
+def drop_release(chart: Chart, namespace: str, release: str) -> None:
+    """Uninstall (cluster-scoped objects outlive the namespace) and delete the kept PVCs. No
+    pvc-protection controller runs in the test bed, so their finalizer is cleared by hand, or
+    the namespace would never finish terminating."""
+    chart.helm("uninstall", release, "-n", namespace, "--ignore-not-found", check=False)
+    pvcs = chart.kubectl("get", "pvc", "-n", namespace, "-o", "name", check=False).out.split()
+    for pvc in pvcs:
+        chart.kubectl("patch", pvc, "-n", namespace, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False)
+        chart.kubectl("delete", pvc, "-n", namespace, "--wait=false", check=False)
+
+
+class ServiceAccount:
+    """kubectl as the chart's ServiceAccount, with the groups its token would carry."""
+
+    def __init__(self, chart: Chart, namespace: str, name: str, api_client) -> None:
+        self.chart, self.namespace, self.api_client = chart, namespace, api_client
+        self.user = f"system:serviceaccount:{namespace}:{name}"
+        self.groups = ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"]
+        self.as_args = [f"--as=system:serviceaccount:{namespace}:{name}", "--as-group=system:serviceaccounts",
+                        f"--as-group=system:serviceaccounts:{namespace}", "--as-group=system:authenticated"]
+
+    def can(self, *args: str) -> bool:
+        res = self.chart.kubectl("auth", "can-i", *args, *self.as_args, check=False)
+        assert res.out.strip() in ("yes", "no"), res.out + res.err
+        return res.out.strip() == "yes"
+
+    def sar(self, verb: str, group: str, resource: str) -> bool:
+        """A SubjectAccessReview (cluster-wide), for kinds whose CRD the test bed lacks: kubectl
+        auth can-i needs discovery to know a resource, the authorizer does not."""
+        from kubernetes import client
+
+        review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
+            user=self.user, groups=self.groups,
+            resource_attributes=client.V1ResourceAttributes(verb=verb, group=group, resource=resource)))
+        return client.AuthorizationV1Api(self.api_client).create_subject_access_review(review).status.allowed
+
+    def run(self, *args: str, input: str | None = None, ok: bool = True) -> str:
+        res = self.chart.kubectl(*args, *self.as_args, input=input, check=False)
+        if ok:
+            assert res.rc == 0, f"kubectl {' '.join(args)} as the ServiceAccount: {res.err}"
+        else:
+            assert res.rc != 0 and "forbidden" in res.err.lower(), f"kubectl {' '.join(args)} should be Forbidden: {res.err or res.out}"
+        return res.out

@@ -14,7 +14,7 @@ import json
 import pytest
 import yaml
 
-from chartlib import CHART, FULL_VALUES, Chart
+from chartlib import CHART, FULL_VALUES, Chart, ServiceAccount, drop_release
 
 pytestmark = pytest.mark.testbed
 
@@ -38,7 +38,7 @@ def release_objects(chart: Chart, namespace: str, release: str) -> dict[str, lis
     kinds = {
         "ns": "deployments,daemonsets,services,serviceaccounts,configmaps,persistentvolumeclaims,roles,rolebindings,"
               "networkpolicies,poddisruptionbudgets,servicemonitors.monitoring.coreos.com,prometheusrules.monitoring.coreos.com",
-        "cluster": "clusterroles,clusterrolebindings",
+        "cluster": "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings",
     }
     found: dict[str, list[str]] = {}
     for scope, k in kinds.items():
@@ -46,17 +46,6 @@ def release_objects(chart: Chart, namespace: str, release: str) -> dict[str, lis
         for item in json.loads(chart.kubectl(*args).out)["items"]:
             found.setdefault(item["kind"], []).append(item["metadata"]["name"])
     return found
-
-
-def drop_release(chart: Chart, namespace: str, release: str) -> None:
-    """Uninstall (cluster-scoped objects outlive the namespace) and delete the kept PVCs. No
-    pvc-protection controller runs in the test bed, so their finalizer is cleared by hand, or
-    the namespace would never finish terminating."""
-    chart.helm("uninstall", release, "-n", namespace, "--ignore-not-found", check=False)
-    pvcs = chart.kubectl("get", "pvc", "-n", namespace, "-o", "name", check=False).out.split()
-    for pvc in pvcs:
-        chart.kubectl("patch", pvc, "-n", namespace, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False)
-        chart.kubectl("delete", pvc, "-n", namespace, "--wait=false", check=False)
 
 
 @pytest.mark.parametrize("values", [[], [FULL_VALUES]], ids=["defaults", "full"])
@@ -103,40 +92,6 @@ def test_sqlite_pvc_outlives_uninstall(chart: Chart, namespace: str):
         assert left == {"PersistentVolumeClaim": [f"{release}-gpu-auditor-data"]}, left
     finally:
         drop_release(chart, namespace, release)
-
-
-class ServiceAccount:
-    """kubectl as the chart's ServiceAccount, with the groups its token would carry."""
-
-    def __init__(self, chart: Chart, namespace: str, name: str, api_client) -> None:
-        self.chart, self.namespace, self.api_client = chart, namespace, api_client
-        self.user = f"system:serviceaccount:{namespace}:{name}"
-        self.groups = ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"]
-        self.as_args = [f"--as=system:serviceaccount:{namespace}:{name}", "--as-group=system:serviceaccounts",
-                        f"--as-group=system:serviceaccounts:{namespace}", "--as-group=system:authenticated"]
-
-    def can(self, *args: str) -> bool:
-        res = self.chart.kubectl("auth", "can-i", *args, *self.as_args, check=False)
-        assert res.out.strip() in ("yes", "no"), res.out + res.err
-        return res.out.strip() == "yes"
-
-    def sar(self, verb: str, group: str, resource: str) -> bool:
-        """A SubjectAccessReview (cluster-wide), for kinds whose CRD the test bed lacks: kubectl
-        auth can-i needs discovery to know a resource, the authorizer does not."""
-        from kubernetes import client
-
-        review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
-            user=self.user, groups=self.groups,
-            resource_attributes=client.V1ResourceAttributes(verb=verb, group=group, resource=resource)))
-        return client.AuthorizationV1Api(self.api_client).create_subject_access_review(review).status.allowed
-
-    def run(self, *args: str, input: str | None = None, ok: bool = True) -> str:
-        res = self.chart.kubectl(*args, *self.as_args, input=input, check=False)
-        if ok:
-            assert res.rc == 0, f"kubectl {' '.join(args)} as the ServiceAccount: {res.err}"
-        else:
-            assert res.rc != 0 and "forbidden" in res.err.lower(), f"kubectl {' '.join(args)} should be Forbidden: {res.err or res.out}"
-        return res.out
 
 
 WORKLOAD = """
@@ -199,7 +154,7 @@ def test_rbac_as_the_service_account(chart: Chart, namespace: str, kube_admin):
         core_event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "train.core", "namespace": other},
                       "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "namespace": other},
                       "reason": "LowSmEfficiency", "message": "m", "type": "Warning", "source": {"component": "gpu-auditor"}}
-        sa.run("create", "-f", "-", input=json.dumps(core_event))
+        sa.run("create", "-f", "-", input=json.dumps(core_event), ok=False)  # the operator writes events.k8s.io only
         lease_obj = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": lease, "namespace": namespace},
                      "spec": {"holderIdentity": "pod-a", "leaseDurationSeconds": 15}}
         sa.run("create", "-f", "-", input=json.dumps(lease_obj))
@@ -228,7 +183,9 @@ def test_rbac_as_the_service_account(chart: Chart, namespace: str, kube_admin):
 
         # Requeue enabled: the Workload patch (deactivate, then reactivate) and Job suspend now pass.
         chart.helm("upgrade", release, str(CHART), "-n", namespace, "--reuse-values", "--set", "requeue.enabled=true")
-        assert sa.can("patch", "workloads.kueue.x-k8s.io", "-A") and sa.can("update", "jobs.batch", "-A")
+        assert sa.can("patch", "workloads.kueue.x-k8s.io", "-A") and sa.can("patch", "jobs.batch", "-A")
+        assert not sa.can("update", "jobs.batch", "-A") and not sa.can("update", "workloads.kueue.x-k8s.io", "-A")
+        assert not sa.can("list", "workloadpriorityclasses.kueue.x-k8s.io")
         sa.run("patch", "workloads.kueue.x-k8s.io", "train-1", "-n", other, "--type=merge", "-p", '{"spec":{"active":false}}')
         sa.run("patch", "workloads.kueue.x-k8s.io", "train-1", "-n", other, "--type=merge", "-p", '{"spec":{"active":true}}')
         sa.run("patch", "job", "train", "-n", other, "--type=merge", "-p", '{"spec":{"suspend":true}}')

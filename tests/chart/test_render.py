@@ -33,6 +33,7 @@ def test_defaults_render(chart: Chart):
     assert kinds == sorted([
         "ClusterRole", "ClusterRoleBinding", "ConfigMap", "ConfigMap", "Deployment", "NetworkPolicy",
         "PersistentVolumeClaim", "Role", "RoleBinding", "Service", "ServiceAccount",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
     ])
     (dep,) = find(objs, "Deployment")
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
@@ -138,7 +139,13 @@ def test_rbac_follows_features(chart: Chart):
     assert not grants(rules_of(off, "ClusterRole"), "kueue.x-k8s.io", "workloads", "patch")
     assert not grants(rules_of(off, "ClusterRole"), "batch", "jobs", "update")
     assert grants(rules_of(on, "ClusterRole"), "kueue.x-k8s.io", "workloads", "patch")
-    assert grants(rules_of(on, "ClusterRole"), "batch", "jobs", "update")
+    assert grants(rules_of(on, "ClusterRole"), "batch", "jobs", "patch")
+    # Grants no code uses (auditor/actions/kube.py merge-patches and creates events.k8s.io Events).
+    for objs in (off, on):
+        cluster = rules_of(objs, "ClusterRole")
+        assert not grants(cluster, "", "events", "create") and not grants(cluster, "events.k8s.io", "events", "patch")
+        assert not grants(cluster, "kueue.x-k8s.io", "workloads", "update") and not grants(cluster, "batch", "jobs", "update")
+        assert not any("workloadpriorityclasses" in r["resources"] for r in cluster)
     # Features switched off grant nothing.
     bare = rules_of(chart.render(sets=["features.annotate=false", "features.events=false", "features.kueue=false"]), "ClusterRole")
     assert not any(v in r["verbs"] for r in bare for v in ("patch", "create", "update"))
