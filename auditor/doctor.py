@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
-from auditor.core.metrics import SPECS, Metric
+from auditor.core.metrics import SPECS, Metric, Naming, name_for
 from auditor.core.model import Window
 from auditor.errors import AuditorError
 from auditor.sources import promql
@@ -23,6 +23,8 @@ from auditor.sources import promql
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
 
 CSV_LINES = {
+    Metric.GPU_UTIL: "DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).",
+    Metric.GR_ENGINE_ACTIVE: "DCGM_FI_PROF_GR_ENGINE_ACTIVE, gauge, Ratio of time the graphics engine is active.",
     Metric.SM_ACTIVE: "DCGM_FI_PROF_SM_ACTIVE,        gauge, The ratio of cycles an SM has at least 1 warp assigned.",
     Metric.SM_OCCUPANCY: "DCGM_FI_PROF_SM_OCCUPANCY,     gauge, The ratio of number of warps resident on an SM.",
     Metric.TENSOR_ACTIVE: "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, Ratio of cycles the tensor (HMMA) pipe is active.",
@@ -91,11 +93,23 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
             )
         )
         return checks
-    new = [n for n in stats.names if n.endswith("_RATIO")]
-    style = "DCGM 4.6 *_RATIO names" if new and len(new) == len(stats.names) else (
-        "classic and DCGM 4.6 names mixed" if new else "classic names"
-    )
+    naming = stats.naming
+    style = stats.naming_why or str(naming)
+    spelled = {m: [n for n in SPECS[m].names if n in stats.names] for m in SPECS}
+    if any(len(v) > 1 for v in spelled.values()):
+        style += "; some metrics under two names (exporters of two versions, or a rename inside the window)"
     checks.append(Check("DCGM series present", OK, f"{len(stats.names)} names ({style}): {', '.join(stats.names)}", required=True))
+    if "cannot tell" in (stats.naming_why or ""):
+        checks.append(
+            Check(
+                "GPU utilization unit",
+                WARN,
+                stats.naming_why,
+                "dcgm-exporter 4.9 exports DCGM_FI_DEV_GPU_UTIL_RATIO as a 0–1 ratio, DCGM 4.6's field 203 is a "
+                "percent; keep DCGM_FI_DEV_SM_CLOCK_HERTZ (in 4.9's default CSV) in the counters CSV so the "
+                "naming is known, or export DCGM_FI_DEV_GPU_UTIL (a percent under every naming)",
+            )
+        )
 
     present = report.present
     busy = [m for m in (Metric.GPU_UTIL, Metric.GR_ENGINE_ACTIVE) if m in present]
@@ -104,13 +118,12 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
             "busy signal (GPU_UTIL or GR_ENGINE_ACTIVE)",
             OK if busy else FAIL,
             ", ".join(m.value for m in busy) if busy else "neither GPU_UTIL nor GR_ENGINE_ACTIVE has series",
-            "" if busy else ENABLE_HOW + "DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).\n"
-            "DCGM_FI_PROF_GR_ENGINE_ACTIVE, gauge, Ratio of time the graphics engine is active.",
+            "" if busy else ENABLE_HOW + _csv(Metric.GPU_UTIL, naming) + "\n" + _csv(Metric.GR_ENGINE_ACTIVE, naming),
             True,
         )
     )
     if stats.mig and Metric.GR_ENGINE_ACTIVE not in present:
-        checks.append(Check("MIG busy signal", WARN, "MIG instances found but no GR_ENGINE_ACTIVE (MIG has no GPU_UTIL)", ENABLE_HOW + "DCGM_FI_PROF_GR_ENGINE_ACTIVE, gauge, Ratio of time the graphics engine is active."))
+        checks.append(Check("MIG busy signal", WARN, "MIG instances found but no GR_ENGINE_ACTIVE (MIG has no GPU_UTIL)", ENABLE_HOW + _csv(Metric.GR_ENGINE_ACTIVE, naming)))
 
     if Metric.SM_ACTIVE in present:
         missing_hosts = sorted(h for h, ms in stats.hosts.items() if Metric.SM_ACTIVE not in ms)
@@ -122,7 +135,7 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
                     f"present, but not on {len(missing_hosts)} node(s): {', '.join(missing_hosts[:10])}"
                     + (" ..." if len(missing_hosts) > 10 else ""),
                     "those nodes' exporters lack the SM_ACTIVE line or profiling (SYS_ADMIN, Volta+ datacenter GPU); "
-                    + ENABLE_HOW + CSV_LINES[Metric.SM_ACTIVE],
+                    + ENABLE_HOW + _csv(Metric.SM_ACTIVE, naming),
                     True,
                 )
             )
@@ -135,7 +148,7 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
                 FAIL,
                 "DCGM_FI_PROF_SM_ACTIVE absent: it is commented out in every shipped dcgm-exporter CSV, "
                 "so audits can only say idle/underutilized, and SM-based verdicts become insufficient_data",
-                ENABLE_HOW + CSV_LINES[Metric.SM_ACTIVE] + "\n" + CSV_LINES[Metric.SM_OCCUPANCY]
+                ENABLE_HOW + _csv(Metric.SM_ACTIVE, naming) + "\n" + _csv(Metric.SM_OCCUPANCY, naming)
                 + "\n(profiling also needs the SYS_ADMIN capability and a Volta or newer datacenter GPU; "
                 "look for 'Skipping line ... metric not enabled' in the exporter log)",
                 True,
@@ -159,7 +172,7 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
                 "optional fields absent",
                 WARN,
                 "; ".join(f"{m.value} ({advisory[m]})" for m in lack),
-                ENABLE_HOW + "\n".join(CSV_LINES[m] for m in lack),
+                ENABLE_HOW + "\n".join(_csv(m, naming) for m in lack),
             )
         )
 
@@ -258,6 +271,18 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
                 )
             )
     return checks
+
+
+def _csv(metric: Metric, naming: Naming = Naming.CLASSIC) -> str:
+    """The counters-CSV line that enables ``metric``, spelled as ``naming``'s exporter spells it."""
+    line = CSV_LINES[metric]
+    name = name_for(metric, naming)
+    line = line.replace(SPECS[metric].names[0] + ",", name + ",", 1)
+    if name.endswith("_HERTZ"):
+        line = line.replace("MHz", "Hz")
+    if metric is Metric.GPU_UTIL and naming is Naming.EXPORTER49:
+        line = line.replace("(in %)", "(ratio 0-1)")
+    return line
 
 
 def _names(metric: Metric, found: list[str]) -> str:

@@ -34,7 +34,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from auditor.core.metrics import SPECS, Metric
+from auditor.core.metrics import SPECS, Metric, Naming, name_for, scale_of
 from auditor.core.model import GpuId, PodRef
 from auditor.core.rollup import Sample
 from auditor.errors import BadInput
@@ -321,34 +321,39 @@ def trace_to_openmetrics(
     include: set[Metric] | None = None,
     hostname_label: str = "Hostname",
     dcgm46_names: bool = False,
+    naming: Naming | None = None,
 ) -> str:
     """dcgm-exporter-format OpenMetrics text for ``jobs`` replaying ``trace``.
 
     ``convention`` is ``"pod"`` (honorLabels true) or ``"exported_pod"`` (honorLabels false);
-    ``hostname_label`` is ``"Hostname"`` or ``"hostname"``; ``dcgm46_names`` uses DCGM 4.6's
-    ``*_RATIO`` names where one exists. Timestamps are Unix seconds; the text ends with ``# EOF``.
+    ``hostname_label`` is ``"Hostname"`` or ``"hostname"``; ``naming`` picks the exporter names
+    and units (:class:`~auditor.core.metrics.Naming`: classic by default; ``dcgm46_names`` is
+    short for DCGM 4.6's names; dcgm-exporter 4.9's give GPU_UTIL as a ratio and clocks in
+    hertz). Timestamps are Unix seconds; the text ends with ``# EOF``.
     """
+    naming = naming or (Naming.DCGM46 if dcgm46_names else Naming.CLASSIC)
     if convention not in CONVENTIONS:
         raise BadInput(f"label convention {convention!r}: use one of {', '.join(CONVENTIONS)}")
     if hostname_label not in ("Hostname", "hostname"):
         raise BadInput(f"hostname label {hostname_label!r}: use Hostname or hostname")
     by_pod = {(j.pod, g.key): (j, g) for j in jobs for g in j.gpus}
     # family → series label text → lines
-    families: dict[Metric, dict[str, list[str]]] = {}
+    families: dict[Metric, dict[str, list[tuple[float, float]]]] = {}
     for s in trace_samples(trace, jobs, end=end, duration=duration, interval=interval, include=include):
         job, gpu = by_pod[(s.pod, s.gpu.key)]
         series = families.setdefault(s.metric, {})
         key = ",".join(
             f'{k}="{_escape(v)}"' for k, v in _labels(job, gpu, convention=convention, hostname_label=hostname_label)
         )
-        series.setdefault(key, []).append(f"{_fmt(s.raw)} {s.t:.3f}")
+        series.setdefault(key, []).append((s.raw, s.t))
     out: list[str] = []
     for metric in sorted(families, key=lambda m: m.value):
-        names = SPECS[metric].names
-        name = names[1] if dcgm46_names and len(names) > 1 else names[0]
+        name = name_for(metric, naming)
+        # trace values are in the classic name's unit: into this name's
+        factor = SPECS[metric].scale / scale_of(name, naming)
         out.append(f"# HELP {name} {_HELP.get(metric, metric.value)}")
         out.append(f"# TYPE {name} gauge")
         for key, lines in families[metric].items():
-            out.extend(f"{name}{{{key}}} {line}" for line in lines)
+            out.extend(f"{name}{{{key}}} {_fmt(raw * factor)} {t:.3f}" for raw, t in lines)
     out.append("# EOF")
     return "\n".join(out) + "\n"

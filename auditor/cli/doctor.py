@@ -15,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "doctor",
         help="check the telemetry chain (Prometheus, DCGM series, profiling fields, labels) and say what to fix",
         description=(
-            "Check that Prometheus is reachable, which DCGM series exist (classic and DCGM 4.6 names), whether "
+            "Check that Prometheus is reachable, which DCGM series exist (classic, DCGM 4.6 or dcgm-exporter 4.9 names), whether "
             "the profiling fields (SM activity) are on, which label convention is in use, how many GPUs are "
             "attributed to pods, and whether kube-state-metrics is there. Exit 1 if a required check fails."
         ),

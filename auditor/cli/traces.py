@@ -13,7 +13,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from auditor.core.metrics import Metric
+from auditor.core.metrics import Metric, Naming
 from auditor.core.model import PodRef
 from auditor.errors import BadInput
 from auditor.timeparse import parse_duration, parse_time
@@ -78,6 +78,7 @@ def _to_openmetrics(args: argparse.Namespace) -> int:
         include=include,
         hostname_label=args.hostname_label,
         dcgm46_names=args.dcgm46_names,
+        naming=Naming(args.naming) if args.naming else None,
     )
     if args.out == "-":
         sys.stdout.write(text)
@@ -132,6 +133,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     om.add_argument("--convention", choices=CONVENTIONS, default="pod", help="pod labels as pod=… or exported_pod=…")
     om.add_argument("--hostname-label", choices=("Hostname", "hostname"), default="Hostname")
     om.add_argument("--dcgm46-names", action="store_true", help="use DCGM 4.6 *_RATIO metric names")
+    om.add_argument("--naming", choices=[n.value for n in Naming],
+                    help="exporter names and units: classic (default), dcgm-4.6 or exporter-4.9 (GPU_UTIL a ratio, clocks in Hz)")
     om.add_argument("--drop", metavar="M,M", help="metrics to leave out, e.g. fp32_active,sm_active")
     om.add_argument("--only", metavar="M,M", help="only these metrics")
     om.add_argument("--out", default="-", metavar="FILE", help="output file (default: stdout)")

@@ -26,7 +26,9 @@ from auditor.core.model import Bucket, GpuId, PodRef, Window
 class Sample:
     """One exported value as a scrape stored it: ``raw`` is in the exporter's unit.
 
-    ``t`` is Unix seconds (float). GPU_UTIL stays a percent here; :func:`aggregate` scales it.
+    ``t`` is Unix seconds (float). GPU_UTIL stays a percent here; :func:`aggregate` scales it,
+    by ``scale`` when given (the exporter name's, :func:`auditor.core.metrics.scale_of`), else by
+    the classic name's.
     """
 
     pod: PodRef
@@ -34,6 +36,7 @@ class Sample:
     metric: Metric
     t: float
     raw: float
+    scale: float | None = None
 
 
 def _bucket_start(t: float, step: float) -> float:
@@ -61,7 +64,7 @@ def aggregate(samples: Iterable[Sample], width: timedelta, window: Window | None
         cell = acc.get(key)
         if cell is None:
             cell = acc[key] = [0.0, 0, float("inf"), float("-inf"), 0]
-        value = normalize(s.metric, s.raw)
+        value = normalize(s.metric, s.raw, s.scale)
         if value is None:
             cell[4] += 1
             continue

@@ -2,8 +2,9 @@
 
 How it reads (see :mod:`auditor.sources.promql` for the query shapes and boundary semantics):
 
-1. one ``/api/v1/label/__name__/values`` call finds which DCGM exporter names (classic and DCGM
-   4.6 ``*_RATIO`` names) have series in the window;
+1. one ``/api/v1/label/__name__/values`` call finds which DCGM exporter names (classic, DCGM
+   4.6 and dcgm-exporter 4.9 names, :data:`auditor.core.metrics.EXPORTED`) have series in the
+   window, and so the naming generation, which fixes each name's unit;
 2. per present name, four ``query_range`` calls at ``step = width`` (sum, count, min and max
    ``_over_time``) return those aggregates of every series per aligned bucket ``[start, end)``,
    split by time only where the 11,000-points-per-series limit (or Prometheus's sample limit)
@@ -42,7 +43,7 @@ from urllib3.util.retry import Retry
 
 from auditor.agent.dedup import prefer_one_source
 from auditor.core.accumulate import interval_of
-from auditor.core.metrics import BY_NAME, SPECS, Metric
+from auditor.core.metrics import BY_NAME, SPECS, UTIL_RATIO, Metric, Naming, detect_naming, scale_of
 from auditor.core.model import Bucket, GpuId, PodRef, Window
 from auditor.core.rollup import BucketRun, LazyBuckets, Piece, Sample, aggregate
 from auditor.errors import BadInput, QueryRefused, SourceUnavailable
@@ -270,6 +271,9 @@ class ReadStats:
     hosts: dict[str, set[Metric]] = field(default_factory=dict)
     mig: bool = False
     exporter_pods: set[str] = field(default_factory=set)
+    #: the exporter naming generation detected (auditor.core.metrics.Naming), and why
+    naming: Naming = Naming.CLASSIC
+    naming_why: str = ""
 
 
 @dataclass
@@ -358,6 +362,14 @@ class PrometheusSource:
         stats.names = names
         first_end = start_ms + width_ms
         series = self._read_aggregates(names, first_end, end_ms, width_ms, rng)
+        # the naming decides the unit of DCGM_FI_DEV_GPU_UTIL_RATIO (percent in DCGM 4.6, a
+        # ratio in dcgm-exporter 4.9): told by the names, else by that name's values
+        util = [v for s in series if s.name == UTIL_RATIO for a in ("min", "max") for v in s.aggs.get(a, ())]
+        naming, stats.naming_why, unknown = detect_naming(names, util)
+        stats.naming = naming
+        if unknown:  # neither unit can be ruled out: reading it either way could invert a verdict
+            series = [s for s in series if s.name != UTIL_RATIO]
+            report.warnings.append(stats.naming_why)
         # A GPU exported by both the node agent and dcgm-exporter is counted once: the agent's
         # series win per (device, metric) (auditor/agent/dedup.py says why).
         series, shadowed = prefer_one_source(series, labels=lambda s: s.labels, metric=lambda s: s.metric)
@@ -369,6 +381,7 @@ class PrometheusSource:
         conv = self.forced or promql.detect_convention(s.labels for s in series)
         report.labels = conv.describe()
         report.labels.update(_device_labels(s.labels for s in series))
+        report.labels["naming"] = naming.value
 
         #: (pod, GPU key, metric) → one list of time-ordered buckets per series (or re-read part)
         groups: dict[tuple[PodRef, str, Metric], list[BucketRun | list[Bucket]]] = {}
@@ -409,7 +422,7 @@ class PrometheusSource:
         del series
         # 2. clean and dirty buckets of every series, a whole exporter name at a time
         decided = _classify(
-            [s for s, _, _ in attributed if "count" in s.aggs], n_ends, first_end, width_ms, counts
+            [s for s, _, _ in attributed if "count" in s.aggs], n_ends, first_end, width_ms, counts, naming
         )
         # 3. runs of clean buckets and the dirty buckets to re-read, in series order
         for s, pod, gpu in attributed:
@@ -423,14 +436,14 @@ class PrometheusSource:
                 # the buckets stay as the series' arrays until a caller needs them as objects
                 sums, mins, maxs = (s.aggs.get(a) or _nans(len(cnts)) for a in ("sum", "min", "max"))
                 groups.setdefault((pod, gpu.key, s.metric), []).append(
-                    BucketRun(pod, gpu, s.metric, SPECS[s.metric].scale, spans, sums, cnts, mins, maxs, idx)
+                    BucketRun(pod, gpu, s.metric, scale_of(s.name, naming), spans, sums, cnts, mins, maxs, idx)
                 )
             if bad:
                 dirty.setdefault(s.name, []).append((s, pod, gpu, bad))
         del attributed, decided
 
         for name, items in sorted(dirty.items()):
-            for b in self._reread_garbage(name, items, width_ms, major):
+            for b in self._reread_garbage(name, items, width_ms, major, naming):
                 if b.dropped:
                     report.dropped[b.metric] = report.dropped.get(b.metric, 0) + b.dropped
                 groups.setdefault((b.pod, b.gpu.key, b.metric), []).append([b])
@@ -590,10 +603,12 @@ class PrometheusSource:
             )
 
     def _reread_garbage(
-        self, name: str, items: list[tuple[_Series, PodRef, GpuId, list[int]]], width_ms: int, major: int
+        self, name: str, items: list[tuple[_Series, PodRef, GpuId, list[int]]], width_ms: int, major: int,
+        naming: Naming = Naming.CLASSIC,
     ) -> list[Bucket]:
         """Raw samples of just the dirty series and buckets, aggregated here with garbage dropped."""
         metric = BY_NAME[name]
+        scale = scale_of(name, naming)
         wanted: dict[frozenset, tuple[PodRef, GpuId, set[int]]] = {
             frozenset(s.labels.items()): (pod, gpu, set(ends)) for s, pod, gpu, ends in items
         }
@@ -624,7 +639,7 @@ class PrometheusSource:
                 if end in per_bucket:
                     per_bucket[end].append(v)
             for end, values in sorted(per_bucket.items()):
-                out.append(_aggregate(pod, gpu, metric, _dt(end - width_ms), _dt(end), values))
+                out.append(_aggregate(pod, gpu, metric, _dt(end - width_ms), _dt(end), values, scale))
         return out
 
 
@@ -647,18 +662,21 @@ def _spans(ends: list[int], width_ms: int, max_buckets: int) -> list[tuple[int, 
     return out
 
 
-def _aggregate(pod: PodRef, gpu: GpuId, metric: Metric, start: datetime, end: datetime, raw: list[float]) -> Bucket:
+def _aggregate(
+    pod: PodRef, gpu: GpuId, metric: Metric, start: datetime, end: datetime, raw: list[float], scale: float | None = None
+) -> Bucket:
     """One bucket from raw samples through the core's rollup (garbage dropped and counted there)."""
     width = end - start
     t0 = start.timestamp()
-    rolled = aggregate((Sample(pod, gpu, metric, t0, r) for r in raw), width)
+    rolled = aggregate((Sample(pod, gpu, metric, t0, r, scale) for r in raw), width)
     if not rolled:
         return Bucket(pod, gpu, metric, start, end, 0.0, 0, 0.0, 0.0, 0)
     return rolled[0]
 
 
 def _classify(
-    series: list[_Series], n: int, first_end: int, width_ms: int, counts: dict[int, int]
+    series: list[_Series], n: int, first_end: int, width_ms: int, counts: dict[int, int],
+    naming: Naming = Naming.CLASSIC,
 ) -> dict[int, tuple[Sequence[int] | None, list[int] | None]]:
     """Per series (by ``id``): the positions of its clean buckets and the ends of its dirty ones.
 
@@ -680,6 +698,7 @@ def _classify(
     histogram: dict[int, int] = {}
     for name, rows in by_name.items():
         spec = SPECS[BY_NAME[name]]
+        scale = scale_of(name, naming)
 
         def stack(agg: str) -> Any:
             return np.frombuffer(b"".join(s.aggs.get(agg) or nan_row for s in rows), dtype=np.float64).reshape(len(rows), n)
@@ -688,8 +707,8 @@ def _classify(
         present = cnt == cnt
         with np.errstate(invalid="ignore"):
             ok = present & np.isfinite(stack("sum"))
-            ok &= stack("min") * spec.scale >= spec.low
-            ok &= stack("max") * spec.scale <= spec.high
+            ok &= stack("min") * scale >= spec.low
+            ok &= stack("max") * scale <= spec.high
         bad = present & ~ok
         full, any_ok, any_bad = ok.all(axis=1).tolist(), ok.any(axis=1).tolist(), bad.any(axis=1).tolist()
         # only full buckets tell the scrape interval: samples in the bucket and both neighbours

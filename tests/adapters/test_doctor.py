@@ -67,7 +67,7 @@ def cases(prometheus) -> dict[str, str]:
 
 def _backfill_cases(prometheus) -> dict[str, str]:
     s, e = _recent()
-    good, no_sm, exported = (f"d{uuid.uuid4().hex[:8]}" for _ in range(3))
+    good, no_sm, exported, v49 = (f"d{uuid.uuid4().hex[:8]}" for _ in range(4))
     series = []
     # healthy chain: classic names, pod labels, profiling on, one idle GPU without a pod
     for i in range(3):
@@ -83,7 +83,12 @@ def _backfill_cases(prometheus) -> dict[str, str]:
     labels = _gpu(no_sm, 0, pod="p", namespace="ns")
     series.append(("DCGM_FI_DEV_GPU_UTIL_RATIO", labels, _const(s, e, 90)))
     series.append(("DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", labels, _const(s, e, 0.9)))
-    series.append(("DCGM_FI_PROF_PIPE_TENSOR_UTIL_RATIO", labels, _const(s, e, 0.1)))
+    series.append(("DCGM_FI_PROF_TENSOR_UTIL_RATIO", labels, _const(s, e, 0.1)))
+    # dcgm-exporter 4.9's defaults (DCGM 4.7 names): utilization a ratio, clocks in hertz
+    labels = _gpu(v49, 0, pod="p", namespace="ns")
+    series.append(("DCGM_FI_DEV_GPU_UTIL_RATIO", labels, _const(s, e, 0.9)))
+    series.append(("DCGM_FI_DEV_SM_CLOCK_HERTZ", labels, _const(s, e, 1.98e9)))
+    series.append(("DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", labels, _const(s, e, 0.9)))
     text = _om(series).replace("# EOF\n", "")
     # honorLabels false, through the trace tools (one node lacks SM activity)
     trace = traces.load_trace("h200-microbench")
@@ -98,7 +103,7 @@ def _backfill_cases(prometheus) -> dict[str, str]:
     )
     om = om.replace("{", f'{{case="{exported}",')
     prometheus.backfill(text + om)
-    return {"good": good, "no_sm": no_sm, "exported": exported}
+    return {"good": good, "no_sm": no_sm, "exported": exported, "v49": v49}
 
 
 def test_healthy_chain_passes(prometheus, cases, capsys):
@@ -112,12 +117,22 @@ def test_healthy_chain_passes(prometheus, cases, capsys):
     assert "classic names" in checks["DCGM series present"]["detail"]
 
 
+def test_exporter_4_9_naming_is_named_and_its_fix_uses_its_names(prometheus, cases, capsys):
+    rc, checks = _doctor(prometheus, cases["v49"], capsys)
+    assert "dcgm-exporter 4.9" in checks["DCGM series present"]["detail"]
+    assert "DCGM_FI_DEV_SM_CLOCK_HERTZ" in checks["DCGM series present"]["detail"]
+    assert "DCGM_FI_PROF_SM_UTIL_RATIO," in checks["profiling: SM activity"]["fix"]
+    assert checks["busy signal (GPU_UTIL or GR_ENGINE_ACTIVE)"]["status"] == "ok"
+    assert "GPU utilization unit" not in checks
+
+
 def test_missing_sm_activity_fails_with_the_csv_fix(prometheus, cases, capsys):
     rc, checks = _doctor(prometheus, cases["no_sm"], capsys)
     assert rc == 1
     sm = checks["profiling: SM activity"]
     assert sm["status"] == "fail" and sm["failed"]
-    assert "DCGM_FI_PROF_SM_ACTIVE," in sm["fix"] and "counters CSV" in sm["fix"]
+    # spelled as the exporter in use spells its fields (DCGM 4.6 names here)
+    assert "DCGM_FI_PROF_SM_UTIL_RATIO," in sm["fix"] and "counters CSV" in sm["fix"]
     assert "DCGM 4.6" in checks["DCGM series present"]["detail"]
     assert checks["busy signal (GPU_UTIL or GR_ENGINE_ACTIVE)"]["status"] == "ok"
     assert checks["kube-state-metrics"]["status"] == "warn"

@@ -15,8 +15,9 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from dcgm_upstream import load
 
-from auditor.core.metrics import Metric
+from auditor.core.metrics import BY_NAME, Metric
 from auditor.core.model import PodRef, Window
 from auditor.errors import BadInput, QueryRefused, SourceUnavailable
 from auditor.sources import promql
@@ -148,27 +149,73 @@ def test_exporter_pod_without_any_workload_is_not_a_job(prometheus):
     assert any("honorLabels: true" in w for w in res.report.warnings)
 
 
-def test_dcgm_46_ratio_names_and_units(prometheus):
+#: one GPU state in each naming's exporter units: 80 % utilization, SM clock 1980 MHz, 350.5 W
+_STATE = {
+    "classic": {Metric.GPU_UTIL: 80, Metric.SM_CLOCK: 1980, Metric.POWER: 350.5},
+    "dcgm-4.6": {Metric.GPU_UTIL: 80, Metric.SM_CLOCK: 1980, Metric.POWER: 350.5},  # same field ids, same values
+    "exporter-4.9": {Metric.GPU_UTIL: 0.8, Metric.SM_CLOCK: 1.98e9, Metric.POWER: 350.5},  # ratio, hertz
+}
+_RATIOS = {Metric.SM_ACTIVE: 0.4, Metric.TENSOR_ACTIVE: 0.2, Metric.FP32_ACTIVE: 0.15, Metric.FP16_ACTIVE: 0.05,
+           Metric.DRAM_ACTIVE: 0.1}
+
+
+@pytest.mark.parametrize("generation", ["classic", "dcgm-4.6", "exporter-4.9"])
+def test_each_naming_is_detected_and_read_in_one_unit(prometheus, generation):
+    """Series named as upstream names them (tests/fixtures/dcgm/) read to the same buckets."""
+    names = load().names(generation)
     case = f"c{uuid.uuid4().hex[:8]}"
     s, e = _window()
     labels = _gpu(case, 0, pod="p", namespace="ns")
-    series = [
-        ("DCGM_FI_DEV_GPU_UTIL_RATIO", labels, _const(s, e, 80)),  # still a percent under its 4.6 name
-        ("DCGM_FI_PROF_SM_UTIL_RATIO", labels, _const(s, e, 0.4)),
-        ("DCGM_FI_PROF_PIPE_TENSOR_UTIL_RATIO", labels, _const(s, e, 0.2)),
-        ("DCGM_FI_PROF_DRAM_UTIL_RATIO", labels, _const(s, e, 0.1)),
-        ("DCGM_FI_DEV_POWER_USAGE", labels, _const(s, e, 350.5)),
-    ]
+    values = _STATE[generation] | _RATIOS
+    series = [(n, labels, _const(s, e, values[BY_NAME[n]])) for n in sorted(names) if BY_NAME.get(n) in values]
+    assert {BY_NAME[n] for n, _, _ in series} == set(values)  # every metric under this naming's name
     prometheus.backfill(_om(series))
-    res = PrometheusSource(prometheus.url, matchers={"case": case}).read(Window(_utc(s), _utc(e)), WIDTH)
+    src = PrometheusSource(prometheus.url, matchers={"case": case})
+    res = src.read(Window(_utc(s), _utc(e)), WIDTH)
     means = {b.metric: b.mean for b in res.buckets}
     assert means == {
         Metric.GPU_UTIL: pytest.approx(0.8),
-        Metric.SM_ACTIVE: pytest.approx(0.4),
-        Metric.TENSOR_ACTIVE: pytest.approx(0.2),
-        Metric.DRAM_ACTIVE: pytest.approx(0.1),
+        Metric.SM_CLOCK: pytest.approx(1980),
         Metric.POWER: pytest.approx(350.5),
+        **{m: pytest.approx(v) for m, v in _RATIOS.items()},
     }
+    assert res.report.labels["naming"] == generation
+    assert src.stats.naming.value == generation
+    assert not any("cannot tell" in w for w in res.report.warnings)
+
+
+def test_util_ratio_without_4_9_names_is_told_by_its_values(prometheus):
+    """DCGM_FI_DEV_GPU_UTIL_RATIO alone: whole numbers above 1 are DCGM 4.6's percent, fractions
+    are dcgm-exporter 4.9's ratio; only 0s and 1s cannot tell: then GPU utilization is not read
+    (a guess could turn a busy GPU idle), and the report says why."""
+    s, e = _window()
+    got = {}
+    for tag, value in (("percent", 80), ("ratio", 0.8), ("ambiguous", 1)):
+        case = f"c{uuid.uuid4().hex[:8]}"
+        labels = _gpu(case, 0, pod="p", namespace="ns")
+        prometheus.backfill(_om([("DCGM_FI_DEV_GPU_UTIL_RATIO", labels, _const(s, e, value))]))
+        res = PrometheusSource(prometheus.url, matchers={"case": case}).read(Window(_utc(s), _utc(e)), WIDTH)
+        got[tag] = (sorted({round(b.mean, 9) for b in res.buckets}), res.report.labels["naming"], res.report.warnings)
+    assert got["percent"][:2] == ([0.8], "dcgm-4.6")
+    assert got["ratio"][:2] == ([0.8], "exporter-4.9")
+    assert got["ambiguous"][0] == []
+    assert any("cannot tell a percent" in w and "left unread" in w for w in got["ambiguous"][2])
+
+
+def test_a_percent_under_the_4_9_naming_is_garbage_not_a_ratio(prometheus):
+    """With 4.9's names present, a DCGM_FI_DEV_GPU_UTIL_RATIO of 80 is out of range: dropped and
+    counted, never read as 80 × 100 %."""
+    case = f"c{uuid.uuid4().hex[:8]}"
+    s, e = _window()
+    labels = _gpu(case, 0, pod="p", namespace="ns")
+    prometheus.backfill(_om([
+        ("DCGM_FI_DEV_GPU_UTIL_RATIO", labels, _const(s, e, 80)),
+        ("DCGM_FI_DEV_SM_CLOCK_HERTZ", labels, _const(s, e, 1.98e9)),
+    ]))
+    res = PrometheusSource(prometheus.url, matchers={"case": case}).read(Window(_utc(s), _utc(e)), WIDTH)
+    util = [b for b in res.buckets if b.metric is Metric.GPU_UTIL]
+    assert util and all(b.count == 0 for b in util)
+    assert res.report.dropped[Metric.GPU_UTIL] == 6 * 20
 
 
 def test_garbage_dropped_counted_and_overshoot_clamped(prometheus):

@@ -23,7 +23,7 @@ import pytest
 
 from auditor import traces
 from auditor.cli.main import main
-from auditor.core.metrics import Metric
+from auditor.core.metrics import Metric, Naming
 from auditor.core.model import PodRef
 
 pytestmark = pytest.mark.testbed
@@ -78,7 +78,8 @@ class DataSet:
 
 
 def _build(trace: traces.Trace, end: datetime, *, convention: str, hostname: str, namespace: str,
-           include: set[Metric] | None = None, dcgm46: bool = False, no_sm: tuple[str, ...] = ()) -> tuple[str, DataSet]:
+           include: set[Metric] | None = None, dcgm46: bool = False, no_sm: tuple[str, ...] = (),
+           naming: Naming | None = None) -> tuple[str, DataSet]:
     case = f"e2e{uuid.uuid4().hex[:10]}"
     phases = trace.phases()
     jobs = [
@@ -94,7 +95,7 @@ def _build(trace: traces.Trace, end: datetime, *, convention: str, hostname: str
     longest = max(j.duration for j in jobs)
     text = traces.trace_to_openmetrics(
         trace, jobs, end=end, duration=longest, interval=INTERVAL, convention=convention,
-        include=include, hostname_label=hostname, dcgm46_names=dcgm46,
+        include=include, hostname_label=hostname, dcgm46_names=dcgm46, naming=naming,
     )
     start = end - longest
     start = datetime.fromtimestamp(start.timestamp() // 300 * 300, timezone.utc)
@@ -122,6 +123,9 @@ def _backfill_all(prometheus) -> dict[str, DataSet]:
         "micro-ratio": _build(micro, end, convention="pod", hostname="hostname", namespace="bench", dcgm46=True),
         "demo": _build(demo, end, convention="pod", hostname="Hostname", namespace="demo"),
         "demo-exported": _build(demo, end, convention="exported_pod", hostname="hostname", namespace="demo"),
+        # the same workloads as DCGM 4.6 and dcgm-exporter 4.9 name them (4.9: GPU_UTIL a ratio, clocks in Hz)
+        "demo-4.6": _build(demo, end, convention="pod", hostname="hostname", namespace="demo", naming=Naming.DCGM46),
+        "demo-4.9": _build(demo, end, convention="pod", hostname="hostname", namespace="demo", naming=Naming.EXPORTER49),
         "demo-no-fp32": _build(
             demo, end, convention="pod", hostname="Hostname", namespace="demo",
             include=demo.metrics - {Metric.FP32_ACTIVE},
@@ -169,7 +173,7 @@ def test_microbench_phases_get_readme_verdicts(prometheus, data, which, tmp_path
     assert {s["namespace"] for s in summaries} == {"bench"}
 
 
-@pytest.mark.parametrize("which", ["demo", "demo-exported", "demo-no-fp32"])
+@pytest.mark.parametrize("which", ["demo", "demo-exported", "demo-no-fp32", "demo-4.6", "demo-4.9"])
 def test_demo_cluster_workloads_get_readme_verdicts(prometheus, data, which, tmp_path, capsys):
     ds = data[which]
     summaries = _audit(prometheus, ds, f"sqlite:///{tmp_path}/a.db", capsys)
@@ -179,6 +183,18 @@ def test_demo_cluster_workloads_get_readme_verdicts(prometheus, data, which, tmp
         assert set(fp32.values()) == {None}  # absent, never 0
     else:
         assert fp32["Pod/mlp-fp32-training-no-tf32"] == pytest.approx(0.731, abs=0.02)
+
+
+def test_every_naming_audits_to_the_same_numbers(prometheus, data, tmp_path, capsys):
+    """The demo workloads under classic, DCGM 4.6 and dcgm-exporter 4.9 names give the same
+    verdicts, means and MFU estimates (which need the SM clock: hertz under 4.9)."""
+    keys = ("verdict", "gpu_util", "sm_active", "tensor_active", "dram_active", "mfu_estimate", "gpu_hours")
+    got = {}
+    for which in ("demo", "demo-4.6", "demo-4.9"):
+        rows = _audit(prometheus, data[which], f"sqlite:///{tmp_path}/{which}.db", capsys)
+        got[which] = {s["job"]: tuple(round(s[k], 6) if isinstance(s[k], float) else s[k] for k in keys) for s in rows}
+    assert got["demo"] == got["demo-4.6"] == got["demo-4.9"]
+    assert any(v[5] is not None for v in got["demo-4.9"].values())  # an MFU estimate was made
 
 
 def test_job_without_sm_series_is_insufficient_data(prometheus, data, tmp_path, capsys):
