@@ -4,6 +4,8 @@ Settings come from ``--config`` (the file the Helm chart renders), then ``GPU_AU
 variables, then these flags (auditor/settings.py). ``--once`` runs one cycle under the Lease and
 exits; with ``--output json`` it prints, in the audit JSON shape, the cumulative summary of every
 job that cycle touched. Without ``--once`` it runs until SIGTERM/SIGINT, then releases the Lease.
+``--no-leader-election`` runs without a Lease; ``--dry-run`` decides and records but writes nothing
+to the cluster (no Lease, annotation, Event or requeue) and sends no notification or report.
 """
 
 from __future__ import annotations
@@ -33,6 +35,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", metavar="FILE", help=f"{CONFIG_HELP}; docs/operator.md lists the keys")
     p.add_argument("--once", action="store_true", help="run one cycle (taking the Lease) and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="decide and record the would-do decisions in the store, but write nothing to the cluster "
+                        "(no Lease, annotation, Event or requeue) and send no notification or report")
+    p.add_argument("--no-leader-election", action="store_true",
+                   help="run without the Lease (settings: leader_election.enabled: false); for one operator only")
+    p.add_argument("--lease-namespace", metavar="NS",
+                   help="namespace of the Lease (settings: leader_election.namespace; default: $POD_NAMESPACE "
+                        "in a pod, else the kubeconfig context's namespace)")
     p.add_argument("--output", choices=("table", "json"), default="table",
                    help="with --once: print the touched jobs as a table (default) or as audit JSON")
     add_prometheus_flags(p, required=False)
@@ -86,6 +96,13 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
         out["policies"] = {"dir": args.policies}
     if args.cluster:
         out["cluster"] = args.cluster
+    election: dict[str, Any] = {}
+    if args.no_leader_election:
+        election["enabled"] = False
+    if args.lease_namespace:
+        election["namespace"] = args.lease_namespace
+    if election:
+        out["leader_election"] = election
     return out
 
 
@@ -106,10 +123,12 @@ def run(args: argparse.Namespace) -> int:
         from auditor.operator_loop.service import build_source
 
         source = build_source(settings, token=token)
-    op = Operator(settings, source=source)
+    op = Operator(settings, source=source, dry_run=args.dry_run)
     if args.once:
         result = op.run_once()
         if args.output == "json":
+            if args.dry_run:
+                _attach_decisions(result.summaries, result.decisions)
             print(json.dumps(result.summaries, indent=2, default=str))
         else:
             from auditor.render.table import format_table
@@ -121,9 +140,15 @@ def run(args: argparse.Namespace) -> int:
             f"{len(result.finalized)} final, {result.queries} Prometheus queries",
             file=sys.stderr,
         )
+        if args.dry_run:
+            _print_dry_run(result.decisions, policies=op.policies is not None)
         for warning in result.warnings:
             print(f"warning: {warning}", file=sys.stderr)
         return 0
+
+    if args.dry_run:
+        log.warning("dry run: no Lease, nothing written to the cluster, no notification or report; "
+                    "would-do decisions are recorded in the store")
 
     def _stop(signum: int, _frame: Any) -> None:
         log.info("signal %d: shutting down (releasing the Lease)", signum)
@@ -133,3 +158,22 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _stop)
     op.run_forever()
     return 0
+
+
+def _attach_decisions(summaries: list[dict], decisions: list) -> None:
+    """Each summary gets its ``policy_decisions`` (as ``audit --policies`` prints them)."""
+    by_job: dict[str, list] = {}
+    for d in decisions:
+        by_job.setdefault(d.job, []).append(d.as_dict())
+    for s in summaries:
+        s["policy_decisions"] = by_job.get(f"{s.get('cluster')}/{s.get('namespace')}/{s.get('job')}", [])
+
+
+def _print_dry_run(decisions: list, *, policies: bool) -> None:
+    from auditor.cli.policy import print_decisions
+
+    if policies:
+        print_decisions(decisions, act=True, file=sys.stderr)  # each line says "dry-run"
+    due = sum(1 for d in decisions if d.step is not None)
+    print(f"dry run: nothing was written to the cluster and nothing was sent; {due} would-do decision(s) "
+          "recorded in the store", file=sys.stderr)

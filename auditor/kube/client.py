@@ -11,11 +11,12 @@ import json
 import logging
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from auditor.errors import BadInput, SourceUnavailable
+from auditor.errors import AuditorError, BadInput, SourceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,27 @@ def api_client(cfg: KubeConfig) -> client.ApiClient:
     api = client.ApiClient(conf)
     if cfg.impersonate:
         api.set_default_header("Impersonate-User", cfg.impersonate)
+    return api
+
+
+class WriteRefused(AuditorError):
+    """A read-only client (``run --dry-run``) was asked to change something on the cluster."""
+
+
+def read_only(api: client.ApiClient) -> client.ApiClient:
+    """Make ``api`` refuse every request but GET and HEAD, in place (and return it).
+
+    A dry run decides not to write; this makes sure nothing it calls can, whatever the path
+    (typed clients, raw JSON calls and watches all go through ``call_api``).
+    """
+    inner = api.call_api
+
+    def call_api(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        if str(method).upper() not in ("GET", "HEAD"):
+            raise WriteRefused(f"dry run: refused {method} {urlsplit(url).path} (nothing is written to the cluster)")
+        return inner(method, url, *args, **kwargs)
+
+    api.call_api = call_api  # type: ignore[method-assign]
     return api
 
 

@@ -15,22 +15,103 @@ and has no "try for N seconds" mode for ``run --once``. This one follows client-
 
 Permissions: ``create`` leases, ``get``/``update`` the one Lease by name (auditor/permissions.yaml,
 feature ``leaderElection``).
+
+Failures that waiting cannot mend are said at once, not after a lease duration of retries: the
+Lease's namespace does not exist (:class:`LeaseNamespaceMissing`), or the apiserver refuses us
+(401/403, :class:`LeaseUnavailable`). A holder is named only when one was read from a real Lease.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Callable
+from typing import Callable, Mapping
 
 from kubernetes import client
+from kubernetes import config as kube_config
 from kubernetes.client.rest import ApiException
 
+from auditor.errors import BadInput, PermanentError
 from auditor.kube.client import call_json
 
 log = logging.getLogger(__name__)
+
+#: where the pod's service account names its namespace (beside its token)
+SERVICE_ACCOUNT_NAMESPACE = os.path.join(os.path.dirname(kube_config.incluster_config.SERVICE_TOKEN_FILENAME), "namespace")
+
+
+class LeaseUnavailable(PermanentError):
+    """The Lease cannot be taken, and waiting will not change that (e.g. 403 Forbidden)."""
+
+
+class LeaseNamespaceMissing(LeaseUnavailable, BadInput):
+    """The Lease's namespace does not exist: a setting to fix (exit 2), never "someone holds it"."""
+
+
+def lease_namespace(
+    configured: str | None,
+    *,
+    in_cluster: bool,
+    kubeconfig: str | None = None,
+    context: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[str, str]:
+    """The Lease's namespace and where that choice came from (for messages).
+
+    The setting wins; then ``$POD_NAMESPACE`` (the chart sets it); in a pod, its service
+    account's namespace; outside a cluster, the kubeconfig context's namespace, as kubectl
+    would use it (``default`` when the context names none).
+    """
+    env = os.environ if environ is None else environ
+    if configured:
+        return configured, "leader_election.namespace"
+    if env.get("POD_NAMESPACE"):
+        return env["POD_NAMESPACE"], "$POD_NAMESPACE"
+    if in_cluster:
+        try:
+            with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as f:
+                ns = f.read().strip()
+            if ns:
+                return ns, "the pod's service account"
+        except OSError:
+            pass
+        return "gpu-auditor", "the default (no $POD_NAMESPACE, no service account namespace)"
+    try:
+        contexts, active = kube_config.list_kube_config_contexts(config_file=kubeconfig)
+    except (kube_config.ConfigException, OSError, TypeError, ValueError):
+        return "default", "the default (no kubeconfig context could be read)"
+    chosen = next((c for c in contexts or [] if c.get("name") == context), None) if context else active
+    name = (chosen or {}).get("name", "?")
+    ns = ((chosen or {}).get("context") or {}).get("namespace")
+    if ns:
+        return ns, f"the kubeconfig context {name!r}"
+    return "default", f"the kubeconfig context {name!r}, which names no namespace"
+
+
+def _why(exc: Exception) -> str:
+    """An API error in one line: the status and the server's message, never the raw body."""
+    if isinstance(exc, ApiException):
+        try:
+            message = json.loads(exc.body or "{}").get("message")
+        except (ValueError, AttributeError):
+            message = None
+        return f"{exc.status} {exc.reason}" + (f": {message}" if message else "")
+    return str(exc)
+
+
+def _namespace_missing(exc: ApiException) -> bool:
+    """A 404 whose Status names the namespace (not the Lease) as the missing object."""
+    if exc.status != 404:
+        return False
+    try:
+        details = json.loads(exc.body or "{}").get("details") or {}
+    except (ValueError, AttributeError):
+        return False
+    return details.get("kind") == "namespaces"
 
 
 def _micro(t: datetime) -> str:
@@ -57,6 +138,8 @@ class LeaderElector:
         retry_period: timedelta = timedelta(seconds=2),
         on_started: Callable[[], None] | None = None,
         on_stopped: Callable[[], None] | None = None,
+        on_fatal: Callable[[LeaseUnavailable], None] | None = None,
+        namespace_origin: str = "",
     ) -> None:
         self.api = api
         self.namespace = namespace
@@ -67,6 +150,9 @@ class LeaderElector:
         self.retry_period = retry_period.total_seconds()
         self.on_started = on_started
         self.on_stopped = on_stopped
+        #: called (from the elector's thread) when the loop gives up: the Lease can never be taken
+        self.on_fatal = on_fatal
+        self.namespace_origin = namespace_origin
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
         self._lock = threading.RLock()
         self._leader = False
@@ -77,6 +163,10 @@ class LeaderElector:
         self._thread: threading.Thread | None = None
         self.transitions = 0
         self.last_error: str | None = None
+        #: why the Lease can never be taken (its namespace is missing): the loop stops
+        self.fatal: LeaseUnavailable | None = None
+        #: why the last attempt was refused (401/403): ``acquire`` gives up at once, the loop retries
+        self.refused: LeaseUnavailable | None = None
 
     # ------------------------------------------------------------------ state
 
@@ -87,6 +177,11 @@ class LeaderElector:
 
     def ensure_leader(self) -> bool:
         return self.is_leader
+
+    def holder(self) -> str | None:
+        """The holder last read from the Lease (None: not read yet, or free): the only one we may name."""
+        with self._lock:
+            return (self._observed or (None,))[0] or None
 
     # ------------------------------------------------------------------ loop
 
@@ -99,6 +194,12 @@ class LeaderElector:
         while not self._stop.is_set():
             was = self.is_leader
             ok = self.try_acquire_or_renew()
+            if self.fatal is not None:
+                log.error("leader election stopped: %s", self.fatal)
+                if self.on_fatal:
+                    fatal = self.fatal
+                    self._safe(lambda: self.on_fatal(fatal))  # type: ignore[misc]
+                return
             if ok and not was:
                 log.info("became the leader (Lease %s/%s, identity %s)", self.namespace, self.name, self.identity)
                 if self.on_started:
@@ -124,11 +225,19 @@ class LeaderElector:
             log.exception("leader-election callback failed")
 
     def acquire(self, timeout: float) -> bool:
-        """Try to become the leader for up to ``timeout`` seconds (``run --once``)."""
+        """Try to become the leader for up to ``timeout`` seconds (``run --once``).
+
+        False when someone else held it all that time; raises :class:`LeaseUnavailable` (or
+        :class:`LeaseNamespaceMissing`) at once when waiting cannot help.
+        """
         deadline = time.monotonic() + timeout
         while True:
             if self.try_acquire_or_renew():
                 return True
+            if self.fatal is not None:
+                raise self.fatal
+            if self.refused is not None:
+                raise self.refused
             if time.monotonic() >= deadline or self._stop.is_set():
                 return False
             self._stop.wait(min(self.retry_period, max(0.0, deadline - time.monotonic())))
@@ -147,22 +256,27 @@ class LeaderElector:
         """One attempt; True when we hold the Lease afterwards."""
         now_wall = datetime.now(timezone.utc)
         now = time.monotonic()
+        self.refused = None
         try:
             lease = call_json(self.api, self._path, timeout=self.renew_deadline)
         except ApiException as exc:
             if exc.status != 404:
-                return self._failed(f"get Lease: {exc.status} {exc.reason}")
+                return self._failed("get", exc)
+            with self._lock:
+                self._observed = None  # no Lease: nobody holds it
             body = self._body(None, now_wall, transitions=0, acquire=True)
             try:
                 call_json(self.api, f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases",
                           method="POST", body=body, timeout=self.renew_deadline)
             except ApiException as exc2:
-                return self._failed(f"create Lease: {exc2.status} {exc2.reason}")
+                if _namespace_missing(exc2):
+                    self.fatal = LeaseNamespaceMissing(self._missing_namespace())
+                return self._failed("create", exc2)
             except Exception as exc2:  # noqa: BLE001
-                return self._failed(f"create Lease: {exc2}")
+                return self._failed("create", exc2)
             return self._won(now)
         except Exception as exc:  # noqa: BLE001 - connection trouble counts as a failed renewal
-            return self._failed(f"get Lease: {exc}")
+            return self._failed("get", exc)
 
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
@@ -187,10 +301,11 @@ class LeaderElector:
             call_json(self.api, self._path, method="PUT", body=body, timeout=self.renew_deadline)
         except ApiException as exc:
             if exc.status == 409:
-                return self._failed("the Lease changed under us (409 Conflict)")
-            return self._failed(f"update Lease: {exc.status} {exc.reason}")
+                self.last_error = "the Lease changed under us (409 Conflict)"
+                return self.is_leader
+            return self._failed("update", exc)
         except Exception as exc:  # noqa: BLE001
-            return self._failed(f"update Lease: {exc}")
+            return self._failed("update", exc)
         return self._won(now)
 
     def _body(self, lease: dict | None, now: datetime, *, transitions: int, acquire: bool, spec: dict | None = None) -> dict:
@@ -223,20 +338,35 @@ class LeaderElector:
             self.last_error = None
         return True
 
-    def _failed(self, why: str) -> bool:
+    def _failed(self, verb: str, exc: Exception) -> bool:
+        why = f"{verb} the Lease {self.namespace}/{self.name}: {_why(exc)}"
+        if isinstance(exc, ApiException) and exc.status in (401, 403):
+            self.refused = LeaseUnavailable(
+                f"not allowed to {why} (the identity needs the leaderElection rules of auditor/permissions.yaml)")
         self.last_error = why
         log.debug("leader election: %s", why)
         return self.is_leader  # still the leader until the renew deadline passes
+
+    def _missing_namespace(self) -> str:
+        ns = self.namespace
+        origin = f" (from {self.namespace_origin})" if self.namespace_origin else ""
+        return (
+            f"the Lease's namespace {ns!r}{origin} does not exist: create it (kubectl create namespace {ns}), "
+            "choose an existing one with --lease-namespace NS or the leader_election.namespace setting, "
+            "or run without a Lease with --no-leader-election (leader_election.enabled: false)"
+        )
 
     def release(self) -> bool:
         """Give the Lease back (holder cleared) if we hold it; True when released."""
         with self._lock:
             was = self._leader
             self._leader = False
+        if self.transitions == 0:
+            return False  # never held by this process: nothing to give back
         try:
             lease = call_json(self.api, self._path, timeout=5)
         except Exception as exc:  # noqa: BLE001
-            log.warning("could not read the Lease to release it: %s", exc)
+            log.warning("could not read the Lease to release it: %s", _why(exc))
             return False
         spec = lease.get("spec") or {}
         if spec.get("holderIdentity") != self.identity:
@@ -259,7 +389,7 @@ class LeaderElector:
         try:
             call_json(self.api, self._path, method="PUT", body=body, timeout=5)
         except Exception as exc:  # noqa: BLE001
-            log.warning("could not release the Lease: %s", exc)
+            log.warning("could not release the Lease: %s", _why(exc))
             return False
         log.info("released the Lease %s/%s", self.namespace, self.name)
         if was and self.on_stopped:

@@ -124,6 +124,7 @@ class CycleRunner:
         catch_up_chunk: timedelta = timedelta(hours=6),
         end_settle: timedelta = END_SETTLE,
         holder: str = "",
+        dry_run: bool = False,
         still_leader: Callable[[], bool] = lambda: True,
         thresholds: Any = None,
     ) -> None:
@@ -136,6 +137,8 @@ class CycleRunner:
         self.catch_up_chunk = catch_up_chunk
         self.end_settle = end_settle
         self.holder = holder
+        #: a dry run (``run --dry-run``) keeps its own cursor: it never moves the acting operator's
+        self.dry_run = dry_run
         self.still_leader = still_leader
         self.thresholds = thresholds
         self._covered: set[str] = set()  # job keys whose history this process has read
@@ -146,7 +149,8 @@ class CycleRunner:
         """End of this cluster's last successful operator cycle, aligned down to a bucket."""
         for run in self.store.runs(limit=500):
             d = run.get("detail") or {}
-            if d.get("origin") == ORIGIN and d.get("cluster") == self.cluster and str(run.get("status", "")).startswith("ok"):
+            if (d.get("origin") == ORIGIN and d.get("cluster") == self.cluster and bool(d.get("dry_run")) == self.dry_run
+                    and str(run.get("status", "")).startswith("ok")):
                 return align_down(run["window_end"], self.width)
         return None
 
@@ -188,7 +192,7 @@ class CycleRunner:
         window = self.plan(now, view)
         result = CycleResult(window=window, jobs_seen=len(view))
         log.info("cycle %s → %s: %d GPU job(s) in the cluster", _iso(window.start), _iso(window.end), len(view))
-        detail = {"origin": ORIGIN, "cluster": self.cluster, "holder": self.holder}
+        detail = {"origin": ORIGIN, "cluster": self.cluster, "holder": self.holder, **({"dry_run": True} if self.dry_run else {})}
         touched: dict[str, tuple[int, dict]] = {}
         for chunk in self.chunks(window):
             proxy = _CycleStore(self.store, view, cycle_end=now, settle=self.end_settle, detail=detail)

@@ -48,15 +48,26 @@ def policy_files(settings: Settings) -> dict[str, str]:
     return files
 
 
-class PolicyStage:
-    """Runs the policies on each cycle's summaries and acts (the leader only: it runs inside the cycle)."""
+#: prefix of the dedup keys of ``run --dry-run``'s would-do decisions (never an acting operator's key)
+DRY_RUN_KEY = "dry-run:"
 
-    def __init__(self, settings: Settings, store: Any, api: Any, identity: str) -> None:
+
+class PolicyStage:
+    """Runs the policies on each cycle's summaries and acts (the leader only: it runs inside the cycle).
+
+    With ``dry_run`` it decides the same way but acts on nothing (no Kubernetes write, no
+    notification, no resumed action) and records each due step as a would-do decision instead.
+    """
+
+    def __init__(self, settings: Settings, store: Any, api: Any, identity: str, *, dry_run: bool = False) -> None:
         from auditor.actions import KubeActions
+        from auditor.store.decisions import DecisionStore
 
         self.settings = settings
+        self.dry_run = dry_run
         self.registry = PolicyRegistry()
         self.runner = PolicyRunner(self.registry, store, KubeActions(api, instance=identity), runner_config(settings))
+        self.repo = DecisionStore(store)
 
     def run(self, summaries: list[dict], *, now: datetime) -> list[Decision]:
         """Reload the policy files, then evaluate and act; a failure is logged, never fatal to the cycle."""
@@ -64,11 +75,27 @@ class PolicyStage:
             self.registry.update(policy_files(self.settings))
             if not self.registry.policies:
                 return []
-            decisions = self.runner.run_cycle(summaries, now=now, act=True)
+            decisions = self.runner.run_cycle(summaries, now=now, act=not self.dry_run)
+            if self.dry_run:
+                self._record_would_do(decisions, now)
         except AuditorError as exc:
             log.error("policies: %s", exc)
             return []
         for d in decisions:
             if d.step is not None:
-                log.info("policy %s on %s (step %d): %s", d.policy, d.job, d.step, ", ".join(d.actions) or "recorded")
+                what = ", ".join(d.actions) or "recorded"
+                log.info("policy %s on %s (step %d): %s%s", d.policy, d.job, d.step, what, " (dry run: would do)" if self.dry_run else "")
         return decisions
+
+    def _record_would_do(self, decisions: list[Decision], now: datetime) -> None:
+        from auditor.store.decisions import JobIdent
+
+        for d in decisions:
+            if d.step is None or d.dedup_key is None:
+                continue  # waiting (cooldown, snooze): nothing would happen this cycle
+            cluster, namespace, kind, name = d.job.rsplit("/", 3)
+            self.repo.record_would_do(
+                JobIdent(cluster, namespace, kind, name), d.policy, dedup_key=DRY_RUN_KEY + d.dedup_key, mode=d.mode,
+                step=d.step, action_names=d.actions, now=now, verdict=str(d.verdict), reason=d.reason,
+                evidence={**d.evidence, "would_do": True},
+            )

@@ -3,7 +3,11 @@
 Only the leader runs cycles; a standby keeps its informers warm and answers ``/readyz``, so
 a takeover costs one lease duration at most (less after a clean shutdown: the Lease is released).
 ``run_once`` takes the Lease too (waiting up to one lease duration), so ``run --once`` never
-races a running operator.
+races a running operator; ``leader_election.enabled: false`` (``--no-leader-election``) runs
+without one. A dry run (``dry_run``) takes no Lease and writes nothing to the cluster: its API
+client refuses every write, policies record would-do decisions, weekly reports are not sent.
+
+Every "now" comes from :attr:`Operator.clock`, so tests can put a cycle at any time.
 """
 
 from __future__ import annotations
@@ -15,13 +19,13 @@ import threading
 import time
 import uuid
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from auditor.errors import AuditorError, SourceUnavailable
-from auditor.kube.client import KubeConfig, api_client
-from auditor.kube.lease import LeaderElector
+from auditor.kube.client import KubeConfig, api_client, read_only
+from auditor.kube.lease import LeaderElector, LeaseUnavailable, lease_namespace
 from auditor.kube.resolver import KubeResolver
 from auditor.operator_loop.cycle import ORIGIN, CycleResult, CycleRunner, LostLeadership
 from auditor.operator_loop.health import HealthServer, OperatorMetrics
@@ -30,6 +34,10 @@ from auditor.operator_loop.reports import ReportStage
 from auditor.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
 
 
 def default_identity() -> str:
@@ -63,19 +71,28 @@ def build_source(settings: Settings, token: str | None = None):  # -> Prometheus
 
 
 class Operator:
-    """One operator replica. Build it, then :meth:`run_forever` or :meth:`run_once`."""
+    """One operator replica. Build it, then :meth:`run_forever` or :meth:`run_once`.
+
+    ``clock`` gives every "now" of the loop (cycle ends, policy decisions, report schedule);
+    ``dry_run`` decides without acting on anything (see the module docstring).
+    """
 
     def __init__(self, settings: Settings, *, store: Any = None, source: Any = None, api: Any = None,
-                 identity: str | None = None) -> None:
+                 identity: str | None = None, clock: Callable[[], datetime] = utc_now,
+                 dry_run: bool = False) -> None:
         from auditor.store import Store
 
         self.settings = settings
+        self.clock = clock
+        self.dry_run = dry_run
         self.metrics = OperatorMetrics()
         self.identity = settings.leader_election.identity or identity or default_identity()
         self.api = api or api_client(KubeConfig(
             kubeconfig=settings.kubernetes.kubeconfig, in_cluster=settings.kubernetes.in_cluster,
             context=settings.kubernetes.context, impersonate=settings.kubernetes.impersonate,
         ))
+        if dry_run:
+            read_only(self.api)
         self.store = store or Store.open(settings.database_url())
         self.source = source or build_source(settings)
         self.resolver = KubeResolver(
@@ -85,20 +102,26 @@ class Operator:
         )
         le = settings.leader_election
         self.elector: LeaderElector | None = None
-        if le.enabled:
+        #: why the elector gave up (e.g. the Lease's namespace is missing): ``run_forever`` raises it
+        self.fatal: LeaseUnavailable | None = None
+        if le.enabled and not dry_run:
+            k = settings.kubernetes
+            namespace, origin = lease_namespace(le.namespace, in_cluster=k.in_cluster, kubeconfig=k.kubeconfig,
+                                                context=k.context)
             self.elector = LeaderElector(
-                self.api, namespace=le.namespace or os.environ.get("POD_NAMESPACE") or "gpu-auditor",
+                self.api, namespace=namespace, namespace_origin=origin,
                 name=le.lease_name, identity=self.identity, lease_duration=le.lease_duration,
                 renew_deadline=le.renew_deadline, retry_period=le.retry_period,
-                on_started=self._on_started, on_stopped=self._on_stopped,
+                on_started=self._on_started, on_stopped=self._on_stopped, on_fatal=self._on_fatal,
             )
         self.runner = CycleRunner(
             store=self.store, source=self.source, resolver=self.resolver, cluster=settings.cluster,
             width=settings.bucket_width, max_lookback=settings.max_lookback,
             catch_up_chunk=settings.catch_up_chunk, holder=self.identity, still_leader=self.is_leader,
+            dry_run=dry_run,
             thresholds=settings.thresholds,
         )
-        self.policies = PolicyStage(settings, self.store, self.api, self.identity) if (
+        self.policies = PolicyStage(settings, self.store, self.api, self.identity, dry_run=dry_run) if (
             settings.policies.builtin or settings.policies.dir) else None
         self.reports = ReportStage(settings, self.store)
         self.scheduler: BackgroundScheduler | None = None
@@ -135,12 +158,16 @@ class Operator:
         self.metrics.leader.set(1)
         if self.scheduler is not None and not self._stop.is_set():
             try:  # audit right away instead of waiting for the next interval
-                self.scheduler.modify_job("cycle", next_run_time=datetime.now(timezone.utc))
+                self.scheduler.modify_job("cycle", next_run_time=self.clock())
             except Exception:  # noqa: BLE001 - the job may be gone during shutdown
                 pass
 
     def _on_stopped(self) -> None:
         self.metrics.leader.set(0)
+
+    def _on_fatal(self, exc: LeaseUnavailable) -> None:
+        self.fatal = exc
+        self._stop.set()
 
     # ------------------------------------------------------------------ start / stop
 
@@ -185,7 +212,7 @@ class Operator:
             self._cycle_began = time.monotonic()
             try:
                 with self.metrics.cycle_seconds.time():
-                    result = self.runner.run()
+                    result = self.runner.run(self.clock())
             except LostLeadership as exc:
                 log.warning("%s", exc)
                 self.metrics.cycles.labels("lost_lease").inc()
@@ -194,7 +221,7 @@ class Operator:
                 stage = "prometheus" if isinstance(exc, SourceUnavailable) else type(exc).__name__
                 self.metrics.errors.labels(stage).inc()
                 self.metrics.cycles.labels("failed").inc()
-                self.metrics.last_cycle.set(time.time())
+                self.metrics.last_cycle.set(self.clock().timestamp())
                 log.error("cycle failed: %s", exc, exc_info=not isinstance(exc, AuditorError))
                 self._record_failure(exc)
                 raise
@@ -202,8 +229,9 @@ class Operator:
                 self._cycle_began = None
                 self.metrics.kube_requests.set(self.resolver.api_requests)
         if self.policies is not None:
-            result.decisions = self.policies.run(result.summaries, now=datetime.now(timezone.utc))
-        self.reports.send()
+            result.decisions = self.policies.run(result.summaries, now=self.clock())
+        if not self.dry_run:  # a report goes to Slack and webhooks: a dry run sends nothing
+            self.reports.send(now=self.clock())
         self.cycles_run += 1
         self.last_result = result
         m = self.metrics
@@ -215,19 +243,21 @@ class Operator:
         m.prometheus_queries.inc(result.queries)
         m.count_undelivered(result.decisions)
         m.window_seconds.set(result.window.seconds if result.window else 0)
-        m.last_cycle.set(time.time())
-        m.last_success.set(time.time())
+        finished = self.clock().timestamp()
+        m.last_cycle.set(finished)
+        m.last_success.set(finished)
         log.info("cycle done in %.1f s: %d summaries, %d final, %d queries",
                  result.seconds, len(result.summaries), len(result.finalized), result.queries)
         return result
 
     def _record_failure(self, exc: Exception) -> None:
         try:
-            now = datetime.now(timezone.utc)
+            now = self.clock()
             w = self.runner.plan(now, {})
             self.store.record_run(w, now, now, jobs=0, queries=0, status="failed",
                                   detail={"origin": ORIGIN, "cluster": self.settings.cluster,
-                                          "holder": self.identity, "error": f"{type(exc).__name__}: {exc}"})
+                                          "holder": self.identity, "error": f"{type(exc).__name__}: {exc}",
+                                          **({"dry_run": True} if self.dry_run else {})})
         except Exception:  # noqa: BLE001 - the cycle's own error matters more
             log.debug("could not record the failed cycle", exc_info=True)
 
@@ -244,9 +274,10 @@ class Operator:
         self.scheduler.add_job(
             self._scheduled, "interval", seconds=self.settings.interval.total_seconds(), id="cycle",
             max_instances=1, coalesce=True, misfire_grace_time=None,
-            next_run_time=datetime.now(timezone.utc) if self.elector is None else None,
+            next_run_time=self.clock() if self.elector is None else None,
         )
-        self.reports.schedule(self.scheduler, self.is_leader)
+        if not self.dry_run:
+            self.reports.schedule(self.scheduler, self.is_leader)
         self.scheduler.start()
         if self.elector is not None:
             self.elector.start()
@@ -254,23 +285,34 @@ class Operator:
             self._stop.wait()
         finally:
             self.shutdown()
+        if self.fatal is not None:
+            raise self.fatal
 
     def request_stop(self) -> None:
         self._stop.set()
 
     def run_once(self) -> CycleResult:
-        """Take the Lease (waiting up to one lease duration), run one cycle, release, stop."""
+        """Take the Lease (waiting up to one lease duration), run one cycle, release, stop.
+
+        Raises :class:`LeaseUnavailable` at once when waiting cannot help (its namespace is
+        missing: exit 2), and names a holder only when one was read from the Lease.
+        """
         self.start(http=False)
         try:
             if self.elector is not None:
-                wait = self.settings.leader_election.lease_duration.total_seconds() + 2 * self.settings.leader_election.retry_period.total_seconds()
-                if not self.elector.acquire(timeout=wait):
-                    holder = (self.elector._observed or ("?",))[0]
-                    raise AuditorError(
-                        f"another operator holds the Lease {self.elector.namespace}/{self.elector.name} "
-                        f"({holder}); not auditing (the running operator does)"
-                    )
-                self.elector.start()  # keep renewing while the cycle runs
+                el = self.elector
+                le = self.settings.leader_election
+                wait = le.lease_duration.total_seconds() + 2 * le.retry_period.total_seconds()
+                if not el.acquire(timeout=wait):
+                    holder = el.holder()
+                    if holder:
+                        raise AuditorError(
+                            f"another operator ({holder}) holds the Lease {el.namespace}/{el.name}; not auditing "
+                            "(the running operator does; --dry-run tries a cycle without the Lease)"
+                        )
+                    raise AuditorError(f"could not take the Lease {el.namespace}/{el.name} in {wait:.0f} s: "
+                                       f"{el.last_error or 'no answer'}")
+                el.start()  # keep renewing while the cycle runs
             result = self.cycle()
             if result is None:
                 raise AuditorError("lost the Lease before the cycle could run")

@@ -244,7 +244,7 @@ class DecisionStore:
         except _Taken:
             return None
         except Exception as exc:
-            if isinstance(getattr(exc, "__cause__", None), sa.exc.IntegrityError) or isinstance(exc, sa.exc.IntegrityError):
+            if _duplicate(exc):
                 return None
             raise
 
@@ -337,5 +337,47 @@ class DecisionStore:
             return [_action(r) for r in conn.execute(q.order_by(actions.c.id))]
 
 
+    def record_would_do(
+        self,
+        job: JobIdent,
+        policy: str,
+        *,
+        dedup_key: str,
+        mode: str,
+        step: int,
+        action_names: list[str],
+        now: datetime,
+        verdict: str,
+        reason: str,
+        evidence: dict,
+    ) -> bool:
+        """Record a decision a dry run (``run --dry-run``) would have carried out.
+
+        It is a decision row only (``dry_run`` true, no violation, no action rows), so it never
+        moves an escalation ladder, takes a dedup key the acting operator needs, or counts
+        towards a rate limit. ``dedup_key`` must be the dry run's own; a repeat is ignored
+        (returns False).
+        """
+        try:
+            with self.store._guard("record a dry-run decision"), self.store._connect(write=True, own=True) as conn:
+                conn.execute(
+                    decisions.insert().values(
+                        dedup_key=dedup_key, violation_id=None, **job.cols(), policy=policy, mode=mode, step=step,
+                        actions=action_names, decided_at=now, dry_run=True, verdict=verdict, reason=reason,
+                        evidence=evidence,
+                    )
+                )
+            return True
+        except Exception as exc:
+            if _duplicate(exc):
+                return False
+            raise
+
+
 class _Taken(Exception):
     pass
+
+
+def _duplicate(exc: Exception) -> bool:
+    """The write hit a unique key (the store wraps the driver's IntegrityError): already recorded."""
+    return isinstance(getattr(exc, "__cause__", None), sa.exc.IntegrityError) or isinstance(exc, sa.exc.IntegrityError)
