@@ -36,14 +36,15 @@ class ReportStage:
         if self.enabled:
             add_report_job(scheduler, self.trigger, lambda: self.send() if is_leader() else None)
 
-    def send(self) -> None:
-        """Send what is due; a failure is logged (the ledger retries it later), never raised."""
+    def send(self, now: datetime | None = None) -> None:
+        """Send what is due at ``now`` (the operator's clock; the wall clock when omitted); a
+        failure is logged (the ledger retries it later), never raised."""
         from auditor.reports import send_due_reports
 
         if not self.enabled:
             return
         try:
-            result = send_due_reports(self.store, datetime.now(timezone.utc), trigger=self.trigger,
+            result = send_due_reports(self.store, now or datetime.now(timezone.utc), trigger=self.trigger,
                                       destinations=self.destinations, options=self.options)
         except AuditorError as exc:
             log.error("weekly reports: %s", exc)

@@ -242,13 +242,17 @@ def build_report(
         out = []
         for w, (per, whole) in zip(weeks, per_week):
             t = (whole if team is None else per[team]).as_json()
+            # A week without a recorded job has no figures: "no data", never 0 GPU-hours
+            # (before the tool ran, or while it was down, nothing was measured).
+            has = bool(t["jobs"])
             out.append(
                 {
                     "week": w.week,
-                    "gpu_hours": t["gpu_hours"],
-                    "efficiency": t["efficiency"],
-                    "waste_gpu_hours": t["waste_gpu_hours"],
-                    "unmeasured_gpu_hours": t["unmeasured_gpu_hours"],
+                    "jobs": t["jobs"],
+                    "gpu_hours": t["gpu_hours"] if has else None,
+                    "efficiency": t["efficiency"] if has else None,
+                    "waste_gpu_hours": t["waste_gpu_hours"] if has else None,
+                    "unmeasured_gpu_hours": t["unmeasured_gpu_hours"] if has else None,
                 }
             )
         return out

@@ -80,6 +80,9 @@ def trend(points: Sequence[Mapping[str, Any]]) -> str:
     ax.bar(x, active, color=SM_COLOR, label="SM-active GPU-h", width=0.6)
     ax.bar(x, waste, bottom=active, color=WASTE_COLOR, label="waste GPU-h", width=0.6)
     ax.bar(x, unmeasured, bottom=[a + w for a, w in zip(active, waste)], color=UNMEASURED_COLOR, label="unmeasured", width=0.6)
+    for i, p in zip(x, points):
+        if not p.get("jobs"):
+            ax.text(i, 0, "no data", ha="center", va="bottom", rotation=90, fontsize=8, color="#777")
     ax.set_xticks(list(x), weeks, fontsize=8)
     ax.set_ylabel("GPU-hours")
     ax2 = ax.twinx()

@@ -247,12 +247,19 @@ def send_due_reports(
         result.reason = "nothing left to send"
         return result
     report = generate(store, week, now=now, options=opts)
-    # the teams known when generating (a team may have appeared since the list above)
-    in_report = {t["team"] for t in report["teams"]}
+    # Only teams with jobs in the week (and those the admin listed in ``reports.teams``) get
+    # its report, and nothing goes out for a week in which the cluster recorded no job: a week
+    # without data (before the tool ran) is no news, and an all-zero report of it reads as
+    # "0 GPU-hours used". Nothing is claimed, so data that arrives late (a backfilled audit)
+    # still gets the report while it is due.
+    with_jobs = {t["team"] for t in report["teams"] if t["jobs"]} | set(opts.teams)
+    if not report["total"]["jobs"]:
+        result.reason = f"no jobs were recorded in {week}: nothing to report"
+        return result
     me = holder or default_holder()
     for team, channel in pending:
         key = dedup_key(cluster, str(week), team, channel)
-        if team != ALL_TEAMS and team not in in_report:
+        if team != ALL_TEAMS and team not in with_jobs:
             continue
         if not rs.claim(
             dedup_key=key, cluster=cluster, week=str(week), team=team, channel=channel,

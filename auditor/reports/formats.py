@@ -144,6 +144,9 @@ def to_markdown(report: Mapping[str, Any]) -> str:
     lines += ["", "## Trend", "", "| week | GPU-hours | efficiency | waste GPU-h | unmeasured GPU-h |",
               "|---|---:|---:|---:|---:|"]
     for p in t["trend"]:
+        if not p["jobs"]:
+            lines.append(f"| {p['week']} | no data | | | |")
+            continue
         lines.append(
             f"| {p['week']} | {fmt('hours', p['gpu_hours'])} | {fmt('ratio', p['efficiency'])} | {fmt('hours', p['waste_gpu_hours'])} | "
             f"{fmt('hours', p['unmeasured_gpu_hours'])} |"

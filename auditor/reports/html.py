@@ -94,8 +94,8 @@ which the SMs had work. “GPU utilization” only says that <i>some</i> kernel 
 {% if r.total.actions %}<h3>Policy actions taken</h3><p>{% for a, n in r.total.actions.items() %}{{ a }}: <b>{{ n }}</b>{% if not loop.last %} · {% endif %}{% endfor %}</p>{% endif %}
 <h2>Trend</h2>
 <div class="scroll"><table data-table="trend"><tr><th class="l">week</th><th>GPU-hours</th><th>efficiency</th><th>waste GPU-h</th><th>unmeasured GPU-h</th></tr>
-{% for p in r.total.trend %}<tr data-week="{{ p.week }}"><td class="l">{{ p.week }}</td><td data-k="gpu_hours">{{ f("hours", p.gpu_hours) }}</td><td data-k="efficiency">{{ f("ratio", p.efficiency) }}</td>
-<td data-k="waste_gpu_hours">{{ f("hours", p.waste_gpu_hours) }}</td><td data-k="unmeasured_gpu_hours">{{ f("hours", p.unmeasured_gpu_hours) }}</td></tr>{% endfor %}
+{% for p in r.total.trend %}<tr data-week="{{ p.week }}"><td class="l">{{ p.week }}</td>{% if p.jobs %}<td data-k="gpu_hours">{{ f("hours", p.gpu_hours) }}</td><td data-k="efficiency">{{ f("ratio", p.efficiency) }}</td>
+<td data-k="waste_gpu_hours">{{ f("hours", p.waste_gpu_hours) }}</td><td data-k="unmeasured_gpu_hours">{{ f("hours", p.unmeasured_gpu_hours) }}</td>{% else %}<td data-k="no_data" colspan="4" class="l">no data</td>{% endif %}</tr>{% endfor %}
 </table></div>
 </section>
 {% if r.scope == "cluster" and per_team %}

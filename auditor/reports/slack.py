@@ -16,7 +16,7 @@ TOP_IN_SLACK = 3
 
 
 def _trend_text(points: list[Mapping[str, Any]]) -> str:
-    effs = [fmt("ratio", p["efficiency"]) for p in points]
+    effs = [fmt("ratio", p["efficiency"]) if p["jobs"] else "no data" for p in points]
     return "Efficiency by week: " + " → ".join(f"{p['week'][-3:]} {e}" for p, e in zip(points, effs))
 
 

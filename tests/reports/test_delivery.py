@@ -186,3 +186,70 @@ def test_scheduler_registration() -> None:
         assert job.coalesce and job.max_instances == 1
     finally:
         sched.shutdown(wait=False)
+
+
+# ---------------------------------------------------------------------- no data, no report
+
+
+def test_a_week_without_data_sends_nothing(postgres_url: str, receiver: Receiver) -> None:
+    """Day one: the tool was installed after W43; its first start must not post an all-zero
+    report of a week it never saw, to any team or channel, and records nothing."""
+    s = Store.open(postgres_url)
+    try:
+        res = send(s, receiver, FIRE + timedelta(minutes=1), "a")
+        assert res.sent == [] and res.failed == [] and "no jobs" in res.reason
+        assert receiver.posts == [] and ReportStore(s).deliveries(week="2026-W43") == []
+    finally:
+        s.close()
+
+
+def test_only_teams_with_jobs_in_the_week_get_its_report(postgres_url: str, receiver: Receiver) -> None:
+    """A team seen only in a trend week (W42) is in no W43 delivery; its W42 figures stay in
+    the trend, and the weeks before it read "no data" (null), never 0."""
+    s = Store.open(postgres_url)
+    try:
+        store_jobs(s, [GenJob("vision", "vision-train", WS + timedelta(days=1), 10, 2, "healthy"),
+                       GenJob("llm", "llm-old", WS - timedelta(days=5), 10, 2, "healthy")], now=FIRE)
+        send(s, receiver, FIRE + timedelta(minutes=1), "a")
+        assert slack_counts(receiver) == Counter({"/slack/vision": 1, "/slack/admins": 1})
+        assert sorted(webhook_keys(receiver)) == ["report/*/2026-W43/*/webhook", "report/*/2026-W43/vision/webhook"]
+        (cluster,) = [p.json["data"]["report"] for p in receiver.by_path("/hook") if p.json["data"]["key"].endswith("/*/webhook")]
+        trend = {p["week"]: p for p in cluster["total"]["trend"]}
+        assert trend["2026-W42"]["jobs"] == 1 and trend["2026-W42"]["gpu_hours"] == 20.0
+        assert trend["2026-W41"]["jobs"] == 0 and trend["2026-W41"]["gpu_hours"] is None
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize(
+    ("now", "due"),
+    [
+        # Monday 07:59 CET, the day after W43's change from summer time: W43 not yet due
+        (FIRE - timedelta(minutes=1), False),
+        (FIRE + timedelta(minutes=1), True),  # Monday 08:01 Berlin
+        (WE - timedelta(minutes=1), False),  # Sunday 23:59: W42 is due, and it has no data
+        (datetime(2026, 10, 26, 8, 1, tzinfo=UTC), True),  # 09:01 CET: still due
+    ],
+    ids=["mon-0759", "mon-0801", "sun-2359", "mon-0901"],
+)
+def test_the_operators_report_stage_follows_its_clock(postgres_url: str, receiver: Receiver, monkeypatch, now, due) -> None:
+    """The operator's report stage decides from the ``now`` it is given, never the wall clock:
+    the same store gives the same answer on any day the suite runs."""
+    from auditor.operator_loop.reports import ReportStage
+    from auditor.settings import Settings
+
+    monkeypatch.setenv("GPU_AUDITOR_TEST_ADMIN_SLACK", f"{receiver.url}/slack/admins")
+    settings = Settings.model_validate({
+        "cluster": "c1",
+        "reports": {"weekly_schedule": "mon 08:00", "timezone": TZ},
+        "notifications": {"slack": {"webhook_url_env": "GPU_AUDITOR_TEST_ADMIN_SLACK"}},
+    })
+    s = Store.open(postgres_url)
+    try:
+        store_jobs(s, [GenJob("vision", "vision-train", WS + timedelta(days=1), 10, 2, "healthy")], now=FIRE)
+        stage = ReportStage(settings, s)
+        stage.send(now=now)
+        stage.send(now=now + timedelta(seconds=30))  # the next cycle repeats nothing
+        assert slack_counts(receiver) == (Counter({"/slack/admins": 1}) if due else Counter())
+    finally:
+        s.close()

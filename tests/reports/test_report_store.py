@@ -119,7 +119,7 @@ def test_named_team_without_jobs_gets_an_empty_report(store: Store) -> None:
     t = doc["total"]
     assert doc["scope"] == "team" and t["team"] == "nobody"
     assert t["jobs"] == 0 and t["gpu_hours"] == 0.0 and t["efficiency"] is None and t["note"]
-    assert [p["gpu_hours"] for p in t["trend"]] == [0.0] * 5
+    assert [(p["jobs"], p["gpu_hours"]) for p in t["trend"]] == [(0, None)] * 5  # no data, never 0
     # a configured team appears in the cluster report even without any job
     doc = generate(store, W, now=NOW, options=ReportOptions(teams=("quiet",)))
     assert [x["team"] for x in doc["teams"]] == ["quiet"] and doc["total"]["jobs"] == 0

@@ -60,9 +60,14 @@ def test_trend_and_empty_teams() -> None:
     doc = build_report(week([]), hist, timezone="UTC", prices=Prices(), generated_at=WE, teams=["a", "new"])
     a, new = doc["teams"]
     assert a["jobs"] == 0 and a["efficiency"] is None and a["note"] and a["top_jobs"] == []
-    assert [p["gpu_hours"] for p in a["trend"]] == [2.0, 2.0, 2.0, 2.0, 0.0]
+    # a week without jobs has no figures ("no data"), never 0 GPU-hours
+    assert [p["gpu_hours"] for p in a["trend"]] == [2.0, 2.0, 2.0, 2.0, None]
     assert [p["efficiency"] for p in a["trend"]] == [0.5, 0.5, 0.5, 0.5, None]
+    assert [p["jobs"] for p in a["trend"]] == [1, 1, 1, 1, 0]
+    assert all(p["gpu_hours"] is None and p["waste_gpu_hours"] is None for p in new["trend"])
     assert new["trend"][-1]["week"] == "2026-W47" and doc["total"]["note"]
+    assert "| 2026-W47 | no data |" in to_markdown(doc)
+    assert 'data-k="no_data"' in render_html(doc, with_charts=False)
     # every format copes with an all-empty report
     assert "No jobs" in render_html(doc, with_charts=False)
     assert "No jobs" in to_markdown(doc)
