@@ -194,7 +194,9 @@ resourceNamesFrom is replaced by the names it refers to; a rule left with no nam
 One recording-rule expression: the 5-minute sum or count of a DCGM metric per pod and GPU.
 Arguments: metric, fn (sum|count), convention (pod|exported_pod), clampMax/divide/step (for
 GPU_UTIL: an integer percent with garbage values, clamped per sample through a subquery at the
-scrape interval, then made a ratio). With honorLabels false the workload labels arrive as
+scrape interval, then made a ratio); also: the metric's DCGM 4.6 name, read too (same field id,
+same unit); when: a metric the GPU must also export for this one to be read (with clampMax, as
+the selector becomes an expression). With honorLabels false the workload labels arrive as
 exported_*: they are grouped on and renamed to pod/namespace/container, so recorded series always
 look the same.
 */}}
@@ -202,6 +204,12 @@ look the same.
 {{- $p := ternary "exported_" "" (eq .convention "exported_pod") }}
 {{- $by := printf "%snamespace, %spod, %scontainer, UUID, GPU_I_ID, modelName" $p $p $p }}
 {{- $sel := printf "%s{%spod!=\"\"}" .metric $p }}
+{{- if .also }}
+{{- $sel = printf "{__name__=~\"%s|%s\", %spod!=\"\"}" .metric .also $p }}
+{{- end }}
+{{- if .when }}
+{{- $sel = printf "(%s and on (UUID) %s)" $sel .when }}
+{{- end }}
 {{- $inner := "" }}
 {{- if .clampMax }}
 {{- $inner = printf "%s_over_time(clamp_max(%s, %v)[5m:%s])" .fn $sel .clampMax .step }}
