@@ -186,8 +186,9 @@ def test_a_refused_lease_is_said_at_once(testbed, kube_admin, namespace, prometh
 # ---------------------------------------------------------------------------------------- item 2
 
 
-def _spinning_job(api, prometheus, ns: str, case: str) -> dict:
-    """A Kueue-managed Job (active Workload) whose one GPU spins one SM: low_sm_efficiency."""
+def _spinning_job(api, prometheus, ns: str, case: str, end: datetime | None = None) -> dict:
+    """A Kueue-managed Job (active Workload) whose one GPU spins one SM: low_sm_efficiency.
+    Its samples end at ``end`` (default: two minutes from now, a job still running)."""
     create(api, KV, "localqueues", ns, {"apiVersion": KV, "kind": "LocalQueue", "metadata": {"name": "lq"},
                                         "spec": {"clusterQueue": f"cq-{case}"}})
     job = batch_job(api, ns, "train", labels={"kueue.x-k8s.io/queue-name": "lq"})
@@ -200,7 +201,7 @@ def _spinning_job(api, prometheus, ns: str, case: str) -> dict:
     trace = traces.load_trace("h200-microbench")
     cycle = len(trace.steady("one_sm_spin")) * INTERVAL
     duration = cycle * math.ceil(timedelta(minutes=30) / cycle)
-    end = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(minutes=2)  # still running
+    end = end or datetime.now(timezone.utc).replace(microsecond=0) + timedelta(minutes=2)
     create_pod(api, ns, "train-0-abcde", gpus=1, owner=job, node=f"{case}-node", started=end - duration)
     tj = traces.TraceJob(PodRef(ns, "train-0-abcde", "main"), traces.make_gpus(1, f"{case}-node"), "one_sm_spin",
                          duration=duration)
@@ -284,3 +285,32 @@ def test_dry_run_decides_and_records_but_changes_nothing(testbed, kube_admin, na
         assert after["lease"] is not None and not after["lease"]["spec"].get("holderIdentity")
     finally:
         slack.close()
+
+
+def test_every_now_of_a_cycle_is_the_operators_clock(testbed, kube_admin, namespace, prometheus, postgres_url, tmp_path):
+    """``Operator(clock=…)``: the cycle's window, its recorded run and the policy decisions all
+    take their "now" from the clock, not from the wall (the data sits hours back from the wall
+    only because Prometheus must hold it)."""
+    from auditor.operator_loop import Operator
+    from auditor.settings import load_settings
+
+    case = f"ck{uuid.uuid4().hex[:8]}"
+    t = datetime.fromtimestamp(int(time.time()) // 300 * 300 - 3 * 3600 + 61, timezone.utc)
+    _spinning_job(kube_admin, prometheus, namespace, case, end=t)
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "requeue.yaml").write_text(POLICY)
+    cfg = _settings(tmp_path, _kubeconfig(testbed, tmp_path, namespace), prometheus.url, case, postgres_url,
+                    policies={"builtin": False, "dir": str(policies)})
+    result = Operator(load_settings(cfg, environ={}), clock=lambda: t, dry_run=True).run_once()
+    assert result.window.end == t
+    (summary,) = [x for x in result.summaries if x["namespace"] == namespace]
+    assert summary["verdict"] == "low_sm_efficiency" and summary["end"] <= t.isoformat().replace("+00:00", "Z")
+    store = Store.open(postgres_url)
+    try:
+        (run,) = store.runs()
+        (row,) = DecisionStore(store).decisions()
+    finally:
+        store.close()
+    assert run["window_end"] == t and run["detail"]["dry_run"] is True
+    assert row["decided_at"] == t
