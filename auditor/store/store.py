@@ -82,6 +82,12 @@ class Store:
         self._insert = sqlite_dialect.insert if self._sqlite else pg_dialect.insert
         self._upsert_job_stmt = self._make_upsert_job()
         self._upsert_owner_stmt = self._make_upsert_owner()
+        o = _owners.c
+        self._rivals_stmt = sa.select(o.job_id, o.pod_namespace, o.pod_name, o.first_start, o.last_start).where(
+            o.cluster == sa.bindparam("cluster"), o.job_id != sa.bindparam("job_id"),
+            o.pod_name.in_(sa.bindparam("names", expanding=True)),
+        ).order_by(o.job_id, o.pod_namespace, o.pod_name)
+        self._clusters: dict[int, str] = {}  # job id → cluster: a job row never changes cluster
         self._bucket_sql = self._make_bucket_sql()
         # SQLAlchemy's own conversion (UTC, and SQLite's fixed text format), once per distinct time.
         self._time_to_db = _cached(
@@ -348,9 +354,14 @@ class Store:
 
         The common case (no other owner) costs one executemany and one indexed read per call.
         """
-        cluster = conn.execute(sa.select(_jobs.c.cluster).where(_jobs.c.id == job_id)).scalar_one_or_none()
+        cluster = self._clusters.get(job_id)
         if cluster is None:
-            raise _Invalid(f"no job with id {job_id}")
+            cluster = conn.execute(sa.select(_jobs.c.cluster).where(_jobs.c.id == job_id)).scalar_one_or_none()
+            if cluster is None:
+                raise _Invalid(f"no job with id {job_id}")
+            if len(self._clusters) > 100_000:
+                self._clusters.clear()
+            self._clusters[job_id] = cluster
         spans: dict[tuple[str, str], tuple[datetime, datetime, set[tuple[str, str]]]] = {}
         for bk in buckets:
             key = (bk.pod.namespace, bk.pod.pod)
@@ -370,9 +381,7 @@ class Store:
         names = sorted({pod for _, pod in spans})
         for i in range(0, len(names), 500):
             rivals = conn.execute(
-                sa.select(o.job_id, o.pod_namespace, o.pod_name, o.first_start, o.last_start).where(
-                    o.cluster == cluster, o.job_id != job_id, o.pod_name.in_(names[i:i + 500])
-                ).order_by(o.job_id, o.pod_namespace, o.pod_name)
+                self._rivals_stmt, {"cluster": cluster, "job_id": job_id, "names": names[i:i + 500]}
             ).all()
             for other, ns, pod, first, last in rivals:
                 span = spans.get((ns, pod))
