@@ -191,6 +191,7 @@ class LeaderElector:
         return self
 
     def _run(self) -> None:
+        warned: str | None = None
         while not self._stop.is_set():
             was = self.is_leader
             ok = self.try_acquire_or_renew()
@@ -200,6 +201,10 @@ class LeaderElector:
                     fatal = self.fatal
                     self._safe(lambda: self.on_fatal(fatal))  # type: ignore[misc]
                 return
+            refused = str(self.refused) if self.refused is not None else None
+            if refused and refused != warned:  # RBAC may still be on its way: retry, but say it once
+                log.warning("leader election: %s; retrying every %g s", refused, self.retry_period)
+            warned = refused
             if ok and not was:
                 log.info("became the leader (Lease %s/%s, identity %s)", self.namespace, self.name, self.identity)
                 if self.on_started:
