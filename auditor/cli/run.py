@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
                     "would-do decisions are recorded in the store")
 
     def _stop(signum: int, _frame: Any) -> None:
-        log.info("signal %d: shutting down (releasing the Lease)", signum)
+        log.info("signal %d: shutting down%s", signum, " (releasing the Lease)" if op.elector is not None else "")
         op.request_stop()
 
     signal.signal(signal.SIGTERM, _stop)
