@@ -84,10 +84,9 @@ class Store:
         self._upsert_owner_stmt = self._make_upsert_owner()
         o = _owners.c
         self._rivals_stmt = sa.select(o.job_id, o.pod_namespace, o.pod_name, o.first_start, o.last_start).where(
-            o.cluster == sa.bindparam("cluster"), o.job_id != sa.bindparam("job_id"),
+            o.cluster == _cluster_of(sa.bindparam("job_id")), o.job_id != sa.bindparam("job_id"),
             o.pod_name.in_(sa.bindparam("names", expanding=True)),
         ).order_by(o.job_id, o.pod_namespace, o.pod_name)
-        self._clusters: dict[int, str] = {}  # job id → cluster: a job row never changes cluster
         self._bucket_sql = self._make_bucket_sql()
         # SQLAlchemy's own conversion (UTC, and SQLite's fixed text format), once per distinct time.
         self._time_to_db = _cached(
@@ -112,8 +111,10 @@ class Store:
 
     def _make_upsert_owner(self) -> sa.Executable:
         """The ``gpu_pod_owners`` upsert (executemany), widening the stored span of starts."""
-        stmt = self._insert(_owners).values({c: sa.bindparam(c) for c in (
-            "cluster", "pod_namespace", "pod_name", "job_id", "first_start", "last_start")})
+        stmt = self._insert(_owners).values({
+            "cluster": _cluster_of(sa.bindparam("job_id")),
+            **{c: sa.bindparam(c) for c in ("pod_namespace", "pod_name", "job_id", "first_start", "last_start")},
+        })
         ex, o = stmt.excluded, _owners.c
         return stmt.on_conflict_do_update(
             index_elements=["cluster", "pod_namespace", "pod_name", "job_id"],
@@ -353,15 +354,8 @@ class Store:
         other job holding it (see :meth:`replace_buckets`), on the write's transaction.
 
         The common case (no other owner) costs one executemany and one indexed read per call.
+        A job that does not exist fails the bucket write before (its foreign key).
         """
-        cluster = self._clusters.get(job_id)
-        if cluster is None:
-            cluster = conn.execute(sa.select(_jobs.c.cluster).where(_jobs.c.id == job_id)).scalar_one_or_none()
-            if cluster is None:
-                raise _Invalid(f"no job with id {job_id}")
-            if len(self._clusters) > 100_000:
-                self._clusters.clear()
-            self._clusters[job_id] = cluster
         spans: dict[tuple[str, str], tuple[datetime, datetime, set[tuple[str, str]]]] = {}
         for bk in buckets:
             key = (bk.pod.namespace, bk.pod.pod)
@@ -373,16 +367,14 @@ class Store:
                 if bk.start < span[0] or bk.start > span[1]:
                     spans[key] = (min(span[0], bk.start), max(span[1], bk.start), span[2])
         conn.execute(self._upsert_owner_stmt, [
-            {"cluster": cluster, "pod_namespace": ns, "pod_name": pod, "job_id": job_id, "first_start": lo, "last_start": hi}
+            {"pod_namespace": ns, "pod_name": pod, "job_id": job_id, "first_start": lo, "last_start": hi}
             for (ns, pod), (lo, hi, _) in spans.items()
         ])
         o, b = _owners.c, _buckets.c
         out: list[Displaced] = []
         names = sorted({pod for _, pod in spans})
         for i in range(0, len(names), 500):
-            rivals = conn.execute(
-                self._rivals_stmt, {"cluster": cluster, "job_id": job_id, "names": names[i:i + 500]}
-            ).all()
+            rivals = conn.execute(self._rivals_stmt, {"job_id": job_id, "names": names[i:i + 500]}).all()
             for other, ns, pod, first, last in rivals:
                 span = spans.get((ns, pod))
                 if span is None or last < span[0] or first > span[1]:
@@ -401,7 +393,7 @@ class Store:
                     b.job_id == other, b.pod_namespace == ns, b.pod_name == pod).limit(1)).first()
                 if left is None:
                     conn.execute(sa.delete(_owners).where(
-                        o.cluster == cluster, o.pod_namespace == ns, o.pod_name == pod, o.job_id == other))
+                        o.job_id == other, o.pod_namespace == ns, o.pod_name == pod))
                 out.append(Displaced(other, ns, pod, moved))
         return out
 
@@ -749,6 +741,11 @@ def _set_wal(cur: Any, wait: float = 30.0) -> None:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def _cluster_of(job_id: Any) -> Any:
+    """The cluster of the job ``job_id`` (SQL scalar subquery): pods are named per cluster."""
+    return sa.select(_jobs.c.cluster).where(_jobs.c.id == job_id).scalar_subquery()
 
 
 def _earlier(new: Any, old: Any) -> Any:
