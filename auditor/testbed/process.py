@@ -38,8 +38,14 @@ def start(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
 ) -> int:
-    """Start ``argv`` in a new session with stdout/stderr appended to ``log``; return its pid."""
+    """Start ``argv`` in a new session with stdout/stderr appended to ``log``; return its pid.
+
+    A server outlives the test that (re)started it and serves every later test, so it never
+    inherits a clock shifted for one test run (libfaketime's ``LD_PRELOAD`` and ``FAKETIME*``,
+    as tests/clock/run-shifted.sh sets them): the bed's servers keep real time.
+    """
     log.parent.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in (os.environ if env is None else env).items() if not _shifts_clock(k, v)}
     with open(log, "ab") as out:
         out.write(f"\n==== {time.strftime('%Y-%m-%dT%H:%M:%S')} starting: {' '.join(argv)}\n".encode())
         out.flush()
@@ -50,7 +56,7 @@ def start(
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env=dict(env) if env is not None else None,
+                env=env,
                 cwd=str(cwd) if cwd else None,
                 user=user,
                 group=user,
@@ -59,6 +65,10 @@ def start(
             raise TestbedError(component, f"cannot execute {argv[0]}: {exc}", log) from exc
     _CHILDREN[proc.pid] = proc
     return proc.pid
+
+
+def _shifts_clock(name: str, value: str) -> bool:
+    return name.startswith("FAKETIME") or (name == "LD_PRELOAD" and "faketime" in value)
 
 
 def alive(pid: int, marker: str | None = None) -> bool:
