@@ -132,9 +132,10 @@ def _hand_over(
             store.delete_summary(other_id)
             continue
         span = Window(min(b.start for b in rest), max(b.end for b in rest))
-        store.save_summary(
-            other_id, summarize_job(other, rest, window=span, now=now, interval=interval, thresholds=thresholds)
-        )
+        summary = summarize_job(other, rest, window=span, now=now, interval=interval, thresholds=thresholds)
+        # what the engine does not compute (the operator's Kubernetes view, ``final``) stays
+        previous = store.summary(other_id) or {}
+        store.save_summary(other_id, {**{k: v for k, v in previous.items() if k not in summary}, **summary})
 
 
 def _fold_cumulative(
