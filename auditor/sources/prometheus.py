@@ -331,6 +331,8 @@ class PrometheusSource:
         self.max_points = max(2, int(max_points))
         self.concurrency = max(1, int(concurrency))
         self._major: int | None = None
+        #: the interval the last read with a full bucket measured (a short window may have none)
+        self._interval: float | None = None
         self.stats = ReadStats()
 
     def close(self) -> None:
@@ -422,7 +424,8 @@ class PrometheusSource:
         del series
         # 2. clean and dirty buckets of every series, a whole exporter name at a time
         decided = _classify(
-            [s for s, _, _ in attributed if "count" in s.aggs], n_ends, first_end, width_ms, counts, naming
+            [s for s, _, _ in attributed if "count" in s.aggs], n_ends, first_end, width_ms, counts, naming,
+            last_open=aligned.end > window.end,
         )
         # 3. runs of clean buckets and the dirty buckets to re-read, in series order
         for s, pod, gpu in attributed:
@@ -463,7 +466,12 @@ class PrometheusSource:
             report.warnings.append(
                 "dcgm-exporter is scraped with honorLabels: false (workload pods are in exported_pod); read them from there"
             )
-        report.scrape_interval = _interval(counts, width_ms)
+        # an operator cycle's window is often one or two buckets, none of them full: it reports
+        # what the last window with full buckets measured, never an estimate from partial ones
+        measured = _interval(counts, width_ms)
+        if measured is not None:
+            self._interval = measured
+        report.scrape_interval = measured or self._interval
         report.queries = client.queries - q0
         report.warnings.extend(client.warnings[w0:])
         self.stats = stats
@@ -676,7 +684,7 @@ def _aggregate(
 
 def _classify(
     series: list[_Series], n: int, first_end: int, width_ms: int, counts: dict[int, int],
-    naming: Naming = Naming.CLASSIC,
+    naming: Naming = Naming.CLASSIC, *, last_open: bool = False,
 ) -> dict[int, tuple[Sequence[int] | None, list[int] | None]]:
     """Per series (by ``id``): the positions of its clean buckets and the ends of its dirty ones.
 
@@ -684,8 +692,9 @@ def _classify(
     or min/max fall outside the metric's valid range (garbage, or an overshoot that must be
     clamped): it is re-read raw. (NaN compares false, so NaN min/max are dirty too.) Done with
     numpy over all series of one exporter name at once, so the cost per bucket is a few
-    machine instructions; the sample count of each clean full bucket (one with samples in both
-    neighbours, inside the window) goes into ``counts``.
+    machine instructions; the sample count of each clean full bucket goes into ``counts``: one
+    with samples in both neighbours (outside the read, a neighbour is taken as present), except
+    a last bucket the window's end cuts (``last_open``: its samples stop at the window's end).
     """
     import numpy as np  # only here: imported once per read, not at CLI start
 
@@ -711,11 +720,13 @@ def _classify(
             ok &= stack("max") * scale <= spec.high
         bad = present & ~ok
         full, any_ok, any_bad = ok.all(axis=1).tolist(), ok.any(axis=1).tolist(), bad.any(axis=1).tolist()
-        # only full buckets tell the scrape interval: samples in the bucket and both neighbours
-        # (a series that starts, ends or pauses inside a bucket has fewer there), and neither
-        # end of the window (which may cut its bucket short)
-        full_ok = np.zeros_like(ok)
-        full_ok[:, 1:-1] = ok[:, 1:-1] & present[:, :-2] & present[:, 2:]
+        # only full buckets tell the scrape interval: a series that starts, ends or pauses inside
+        # a bucket has fewer samples there, and so has the bucket the window's end cuts
+        left = np.ones_like(present)
+        left[:, 1:] = present[:, :-1]
+        right = np.full_like(present, not last_open)
+        right[:, :-1] = present[:, 1:]
+        full_ok = ok & left & right
         values, times = np.unique(cnt[full_ok].astype(np.int64), return_counts=True)
         for v, t in zip(values.tolist(), times.tolist()):
             histogram[v] = histogram.get(v, 0) + t

@@ -132,7 +132,12 @@ def test_two_cycles_8s_apart_over_prometheus_data_that_ended_mid_bucket_agree(pr
         cycle(store, source, datetime.fromtimestamp(start, timezone.utc), now1)
         first = summaries(store)["ml/Pod/train-0"]
         window2 = Window(align_down(now1, W), now2)
-        assert source.read(window2, W).report.scrape_interval is None  # no full bucket in it
+        fresh = PrometheusSource(prometheus.url, matchers={"case": case})
+        assert fresh.read(window2, W).report.scrape_interval is None  # no full bucket in it
+        assert source.read(window2, W).report.scrape_interval == 15.0  # what the last full one measured
+        # a steady-state window of two buckets: the first one, full, tells the interval
+        steady = Window(align_down(now1, W) - W, now1)
+        assert PrometheusSource(prometheus.url, matchers={"case": case}).read(steady, W).report.scrape_interval == 15.0
         cycle(store, source, window2.start, now2)
         second = summaries(store)["ml/Pod/train-0"]
     assert first["scrape_interval_s"] == 15.0
