@@ -97,7 +97,8 @@ def align_down(t: datetime, width: timedelta) -> datetime:
 
 def _hand_over(
     store: "Store",
-    owner: JobRef,
+    job_id: int,
+    job: JobRef,
     displaced: list,
     report: SourceReport,
     *,
@@ -105,37 +106,50 @@ def _hand_over(
     interval: float | None,
     thresholds: Thresholds,
 ) -> None:
-    """Another job held GPU time that ``owner``'s write took over (the store's
-    ``replace_buckets``): say so loudly, and re-summarize that job from what it has left, so
-    its GPU-hours are not counted a second time (no buckets left: its summary is dropped).
+    """Say loudly that ``job``'s write met GPU time another job identity held (the store's
+    ``replace_buckets`` settled it: :class:`~auditor.store.store.Displaced`), and re-summarize
+    each other job that lost some from what it has left, so that no GPU-hour counts twice (no
+    buckets left: its summary is dropped). Where ``job`` itself yielded, the caller summarizes
+    what it kept.
 
     Two audits of one window with different resolvers (``--no-kube``: ``Pod/<name>``; through
-    the API: the pod's job) name the same GPU time differently; the newer audit's identity wins.
+    the API: the pod's job) name the same GPU time differently; the later one wins, unless it
+    is a guess against an identity the API resolved.
     """
     by_job: dict[int, list] = defaultdict(list)
     for d in displaced:
         by_job[d.job_id].append(d)
-    for other_id, items in sorted(by_job.items()):
-        other = store.job(other_id)
-        name = other.key if other is not None else f"#{other_id}"
+    for loser_id, items in sorted(by_job.items()):
         pods = ", ".join(f"{d.namespace}/{d.pod}" for d in items)
         moved = sum(d.buckets for d in items)
+        if loser_id == job_id:
+            owners = sorted({(o.key if o else f"#{d.owner}") for d in items for o in [store.job(d.owner)]})
+            msg = (
+                f"GPU time of pod(s) {pods} is stored under job {', '.join(owners)}, resolved through the "
+                f"Kubernetes API; not stored again as {job.key} ({moved} buckets left out): the same pods were "
+                "audited under two job identities (e.g. --kubeconfig and --no-kube), and GPU time is counted once"
+            )
+            log.warning(msg)
+            report.warnings.append(msg)
+            continue
+        other = store.job(loser_id)
+        name = other.key if other is not None else f"#{loser_id}"
         msg = (
-            f"GPU time of pod(s) {pods} was stored under job {name}; job {owner.key} now owns it "
+            f"GPU time of pod(s) {pods} was stored under job {name}; job {job.key} now owns it "
             f"({moved} buckets moved): the same pods were audited under two job identities "
             "(e.g. --no-kube and --kubeconfig), and GPU time is counted once, under the latest"
         )
         log.warning(msg)
         report.warnings.append(msg)
-        rest = store.buckets(other_id)
+        rest = store.buckets(loser_id)
         if other is None or not rest:
-            store.delete_summary(other_id)
+            store.delete_summary(loser_id)
             continue
         span = Window(min(b.start for b in rest), max(b.end for b in rest))
         summary = summarize_job(other, rest, window=span, now=now, interval=interval, thresholds=thresholds)
         # what the engine does not compute (the operator's Kubernetes view, ``final``) stays
-        previous = store.summary(other_id) or {}
-        store.save_summary(other_id, {**{k: v for k, v in previous.items() if k not in summary}, **summary})
+        previous = store.summary(loser_id) or {}
+        store.save_summary(loser_id, {**{k: v for k, v in previous.items() if k not in summary}, **summary})
 
 
 def _fold_cumulative(
@@ -287,7 +301,11 @@ def _run_audit(
             job_id = store.upsert_job(job, first, last)
             displaced = store.replace_buckets(job_id, buckets)
             if displaced:
-                _hand_over(store, job, displaced, report, now=now, interval=interval, thresholds=th)
+                _hand_over(store, job_id, job, displaced, report, now=now, interval=interval, thresholds=th)
+                if any(d.job_id == job_id for d in displaced):  # it yielded: what it kept is its own
+                    buckets = store.buckets(job_id, Window(min(b.start for b in buckets), max(b.end for b in buckets)))
+                    if not buckets:
+                        continue
             if cumulative:
                 agg = _fold_cumulative(store, job_id, buckets, shares, freeze_to=freeze_to, interval=interval or 0.0, now=now)
                 earliest = agg.earliest or window.start

@@ -83,7 +83,9 @@ class Store:
         self._upsert_job_stmt = self._make_upsert_job()
         self._upsert_owner_stmt = self._make_upsert_owner()
         o = _owners.c
-        self._rivals_stmt = sa.select(o.job_id, o.pod_namespace, o.pod_name, o.first_start, o.last_start).where(
+        self._rivals_stmt = sa.select(
+            o.job_id, o.pod_namespace, o.pod_name, o.first_start, o.last_start, _jobs.c.uid
+        ).join(_jobs, _jobs.c.id == o.job_id).where(
             o.cluster == _cluster_of(sa.bindparam("job_id")), o.job_id != sa.bindparam("job_id"),
             o.pod_name.in_(sa.bindparam("names", expanding=True)),
         ).order_by(o.job_id, o.pod_namespace, o.pod_name)
@@ -321,11 +323,13 @@ class Store:
         (pod, GPU key, metric, start) is replaced, so re-auditing a window is idempotent.
 
         GPU time is owned once: where another job of the same cluster holds buckets of the same
-        pod on the same GPU between this write's first and last bucket of that pod (the pod was
-        audited under another identity: ``Pod/<name>`` with ``--no-kube``, ``Job/<name>``
-        through the API), those are removed, and the other job's aggregate with them; the
-        answer lists what was taken over, for the caller to say so and to re-summarize the
-        other job (:class:`Displaced`).
+        pod on the same GPU and start, within this write's first and last bucket of that pod
+        (the pod was audited under another identity: ``Pod/<name>`` with ``--no-kube``,
+        ``Job/<name>`` through the API), one job keeps them and the other's are deleted, its
+        aggregate with them. The newer write wins, except that a job without a uid (a guess:
+        ``--no-kube``, or a pod the API no longer knew) never replaces one with a uid (resolved
+        through the API); then this write's own rows there are deleted. The answer lists what
+        moved (:class:`Displaced`), for the caller to say so and re-summarize the loser.
 
         Within one call the last of several buckets with the same key wins. All rows are
         written in one transaction with one executemany: none are written if any is invalid.
@@ -350,8 +354,8 @@ class Store:
             return self._claim(conn, job_id, buckets)
 
     def _claim(self, conn: Connection, job_id: int, buckets: Sequence[Bucket]) -> list["Displaced"]:
-        """Record the job as an owner of its pods' GPU time, and take that time over from any
-        other job holding it (see :meth:`replace_buckets`), on the write's transaction.
+        """Record the job as an owner of its pods' GPU time, and settle it with any other job
+        holding the same time (see :meth:`replace_buckets`), on the write's transaction.
 
         The common case (no other owner) costs one executemany and one indexed read per call.
         A job that does not exist fails the bucket write before (its foreign key).
@@ -370,32 +374,50 @@ class Store:
             {"pod_namespace": ns, "pod_name": pod, "job_id": job_id, "first_start": lo, "last_start": hi}
             for (ns, pod), (lo, hi, _) in spans.items()
         ])
-        o, b = _owners.c, _buckets.c
         out: list[Displaced] = []
+        resolved: bool | None = None  # this job came from the Kubernetes API (it has a uid)
         names = sorted({pod for _, pod in spans})
         for i in range(0, len(names), 500):
             rivals = conn.execute(self._rivals_stmt, {"job_id": job_id, "names": names[i:i + 500]}).all()
-            for other, ns, pod, first, last in rivals:
+            for other, ns, pod, first, last, other_uid in rivals:
                 span = spans.get((ns, pod))
                 if span is None or last < span[0] or first > span[1]:
                     continue
-                lo, hi, gpus = span
-                moved = 0
-                for uuid, instance in sorted(gpus):
-                    moved += conn.execute(sa.delete(_buckets).where(
-                        b.job_id == other, b.start >= lo, b.start <= hi, b.pod_namespace == ns, b.pod_name == pod,
-                        b.gpu_uuid == uuid, b.gpu_instance == instance,
-                    )).rowcount or 0
-                if not moved:
-                    continue
-                conn.execute(sa.delete(_aggregates).where(_aggregates.c.job_id == other))
-                left = conn.execute(sa.select(b.start).where(
-                    b.job_id == other, b.pod_namespace == ns, b.pod_name == pod).limit(1)).first()
-                if left is None:
-                    conn.execute(sa.delete(_owners).where(
-                        o.job_id == other, o.pod_namespace == ns, o.pod_name == pod))
-                out.append(Displaced(other, ns, pod, moved))
+                if resolved is None:
+                    resolved = conn.execute(sa.select(_jobs.c.uid).where(_jobs.c.id == job_id)).scalar_one() is not None
+                # a guess (``Pod/<name>``, no uid) never replaces what the API said the pod belongs to
+                loser, winner = (job_id, other) if (other_uid is not None and not resolved) else (other, job_id)
+                moved = self._drop_shared(conn, loser, winner, ns, pod, span)
+                if moved:
+                    out.append(Displaced(loser, ns, pod, moved, winner))
         return out
+
+    def _drop_shared(
+        self, conn: Connection, loser: int, winner: int, ns: str, pod: str, span: tuple[datetime, datetime, set[tuple[str, str]]]
+    ) -> int:
+        """Delete ``loser``'s buckets of the pod that ``winner`` holds too (same GPU and start,
+        within this write's span of the pod); return how many. Its aggregate goes with them, and
+        its ownership of the pod when none are left."""
+        lo, hi, gpus = span
+        b, o = _buckets.c, _owners.c
+        w = _buckets.alias("w")
+        moved = 0
+        for uuid, instance in sorted(gpus):
+            held = sa.exists().where(
+                w.c.job_id == winner, w.c.start == b.start, w.c.pod_namespace == ns, w.c.pod_name == pod,
+                w.c.gpu_uuid == uuid, w.c.gpu_instance == instance,
+            )
+            moved += conn.execute(sa.delete(_buckets).where(
+                b.job_id == loser, b.start >= lo, b.start <= hi, b.pod_namespace == ns, b.pod_name == pod,
+                b.gpu_uuid == uuid, b.gpu_instance == instance, held,
+            )).rowcount or 0
+        if moved:
+            conn.execute(sa.delete(_aggregates).where(_aggregates.c.job_id == loser))
+            left = conn.execute(sa.select(b.start).where(
+                b.job_id == loser, b.pod_namespace == ns, b.pod_name == pod).limit(1)).first()
+            if left is None:
+                conn.execute(sa.delete(_owners).where(o.job_id == loser, o.pod_namespace == ns, o.pod_name == pod))
+        return moved
 
     def buckets(self, job_id: int, window: Window | None = None) -> list[Bucket]:
         """The job's buckets (those overlapping ``window`` when given), in time order."""
@@ -759,13 +781,15 @@ def _later(new: Any, old: Any) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class Displaced:
-    """GPU time a write took over from another job: ``buckets`` rows of pod
-    ``namespace/pod`` that job ``job_id`` held (see :meth:`Store.replace_buckets`)."""
+    """GPU time two jobs held, settled by a write (see :meth:`Store.replace_buckets`): job
+    ``job_id`` lost ``buckets`` rows of pod ``namespace/pod`` to job ``owner``, which keeps them.
+    ``job_id`` is the writing job itself when it yielded (a guess against a resolved identity)."""
 
     job_id: int
     namespace: str
     pod: str
     buckets: int
+    owner: int
 
 
 class _Invalid(ValueError):

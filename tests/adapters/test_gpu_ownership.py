@@ -4,6 +4,8 @@ The report: ``audit --kubeconfig`` and ``audit --no-kube`` of one window into on
 week of 16.1 GPU-hours instead of 8.05, over two teams, silently. Here the two audits are the
 engine with the two resolvers' identities (the pods' job through the API; ``Pod/<name>`` without
 it), into one store (SQLite, and PostgreSQL on the test bed), read back by the weekly report.
+The later audit's identity wins, except that a guess (``Pod/<name>``, no uid) never replaces
+one the API resolved.
 """
 
 from __future__ import annotations
@@ -45,46 +47,67 @@ def week(store: Store) -> tuple[float, set[str]]:
     return sum(g.gpu_hours for g in groups), {g.team for g in groups}
 
 
-@pytest.mark.parametrize("order", [(KUBE, NO_KUBE), (NO_KUBE, KUBE)], ids=["kube-then-no-kube", "no-kube-then-kube"])
-def test_two_identities_of_one_window_count_its_gpu_time_once(store_url: str, order: tuple) -> None:
-    first, second = order
+def test_no_kube_after_kubeconfig_counts_the_window_once_under_the_resolved_job(store_url: str) -> None:
+    """The report's order: the API's identity stays, the guess is not stored, and it says so."""
     with Store.open(store_url) as store:
-        one = run_audit(source(), first, store, WINDOW, now=END)
+        run_audit(source(), KUBE, store, WINDOW, now=END)
         hours, teams = week(store)
-        assert hours == pytest.approx(8.0, abs=0.05)  # 8 GPUs for an hour
-        again = run_audit(source(), second, store, WINDOW, now=END)
-        # the later identity owns the GPU time; the week counts it once, under one team
-        assert week(store)[0] == pytest.approx(hours, abs=1e-6), "GPU time counted under two identities"
-        assert week(store)[1] == ({"ml"} if second is NO_KUBE else {"research"})
-        assert sorted(s["job"] for s in store.summaries()) == sorted(s["job"] for s in again.summaries)
-        # ... and says so, naming both identities
+        assert (hours, teams) == (pytest.approx(8.0, abs=0.05), {"research"})  # 8 GPUs for an hour
+        again = run_audit(source(), NO_KUBE, store, WINDOW, now=END)
+        assert week(store) == (pytest.approx(hours, abs=1e-6), {"research"}), "GPU time counted under two identities"
+        assert [s["job"] for s in store.summaries()] == ["Job/train"]
+        assert again.summaries == []  # nothing of it is the guess's
         warned = [w for w in again.report.warnings if "two job identities" in w]
-        assert warned and all("now owns it" in w for w in warned)
-        named = " ".join(warned)
-        assert all(s["job"].split("/")[1] in named for s in one.summaries)
+        assert len(warned) == 2 and all("default/ml/Job/train, resolved through the Kubernetes API" in w
+                                        and "not stored again as default/ml/Pod/train-" in w for w in warned)
+
+
+def test_kubeconfig_after_no_kube_takes_the_window_over(store_url: str) -> None:
+    with Store.open(store_url) as store:
+        first = run_audit(source(), NO_KUBE, store, WINDOW, now=END)
+        hours, teams = week(store)
+        assert (hours, teams) == (pytest.approx(8.0, abs=0.05), {"ml"})
+        again = run_audit(source(), KUBE, store, WINDOW, now=END)
+        assert week(store) == (pytest.approx(hours, abs=1e-6), {"research"})
+        assert [s["job"] for s in store.summaries()] == [s["job"] for s in again.summaries] == ["Job/train"]
+        warned = [w for w in again.report.warnings if "two job identities" in w]
+        assert len(warned) == 2 and all("now owns it" in w for w in warned)
+        assert all(s["job"].split("/")[1] in " ".join(warned) for s in first.summaries)
         # a third audit with the same identity moves nothing and warns about nothing
-        third = run_audit(source(), second, store, WINDOW, now=END)
+        third = run_audit(source(), KUBE, store, WINDOW, now=END)
         assert not [w for w in third.report.warnings if "two job identities" in w]
         assert week(store)[0] == pytest.approx(hours, abs=1e-6)
+
+
+def test_between_two_resolved_identities_the_later_audit_wins(store_url: str) -> None:
+    """A pod re-parented (or a resolver that now stops at another owner): both have a uid."""
+    other = JobRef("default", "ml", "PyTorchJob", "train", uid="u-2", team="vision")
+    with Store.open(store_url) as store:
+        run_audit(source(), KUBE, store, WINDOW, now=END)
+        hours, _ = week(store)
+        res = run_audit(source(), StaticResolver({(p.namespace, p.pod): other for p in PODS}), store, WINDOW, now=END)
+        assert week(store) == (pytest.approx(hours, abs=1e-6), {"vision"})
+        assert [s["job"] for s in store.summaries()] == ["PyTorchJob/train"]
+        assert [w for w in res.report.warnings if "now owns it" in w]
 
 
 def test_a_later_audit_of_part_of_the_window_takes_over_only_that_part(store_url: str) -> None:
     """The older identity keeps the GPU time the newer audit did not see, re-summarized."""
     with Store.open(store_url) as store:
-        run_audit(source(), KUBE, store, WINDOW, now=END)
+        run_audit(source(), NO_KUBE, store, WINDOW, now=END)
         total = week(store)[0]
-        train_id, _ = store.find_job("ml", "Job", "train")
-        store.save_summary(train_id, {**store.summary(train_id), "final": True, "kube": {"phase": "Succeeded"}})
+        pod_id, _ = store.find_job("ml", "Pod", "train-0")
+        store.save_summary(pod_id, {**store.summary(pod_id), "final": True, "kube": {"phase": "Succeeded"}})
         half = Window(WINDOW.start + timedelta(minutes=30), WINDOW.end)
-        run_audit(source(), NO_KUBE, store, half, now=END)
+        run_audit(source(), KUBE, store, half, now=END)
         by_job = {s["job"]: s["gpu_hours"] for s in store.summaries()}
         assert set(by_job) == {"Job/train", "Pod/train-0", "Pod/train-1"}
         assert by_job["Job/train"] == pytest.approx(total / 2, abs=0.05)
         assert sum(by_job.values()) == pytest.approx(total, abs=0.05)
         assert week(store)[0] == pytest.approx(total, abs=0.05)
-        assert max(b.start for b in store.buckets(train_id)) < half.start
+        assert max(b.start for b in store.buckets(pod_id)) < half.start
         # what the engine does not compute (the operator's view of the job) stays with it
-        assert (store.summary(train_id)["final"], store.summary(train_id)["kube"]) == (True, {"phase": "Succeeded"})
+        assert (store.summary(pod_id)["final"], store.summary(pod_id)["kube"]) == (True, {"phase": "Succeeded"})
 
 
 def test_pods_sharing_a_gpu_are_not_one_identity(store_url: str) -> None:
@@ -114,7 +137,7 @@ def test_upgrade_to_0006_records_the_owners_of_stored_buckets(store_url: str) ->
     from revisions import store_at
 
     with Store.open("sqlite://") as ref:
-        run_audit(source(), KUBE, ref, WINDOW, now=END)
+        run_audit(source(), NO_KUBE, ref, WINDOW, now=END)
         with ref._engine.connect() as conn:
             rows = {t: [dict(r) for r in conn.execute(sa.select(t)).mappings()]
                     for t in (JobRow.__table__, BucketRow.__table__)}
@@ -131,6 +154,6 @@ def test_upgrade_to_0006_records_the_owners_of_stored_buckets(store_url: str) ->
         with store._engine.connect() as conn:
             assert sorted(tuple(r) for r in conn.execute(sa.select(PodOwnerRow.__table__)).all()) == owners
         # the next audit under the other identity finds them and takes the GPU time over
-        res = run_audit(source(), NO_KUBE, store, WINDOW, now=END)
+        res = run_audit(source(), KUBE, store, WINDOW, now=END)
         assert [w for w in res.report.warnings if "two job identities" in w]
-        assert sorted(s["job"] for s in store.summaries()) == ["Pod/train-0", "Pod/train-1"]
+        assert [s["job"] for s in store.summaries()] == ["Job/train"]
