@@ -181,51 +181,51 @@ def _steps(b_cut: datetime, s_cut: datetime, d_cut: datetime, cluster: str | Non
         return sa.exists().where(j.c.id == a.c.job_id, scoped(j.c.cluster), sa.or_(ended, job_goes(j)))
 
     def run_goes(r: Any) -> sa.ColumnElement[bool]:
-        run_cluster = r.c.detail["cluster"].as_string()
         k = _runs.alias()
         k_cluster = k.c.detail["cluster"].as_string()
-        newer_cursor = sa.exists().where(  # a later successful cycle of the same cluster
-            k.c.id > r.c.id,
-            k_cluster == run_cluster,
-            k.c.detail["origin"].as_string() == OPERATOR_ORIGIN,
-            k.c.status.like("ok%"),
+        cursors = (  # each cluster's newest successful cycle: one pass over the runs, not one per run
+            sa.select(sa.func.max(k.c.id))
+            .where(k.c.detail["origin"].as_string() == OPERATOR_ORIGIN, k.c.status.like("ok%"), k_cluster.is_not(None))
+            .group_by(k_cluster)
         )
-        is_cursor = sa.and_(
-            r.c.detail["origin"].as_string() == OPERATOR_ORIGIN,
-            r.c.status.like("ok%"),
-            run_cluster.is_not(None),
-            ~newer_cursor,
-        )
-        return sa.and_(r.c.finished <= s_cut, scoped(run_cluster), ~is_cursor)
+        return sa.and_(r.c.finished <= s_cut, scoped(r.c.detail["cluster"].as_string()), r.c.id.not_in(cursors))
 
+    # The escalation record has no index on its links (decision → violation, action → decision),
+    # so its rules are sets computed once (uncorrelated IN), never a subquery per row.
     def live(x: Any) -> sa.ColumnElement[bool]:
         """An action something may still happen to, or that happened recently."""
         return sa.or_(x.c.state.not_in(FINAL_STATES), x.c.updated_at > s_cut)
 
+    x1, d1, v1, d3 = actions.alias(), decisions.alias(), violations.alias(), decisions.alias()
+    live_decisions = sa.select(x1.c.decision_id).where(live(x1), x1.c.decision_id.is_not(None))
+    busy_violations = sa.select(d1.c.violation_id).where(  # a recent decision, or one with a live action
+        d1.c.violation_id.is_not(None), sa.or_(d1.c.decided_at > s_cut, d1.c.id.in_(live_decisions))
+    )
+
     def violation_goes(v: Any) -> sa.ColumnElement[bool]:
-        d, x = decisions.alias(), actions.alias()
         return sa.and_(
             scoped(v.c.cluster),
             sa.func.coalesce(v.c.closed_at, v.c.last_seen_at) <= s_cut,
-            ~sa.exists().where(d.c.violation_id == v.c.id, d.c.decided_at > s_cut),
-            ~sa.exists().where(x.c.decision_id == d.c.id, d.c.violation_id == v.c.id, live(x)),
+            v.c.id.not_in(busy_violations),
         )
 
+    kept_violations = sa.select(v1.c.id).where(~violation_goes(v1))
+
     def decision_goes(d: Any) -> sa.ColumnElement[bool]:
-        x, v = actions.alias(), violations.alias()
         return sa.and_(
             scoped(d.c.cluster),
             d.c.decided_at <= s_cut,
-            ~sa.exists().where(x.c.decision_id == d.c.id, live(x)),
-            ~sa.exists().where(v.c.id == d.c.violation_id, ~violation_goes(v)),
+            d.c.id.not_in(live_decisions),
+            sa.or_(d.c.violation_id.is_(None), d.c.violation_id.not_in(kept_violations)),
         )
 
+    kept_decisions = sa.select(d3.c.id).where(~decision_goes(d3))
+
     def action_goes(x: Any) -> sa.ColumnElement[bool]:
-        d = decisions.alias()
         return sa.and_(
             scoped(x.c.cluster),
             ~live(x),
-            ~sa.exists().where(d.c.id == x.c.decision_id, ~decision_goes(d)),
+            sa.or_(x.c.decision_id.is_(None), x.c.decision_id.not_in(kept_decisions)),
         )
 
     delivery_goes = sa.and_(scoped(deliveries.c.cluster), sa.func.coalesce(deliveries.c.sent_at, deliveries.c.claimed_at) <= d_cut)
