@@ -31,6 +31,7 @@ from auditor.operator_loop.cycle import ORIGIN, CycleResult, CycleRunner, LostLe
 from auditor.operator_loop.health import HealthServer, OperatorMetrics
 from auditor.operator_loop.policies import PolicyStage
 from auditor.operator_loop.reports import ReportStage
+from auditor.operator_loop.retention import RetentionStage
 from auditor.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,7 @@ class Operator:
         self.policies = PolicyStage(settings, self.store, self.api, self.identity, dry_run=dry_run) if (
             settings.policies.builtin or settings.policies.dir) else None
         self.reports = ReportStage(settings, self.store)
+        self.retention = RetentionStage(settings, self.store)
         self.scheduler: BackgroundScheduler | None = None
         self.health: HealthServer | None = None
         self._stop = threading.Event()
@@ -261,6 +263,15 @@ class Operator:
         except Exception:  # noqa: BLE001 - the cycle's own error matters more
             log.debug("could not record the failed cycle", exc_info=True)
 
+    def prune(self) -> Any:
+        """Apply ``store.retention`` to this cluster's rows (the hourly job): the leader only,
+        never during a cycle, never in a dry run (it writes nothing it was not asked to).
+        Returns the :class:`~auditor.store.retention.PruneResult`, or None when it did not run."""
+        if self.dry_run or not self.is_leader():
+            return None
+        with self._cycle_lock:
+            return self.retention.run(self.clock())
+
     def _scheduled(self) -> None:
         try:
             self.cycle()
@@ -278,6 +289,7 @@ class Operator:
         )
         if not self.dry_run:
             self.reports.schedule(self.scheduler, self.is_leader)
+            self.retention.schedule(self.scheduler, self.prune, start=self.clock())
         self.scheduler.start()
         if self.elector is not None:
             self.elector.start()
