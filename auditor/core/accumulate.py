@@ -15,6 +15,9 @@ docs/store.md: percentiles come from at most :data:`POINT_LIMIT` centroids of bu
 (exact until a row has more buckets than that; nearest centroids are merged after, a streaming
 histogram after Ben-Haim & Tom-Tov), and the peak GPU count of the frozen part is kept as one
 number, so a scrape gap that a later bucket turns into presence is not added to past peaks.
+The scrape interval comes from the job's own full buckets (:meth:`JobAggregate.sample_interval`),
+the same in both uses; only a job without any (shorter than three buckets) depends on what a
+source told, which the operator keeps from the first cycle that saw the job.
 """
 
 from __future__ import annotations
