@@ -11,7 +11,7 @@ import hashlib
 import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
@@ -83,6 +83,7 @@ class KubeActions:
 
     api: client.ApiClient
     instance: str = "gpu-auditor"
+    _workload_gv: str | None = field(default=None, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ raw calls
 
@@ -200,9 +201,24 @@ class KubeActions:
 
     # ------------------------------------------------------------------ requeue
 
+    def _workloads(self, namespace: str, name: str = "") -> str | None:
+        """Path of Workloads at the version the apiserver prefers (discovered once: Kueue serves
+        v1beta1 and v1beta2 side by side, and a later release may drop one); None without Kueue."""
+        if self._workload_gv is None:
+            try:
+                doc = self._call("GET", f"/apis/{KUEUE_GROUP}")
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise _fail(exc, f"discover the {KUEUE_GROUP} API") from None
+            self._workload_gv = (doc.get("preferredVersion") or {}).get("groupVersion") or f"{KUEUE_GROUP}/v1beta2"
+        return f"/apis/{self._workload_gv}/namespaces/{namespace}/workloads" + (f"/{name}" if name else "")
+
     def find_workload(self, namespace: str, job_uid: str | None, job_name: str) -> dict | None:
         """The Kueue Workload of a job: by the ``kueue.x-k8s.io/job-uid`` label, else by owner."""
-        path = f"/apis/{KUEUE_GROUP}/v1beta2/namespaces/{namespace}/workloads"
+        path = self._workloads(namespace)
+        if path is None:
+            return None  # Kueue not installed
         try:
             if job_uid:
                 items = self._call("GET", path, query=[("labelSelector", f"{KUEUE_JOB_UID_LABEL}={job_uid}")]).get("items") or []
@@ -217,6 +233,12 @@ class KubeActions:
                 return None  # Kueue not installed
             raise _fail(exc, f"list Workloads in {namespace}") from None
         return None
+
+    def _workload_path(self, namespace: str, name: str) -> str:
+        path = self._workloads(namespace, name)
+        if path is None:
+            raise RequeueRefused(f"Workload {namespace}/{name}: the {KUEUE_GROUP} API is no longer served")
+        return path
 
     def requeue_target(self, summary: Mapping[str, Any]) -> dict:
         """What a requeue of this job would patch: ``{"type": "workload"|"job", ...}``.
@@ -252,7 +274,7 @@ class KubeActions:
                 spec: dict[str, Any] = {"active": False}
                 if lower_priority_by and isinstance(target.get("priority"), int):
                     spec["priority"] = target["priority"] - lower_priority_by
-                self._call("PATCH", f"/apis/{KUEUE_GROUP}/v1beta2/namespaces/{ns}/workloads/{name}", {"spec": spec})
+                self._call("PATCH", self._workload_path(ns, name), {"spec": spec})
                 return {**target, "active": False, **({"new_priority": spec["priority"]} if "priority" in spec else {})}
             self._call("PATCH", _api_path("Job", ns, name), {"spec": {"suspend": True}})
             return {**target, "suspend": True}
@@ -266,7 +288,7 @@ class KubeActions:
         ns, name = target["namespace"], target["name"]
         try:
             if target["type"] == "workload":
-                self._call("PATCH", f"/apis/{KUEUE_GROUP}/v1beta2/namespaces/{ns}/workloads/{name}", {"spec": {"active": True}})
+                self._call("PATCH", self._workload_path(ns, name), {"spec": {"active": True}})
                 return {**target, "active": True}
             self._call("PATCH", _api_path("Job", ns, name), {"spec": {"suspend": False}})
             return {**target, "suspend": False}

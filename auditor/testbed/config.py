@@ -13,12 +13,17 @@ from pathlib import Path
 K8S_VERSION = "1.36.3"
 ETCD_VERSION = "3.6.16"
 HELM_VERSION = "3.21.4"
+KUEUE_VERSION = "v0.17.0"
+#: ``GPU_AUDITOR_TESTBED_KUEUE=0`` starts the bed without the Kueue controller (CRDs only).
+KUEUE_SWITCH = "GPU_AUDITOR_TESTBED_KUEUE"
+KUEUE_DEFAULT = False
 
 #: CRD sources: (Go module, pinned version, directory inside the module, label used in the cache)
 #: Kueue: its plain ``crd/bases`` (the kustomized bundle adds conversion webhooks, which need a
 #: Kueue webhook Service that cannot run here). Prometheus Operator: only the two kinds the chart
-#: ships. Kubeflow: the v1 training operator's job kinds and Trainer v2's TrainJob. JobSet's module
-#: (``sigs.k8s.io/jobset``) answers 403 on the Go module proxy, so JobSet is absent.
+#: ships. Kubeflow: the v1 training operator's job kinds and Trainer v2's TrainJob. JobSet,
+#: LeaderWorkerSet and KubeRay at the versions Kueue v0.17.0's go.mod requires (its build
+#: downloads them): RayJob and RayCluster only.
 @dataclass(frozen=True)
 class CrdSource:
     module: str
@@ -32,7 +37,7 @@ class CrdSource:
 
 
 CRD_SOURCES: tuple[CrdSource, ...] = (
-    CrdSource("sigs.k8s.io/kueue", "v0.17.0", "config/components/crd/bases"),
+    CrdSource("sigs.k8s.io/kueue", KUEUE_VERSION, "config/components/crd/bases"),
     CrdSource(
         "github.com/prometheus-operator/prometheus-operator",
         "v0.85.0",
@@ -41,6 +46,10 @@ CRD_SOURCES: tuple[CrdSource, ...] = (
     ),
     CrdSource("github.com/kubeflow/training-operator", "v1.8.1", "manifests/base/crds"),
     CrdSource("github.com/kubeflow/trainer/v2", "v2.0.0", "manifests/base/crds"),
+    CrdSource("sigs.k8s.io/jobset", "v0.11.1", "config/components/crd/bases"),
+    CrdSource("sigs.k8s.io/lws", "v0.8.0", "config/crd/bases"),
+    CrdSource("github.com/ray-project/kuberay/ray-operator", "v1.6.0", "config/crd/bases",
+              ("ray.io_rayjobs.yaml", "ray.io_rayclusters.yaml")),
 )
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -59,6 +68,26 @@ def cache_dir() -> Path:
 
 def bin_dir() -> Path:
     return cache_dir() / "bin" / f"k8s-v{K8S_VERSION}-etcd-v{ETCD_VERSION}-helm-v{HELM_VERSION}"
+
+
+def kueue_enabled() -> bool:
+    """Whether the bed runs the Kueue controller (``GPU_AUDITOR_TESTBED_KUEUE``: 1/0)."""
+    value = os.environ.get(KUEUE_SWITCH, "").strip().lower()
+    if not value:
+        return KUEUE_DEFAULT
+    return value not in ("0", "false", "no", "off")
+
+
+def kueue_bin() -> Path:
+    return cache_dir() / "bin" / f"kueue-{KUEUE_VERSION}" / "kueue"
+
+
+#: What the bed takes from Kueue's module besides the CRDs: its manager configuration (the base
+#: the bed overrides) and its webhook configurations.
+KUEUE_MANIFESTS = (
+    CrdSource("sigs.k8s.io/kueue", KUEUE_VERSION, "config/components/manager", ("controller_manager_config.yaml",)),
+    CrdSource("sigs.k8s.io/kueue", KUEUE_VERSION, "config/components/webhook", ("manifests.yaml",)),
+)
 
 
 def crd_dir() -> Path:

@@ -61,6 +61,15 @@ class Pki:
     def sa_pub(self) -> Path:
         return self.dir / "sa.pub"
 
+    @property
+    def kueue_webhook_cert(self) -> Path:
+        """Kueue's webhook serving certificate (SAN 127.0.0.1), signed by the serving CA."""
+        return self.dir / "kueue-webhook.crt"
+
+    @property
+    def kueue_webhook_key(self) -> Path:
+        return self.dir / "kueue-webhook.key"
+
 
 def _name(cn: str, orgs: tuple[str, ...] = ()) -> x509.Name:
     attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
@@ -170,6 +179,8 @@ def generate(directory: Path) -> Pki:
     client_ca_key, client_ca = _ca("gpu-auditor-testbed-client-ca", now)
     admin_key, admin_cert = _leaf(client_ca_key, client_ca, "admin", now, orgs=("system:masters",))
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    kueue_key, kueue_cert = _leaf(serving_ca_key, serving_ca, "kueue-webhook", now,
+                                  server_names=("localhost",), server_ips=("127.0.0.1",))
 
     _write(pki.serving_ca, _pem_cert(serving_ca), private=False)
     _write(pki.apiserver_cert, _pem_cert(api_cert) + _pem_cert(serving_ca), private=False)
@@ -179,6 +190,8 @@ def generate(directory: Path) -> Pki:
     _write(pki.admin_cert, _pem_cert(admin_cert), private=False)
     _write(pki.admin_key, _pem_key(admin_key), private=True)
     _write(pki.sa_key, _pem_key(sa_key), private=True)
+    _write(pki.kueue_webhook_cert, _pem_cert(kueue_cert) + _pem_cert(serving_ca), private=False)
+    _write(pki.kueue_webhook_key, _pem_key(kueue_key), private=True)
     _write(
         pki.sa_pub,
         sa_key.public_key().public_bytes(

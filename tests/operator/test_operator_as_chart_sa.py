@@ -26,7 +26,8 @@ from auditor import traces
 from auditor.cli.main import main
 from auditor.core.model import PodRef
 from auditor.kube.client import call_json, resource_path
-from kubeobjects import batch_job, create, create_pod, owner_ref
+from kubeobjects import batch_job, create, create_pod
+from kueue_objects import job_workload
 from policy.policy_receivers import Receiver  # tests/ is on sys.path (its conftest.py)
 
 pytestmark = pytest.mark.testbed
@@ -75,12 +76,7 @@ def test_one_cycle_as_the_charts_service_account(testbed, kube_admin, namespace,
         create(api, KV, "localqueues", work_ns, {"apiVersion": KV, "kind": "LocalQueue", "metadata": {"name": "lq"},
                                                  "spec": {"clusterQueue": f"cq-{case}"}})
         job = batch_job(api, work_ns, "train", labels={"kueue.x-k8s.io/queue-name": "lq"})
-        create(api, KV, "workloads", work_ns, {
-            "apiVersion": KV, "kind": "Workload",
-            "metadata": {"name": "job-train-1a2b3", "labels": {"kueue.x-k8s.io/job-uid": job["metadata"]["uid"]},
-                         "ownerReferences": [owner_ref(job)]},
-            "spec": {"queueName": "lq", "active": True, "podSets": [{"name": "main", "count": 1, "template": {
-                "spec": {"containers": [{"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}]}})
+        job_workload(api, work_ns, job)  # Kueue's own Workload of the queued Job
 
         trace = traces.load_trace("h200-microbench")
         cycle = len(trace.steady("one_sm_spin")) * INTERVAL
@@ -133,7 +129,7 @@ def test_one_cycle_as_the_charts_service_account(testbed, kube_admin, namespace,
         # complete week before the latest Monday 08:00) holds none of this job's data, whatever
         # the day and hour, and a week without data sends nothing (issue 12, item 7).
         assert len(slack.accepted) == 1
-        wl = call_json(api, resource_path(KV, "workloads", work_ns, "job-train-1a2b3"))
+        wl = job_workload(api, work_ns, job)
         assert wl["spec"]["active"] is False
         lease = call_json(api, resource_path("coordination.k8s.io/v1", "leases", namespace, sa))
         assert not lease["spec"].get("holderIdentity")  # released at the end of --once

@@ -28,6 +28,7 @@ from auditor.kube.client import call_json, resource_path
 from auditor.store import Store
 
 from kubeobjects import batch_job, create, create_pod, iso, owner_ref, set_pod_status
+from kueue_objects import job_workload
 
 pytestmark = pytest.mark.testbed
 
@@ -147,15 +148,10 @@ def test_run_once_mixed_workloads(testbed, kube_admin, namespace, prometheus, po
         "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "ptj"},
         "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": {"spec": {"containers": [{"name": "pytorch", "image": "x"}]}}}}}})
     pods_for(ptj, ["ptj-master-0", "ptj-worker-0"], 2, "kernel_spin_waiting_4_blocks")
-    # 4. Kueue-managed Job with its Workload (admitted to the ClusterQueue): team from the queue
+    # 4. Kueue-managed Job with its Workload (made by Kueue; its LocalQueue names the ClusterQueue): team from the queue
     queued = batch_job(api, ns, "queued", labels={"kueue.x-k8s.io/queue-name": "lq"})
-    wl = create(api, kv, "workloads", ns, {
-        "apiVersion": kv, "kind": "Workload",
-        "metadata": {"name": "job-queued-1a2b3", "labels": {"kueue.x-k8s.io/job-uid": queued["metadata"]["uid"]},
-                     "ownerReferences": [owner_ref(queued)]},
-        "spec": {"queueName": "lq", "podSets": [{"name": "main", "count": 1, "template": {
-            "spec": {"containers": [{"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}}]}})
-    assert wl["metadata"]["name"] == "job-queued-1a2b3"
+    wl = job_workload(api, ns, queued)  # Kueue's own, owned by the Job
+    assert wl["metadata"]["name"].startswith("job-queued-")
     pods_for(queued, ["queued-0-zzzzz"], 2, "embedding_gather")
     # 5. a Job that ends between cycles
     done = batch_job(api, ns, "done")
@@ -207,7 +203,7 @@ def test_run_once_mixed_workloads(testbed, kube_admin, namespace, prometheus, po
         assert s["namespace"] == ns and s["cluster"] == "test" and s["final"] is False
     assert by_job["Job/train"]["uid"] == train["metadata"]["uid"]
     assert len(by_job["Job/train"]["kube"]["pods"]) == 2
-    assert by_job["Job/queued"]["kube"]["workload"] == "job-queued-1a2b3"
+    assert by_job["Job/queued"]["kube"]["workload"] == wl["metadata"]["name"]
     assert by_job["Job/queued"]["kube"]["cluster_queue"] == cq
     assert by_job["Job/queued"]["queue"] == "lq"
     assert not [r for r in caplog.records if "Forbidden" in r.getMessage()]

@@ -33,7 +33,8 @@ from auditor.core.model import PodRef
 from auditor.kube.client import call_json, resource_path
 from auditor.store import Store
 from auditor.store.decisions import DecisionStore
-from kubeobjects import batch_job, create, create_pod, owner_ref
+from kubeobjects import batch_job, create, create_pod
+from kueue_objects import job_workload
 from policy.policy_receivers import Receiver  # tests/ is on sys.path (its conftest.py)
 from test_operator_as_chart_sa import POLICY  # enforce: annotate, event, notify; then requeue
 from test_operator_e2e import grant_chart_permissions
@@ -192,12 +193,7 @@ def _spinning_job(api, prometheus, ns: str, case: str, end: datetime | None = No
     create(api, KV, "localqueues", ns, {"apiVersion": KV, "kind": "LocalQueue", "metadata": {"name": "lq"},
                                         "spec": {"clusterQueue": f"cq-{case}"}})
     job = batch_job(api, ns, "train", labels={"kueue.x-k8s.io/queue-name": "lq"})
-    create(api, KV, "workloads", ns, {
-        "apiVersion": KV, "kind": "Workload",
-        "metadata": {"name": "job-train-1a2b3", "labels": {"kueue.x-k8s.io/job-uid": job["metadata"]["uid"]},
-                     "ownerReferences": [owner_ref(job)]},
-        "spec": {"queueName": "lq", "active": True, "podSets": [{"name": "main", "count": 1, "template": {
-            "spec": {"containers": [{"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}]}})
+    job_workload(api, ns, job)  # Kueue's own Workload of the queued Job
     trace = traces.load_trace("h200-microbench")
     cycle = len(trace.steady("one_sm_spin")) * INTERVAL
     duration = cycle * math.ceil(timedelta(minutes=30) / cycle)
@@ -214,7 +210,7 @@ def _cluster_state(api, ns: str) -> dict:
     """What an acting cycle would change: annotations, our Events, the Workload, the Lease."""
     job = call_json(api, resource_path("batch/v1", "jobs", ns, "train"))
     pod = call_json(api, resource_path("v1", "pods", ns, "train-0-abcde"))
-    wl = call_json(api, resource_path(KV, "workloads", ns, "job-train-1a2b3"))
+    wl = job_workload(api, ns, job)
     events = call_json(api, resource_path("events.k8s.io/v1", "events", ns))["items"]
     return {
         "job_annotations": {k: v for k, v in (job["metadata"].get("annotations") or {}).items() if k.startswith("gpu-auditor.io/")},

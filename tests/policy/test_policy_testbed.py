@@ -1,5 +1,6 @@
-"""Done-when tests of issue 5 against the test bed: real apiserver (Kueue CRDs, no Kueue
-controller), real local HTTP receivers for Slack and the webhook, a real store."""
+"""Done-when tests of issue 5 against the test bed: real apiserver with the real Kueue controller
+(its Workload of the queued job, its priority class), real local HTTP receivers for Slack and the
+webhook, a real store."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import yaml
 from kubernetes import client as k8s
+from kueue_objects import delete_cluster_object, job_workload, workload_priority_class
 from policy_receivers import Receiver
 
 from auditor import traces
@@ -69,9 +71,12 @@ def _buckets(ns: str, pod: str, util: float, sm: float, minutes: int = 60) -> li
     return out
 
 
-def _job(kube_admin, ns: str, name: str, annotations: dict | None = None, kueue: bool = False) -> dict:
+def _job(kube_admin, ns: str, name: str, annotations: dict | None = None, kueue: bool = False,
+         priority_class: str | None = None) -> dict:
     batch = k8s.BatchV1Api(kube_admin)
     labels = {"kueue.x-k8s.io/queue-name": "team-a"} if kueue else {}
+    if priority_class:
+        labels["kueue.x-k8s.io/priority-class"] = priority_class
     job = batch.create_namespaced_job(
         ns,
         k8s.V1Job(
@@ -94,26 +99,20 @@ def _job(kube_admin, ns: str, name: str, annotations: dict | None = None, kueue:
     return {"uid": job.metadata.uid, "pod": pod.metadata.name}
 
 
-def _workload(kube_admin, ns: str, job_name: str, uid: str) -> str:
-    k8s.CustomObjectsApi(kube_admin).create_namespaced_custom_object(
-        "kueue.x-k8s.io", "v1beta2", ns, "workloads",
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "Workload",
-            "metadata": {
-                "name": f"job-{job_name}",
-                "labels": {"kueue.x-k8s.io/job-uid": uid},
-                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job_name, "uid": uid, "controller": True}],
-            },
-            "spec": {
-                "queueName": "team-a",
-                "priority": 100,
-                "active": True,
-                "podSets": [{"name": "main", "count": 1, "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}],
-            },
-        },
-    )
-    return f"job-{job_name}"
+def _workload(kube_admin, ns: str, job_name: str) -> str:
+    """Kueue's Workload of the queued job (its priority from the job's WorkloadPriorityClass)."""
+    from auditor.kube.client import call_json, resource_path
+
+    job = call_json(kube_admin, resource_path("batch/v1", "jobs", ns, job_name))
+    return job_workload(kube_admin, ns, job)["metadata"]["name"]
+
+
+@pytest.fixture
+def priority_class(kube_admin):
+    name = f"train-{uuid.uuid4().hex[:8]}"
+    workload_priority_class(kube_admin, name, 100)
+    yield name
+    delete_cluster_object(kube_admin, "workloadpriorityclasses", name)
 
 
 def _summary(ns: str, name: str, pod: str, uid: str, verdict: str, util: float, sm: float, team: str = "ml") -> dict:
@@ -130,8 +129,15 @@ def _store_job(store: Store, ns: str, name: str, uid: str, pod: str, util: float
 
 
 def _events(kube_admin, ns: str, name: str) -> list:
-    evs = k8s.EventsV1Api(kube_admin).list_namespaced_event(ns).items
-    return [e for e in evs if e.regarding and e.regarding.name == name]
+    """Events about ``name``, read untyped: Kueue records core/v1 Events (no ``eventTime``), which
+    the typed events.k8s.io model of the client refuses to parse."""
+    from types import SimpleNamespace
+
+    from auditor.kube.client import call_json, resource_path
+
+    items = call_json(kube_admin, resource_path("events.k8s.io/v1", "events", ns)).get("items") or []
+    return [SimpleNamespace(reason=e.get("reason"), type=e.get("type"), regarding=e["regarding"])
+            for e in items if (e.get("regarding") or {}).get("name") == name]
 
 
 def _annotations(kube_admin, ns: str, name: str) -> dict:
@@ -150,11 +156,13 @@ def receivers():
     hook.close()
 
 
-def test_low_sm_job_escalates_once_and_requeues_through_kueue(kube_admin, namespace, tmp_path, receivers):
+def test_low_sm_job_escalates_once_and_requeues_through_kueue(kube_admin, namespace, tmp_path, receivers,
+                                                              priority_class):
     slack, hook = receivers
     ns = namespace
-    bad = _job(kube_admin, ns, "bad", kueue=True)
-    wl = _workload(kube_admin, ns, "bad", bad["uid"])
+    bad = _job(kube_admin, ns, "bad", kueue=True, priority_class=priority_class)
+    wl = _workload(kube_admin, ns, "bad")
+    assert _wl(kube_admin, ns, wl)["spec"]["priority"] == 100  # from the WorkloadPriorityClass
     good = _job(kube_admin, ns, "good")
     exempt = _job(kube_admin, ns, "exempt", annotations={"gpu-auditor.io/exempt": "true"})
     store = Store.open(f"sqlite:///{tmp_path}/s.db")

@@ -1,0 +1,81 @@
+"""Kueue objects for tests: the Workload of a queued job, quota, priority classes.
+
+With the real Kueue controller in the test bed (the default), a Job labelled
+``kueue.x-k8s.io/queue-name`` is suspended by Kueue's webhook and Kueue creates its Workload
+(``job-<name>-<hash>``, labelled ``kueue.x-k8s.io/job-uid``, owned by the Job): tests wait for that
+one instead of making their own, which Kueue would fight. With the bed's Kueue switched off
+(``GPU_AUDITOR_TESTBED_KUEUE=0``: CRDs only) the same helper writes the Workload Kueue would have
+made, so tests read the same either way.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from auditor.kube.client import call_json, resource_path
+from auditor.testbed import config
+
+KV = "kueue.x-k8s.io/v1beta2"
+JOB_UID = "kueue.x-k8s.io/job-uid"
+
+
+def kueue_running() -> bool:
+    """Whether the bed this session attached to runs the Kueue controller (the same switch decides)."""
+    return config.kueue_enabled()
+
+
+def job_workload(api: Any, namespace: str, job: dict, *, timeout: float = 30.0) -> dict:
+    """The Kueue Workload of ``job`` (a created Job, as returned by the API).
+
+    Waits for Kueue's own Workload when Kueue runs; otherwise creates, once, the one Kueue would
+    have created from the Job's pod template, queue and priority-class labels.
+    """
+    uid = job["metadata"]["uid"]
+    path = resource_path(KV, "workloads", namespace)
+    deadline = time.monotonic() + timeout
+    while True:
+        items = call_json(api, path, query=[("labelSelector", f"{JOB_UID}={uid}")]).get("items") or []
+        if items:
+            return items[0]
+        if not kueue_running():
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"Kueue made no Workload for Job {namespace}/{job['metadata']['name']} in {timeout:.0f} s")
+        time.sleep(0.2)
+    meta = job["metadata"]
+    tpl = job["spec"]["template"]
+    labels = meta.get("labels") or {}
+    priority: dict[str, Any] = {}
+    if "kueue.x-k8s.io/priority-class" in labels:
+        wpc = call_json(api, resource_path(KV, "workloadpriorityclasses", None, labels["kueue.x-k8s.io/priority-class"]))
+        priority = {"priority": wpc["value"], "priorityClassRef": {
+            "group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": wpc["metadata"]["name"]}}
+    return call_json(api, path, method="POST", body={
+        "apiVersion": KV, "kind": "Workload",
+        "metadata": {"name": f"job-{meta['name']}-{uuid.uuid4().hex[:5]}", "labels": {JOB_UID: uid},
+                     "ownerReferences": [{"apiVersion": job.get("apiVersion", "batch/v1"), "kind": job.get("kind", "Job"),
+                                          "name": meta["name"], "uid": uid, "controller": True,
+                                          "blockOwnerDeletion": True}]},
+        "spec": {"queueName": labels.get("kueue.x-k8s.io/queue-name", ""), "active": True, **priority,
+                 "podSets": [{"name": "main", "count": int(job["spec"].get("parallelism") or 1),
+                              "template": {"spec": tpl["spec"]}}]},
+    })
+
+
+def workload_priority_class(api: Any, name: str, value: int) -> dict:
+    """A cluster-scoped WorkloadPriorityClass (Kueue's own priority mechanism for jobs)."""
+    return call_json(api, resource_path(KV, "workloadpriorityclasses", None), method="POST", body={
+        "apiVersion": KV, "kind": "WorkloadPriorityClass", "metadata": {"name": name}, "value": value,
+        "description": "gpu-auditor test"})
+
+
+def delete_cluster_object(api: Any, plural: str, name: str) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        call_json(api, resource_path(KV, plural, None, name), method="DELETE")
+    except ApiException as exc:
+        if exc.status != 404:
+            raise

@@ -1,0 +1,245 @@
+"""The operator's requeue on the real Kueue controller of the test bed (issue 14, item 3).
+
+A Job is admitted through real quota (ResourceFlavor → ClusterQueue with one GPU → LocalQueue),
+flagged by an enforcing policy and requeued by the policy runner: Kueue evicts its Workload
+(``Evicted`` / ``Deactivated``), suspends the Job, releases the quota once the Job has no active
+pods, and after our backoff re-admits it. No kubelet or Job controller runs in the bed, so the test
+plays the Job controller's part: it starts a pod when Kueue unsuspends the Job and removes it when
+Kueue suspends it, updating ``status.active`` as that controller would.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import timedelta
+from typing import Any, Callable
+
+import pytest
+from kubernetes import watch
+from kubernetes import client as k8s
+from kubeobjects import create_pod, iso
+from kueue_objects import KV, delete_cluster_object, job_workload, kueue_running
+from policy_receivers import Receiver
+from test_policy_testbed import FAST, POLICY, SECRET, T0, _store_job, _summary
+
+from auditor.actions import KubeActions
+from auditor.kube.client import call_json, resource_path
+from auditor.policy.loader import parse_policies
+from auditor.policy.runner import PolicyRunner, RequeueSettings, Route, RunnerConfig
+from auditor.store import Store
+
+pytestmark = [
+    pytest.mark.testbed,
+    pytest.mark.skipif(not kueue_running(), reason="the bed runs without the Kueue controller (GPU_AUDITOR_TESTBED_KUEUE=0)"),
+]
+
+
+def _condition(wl: dict, kind: str) -> dict:
+    return next((c for c in (wl.get("status") or {}).get("conditions") or [] if c["type"] == kind), {})
+
+
+def _is(wl: dict, kind: str, status: str = "True", reason: str | None = None) -> bool:
+    c = _condition(wl, kind)
+    return c.get("status") == status and (reason is None or c.get("reason") == reason)
+
+
+class Timeline:
+    """Every version of one Workload, from a watch: (seconds since start, its conditions)."""
+
+    def __init__(self, api: Any, namespace: str, name: str) -> None:
+        self.t0 = time.monotonic()
+        self.seen: list[tuple[float, dict]] = []
+        self._w = watch.Watch()
+        custom = k8s.CustomObjectsApi(api)
+
+        def run() -> None:
+            try:
+                for ev in self._w.stream(custom.list_namespaced_custom_object, "kueue.x-k8s.io", "v1beta2", namespace,
+                                         "workloads", field_selector=f"metadata.name={name}", timeout_seconds=300):
+                    self.seen.append((time.monotonic() - self.t0, ev["object"]))
+            except Exception:  # noqa: BLE001 - the stream is cut when the test stops it
+                if not self._stopped:
+                    raise
+
+        self._stopped = False
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def wait(self, what: str, pred: Callable[[dict], bool], timeout: float = 60, after: float = 0.0) -> float:
+        """Seconds since the timeline started when ``pred`` first held for a version seen at or
+        after ``after``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for t, obj in list(self.seen):
+                if t >= after and pred(obj):
+                    return t
+            time.sleep(0.05)
+        last = self.seen[-1][1].get("status") if self.seen else None
+        raise AssertionError(f"Workload never reached: {what}; last status {last}")
+
+    def transitions(self) -> list[tuple[str, str, str]]:
+        """(type, status, reason) of each condition change, in the order the watch saw them."""
+        out: list[tuple[str, str, str]] = []
+        last: dict[str, tuple[str, str]] = {}
+        for _, obj in self.seen:
+            for c in (obj.get("status") or {}).get("conditions") or []:
+                now = (c["status"], c.get("reason", ""))
+                if last.get(c["type"]) != now:
+                    last[c["type"]] = now
+                    out.append((c["type"], *now))
+        return out
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._w.stop()
+
+
+def _in_order(seq: list, wanted: list) -> bool:
+    it = iter(seq)
+    return all(any(x == w for x in it) for w in wanted)
+
+
+@pytest.fixture
+def quota(kube_admin, namespace):
+    """One GPU of quota: ResourceFlavor → ClusterQueue (all namespaces) → LocalQueue ``lq``."""
+    api, case = kube_admin, uuid.uuid4().hex[:8]
+    rf, cq = f"rf-{case}", f"cq-{case}"
+    call_json(api, resource_path(KV, "resourceflavors", None), method="POST",
+              body={"apiVersion": KV, "kind": "ResourceFlavor", "metadata": {"name": rf}})
+    call_json(api, resource_path(KV, "clusterqueues", None), method="POST", body={
+        "apiVersion": KV, "kind": "ClusterQueue", "metadata": {"name": cq},
+        "spec": {"namespaceSelector": {}, "resourceGroups": [{
+            "coveredResources": ["nvidia.com/gpu"],
+            "flavors": [{"name": rf, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "1"}]}]}]}})
+    call_json(api, resource_path(KV, "localqueues", namespace), method="POST", body={
+        "apiVersion": KV, "kind": "LocalQueue", "metadata": {"name": "lq"}, "spec": {"clusterQueue": cq}})
+    deadline = time.monotonic() + 30
+    while not _is(call_json(api, resource_path(KV, "clusterqueues", None, cq)), "Active"):
+        assert time.monotonic() < deadline, "ClusterQueue never became Active"
+        time.sleep(0.2)
+    yield cq
+    call_json(api, resource_path(KV, "localqueues", namespace, "lq"), method="DELETE")
+    delete_cluster_object(api, "clusterqueues", cq)
+    delete_cluster_object(api, "resourceflavors", rf)
+
+
+def _gpu_job(api: Any, ns: str, name: str) -> dict:
+    gpu = {"nvidia.com/gpu": "1"}
+    return call_json(api, resource_path("batch/v1", "jobs", ns), method="POST", body={
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
+            {"name": "main", "image": "example.invalid/train:1", "resources": {"requests": gpu, "limits": gpu}}]}}}})
+
+
+def _job(api: Any, ns: str, name: str) -> dict:
+    return call_json(api, resource_path("batch/v1", "jobs", ns, name))
+
+
+def _job_controller_starts(api: Any, ns: str, job: dict, pod: str) -> None:
+    """What the Job controller does for an unsuspended Job: one running pod, ``status.active: 1``."""
+    create_pod(api, ns, pod, gpus=1, owner=job, node="gpu-node-1", started=T0)
+    call_json(api, resource_path("batch/v1", "jobs", ns, job["metadata"]["name"]) + "/status", method="PATCH",
+              body={"status": {"active": 1, "startTime": iso(T0)}}, content_type="application/merge-patch+json")
+
+
+def _job_controller_stops(api: Any, ns: str, name: str, pod: str) -> None:
+    """What the Job controller does for a suspended Job: its pods deleted, ``status.active: 0``."""
+    call_json(api, resource_path("v1", "pods", ns, pod), method="DELETE", query=[("gracePeriodSeconds", "0")])
+    call_json(api, resource_path("batch/v1", "jobs", ns, name) + "/status", method="PATCH",
+              body={"status": {"active": 0}}, content_type="application/merge-patch+json")
+
+
+def test_requeue_evicts_suspends_and_kueue_readmits_after_the_backoff(kube_admin, namespace, tmp_path, quota, capsys):
+    api, ns = kube_admin, namespace
+    job = _gpu_job(api, ns, "bad")
+    assert job["spec"]["suspend"] is True  # Kueue's webhook suspends a queued Job at creation
+    wl = job_workload(api, ns, job)
+    timeline = Timeline(api, ns, wl["metadata"]["name"])
+    slack, hook = Receiver(), Receiver()
+    store = Store.open(f"sqlite:///{tmp_path}/s.db")
+    try:
+        # 1. admitted through the ClusterQueue's quota; Kueue unsuspends the Job
+        admitted = timeline.wait("admitted", lambda w: _is(w, "Admitted"))
+        wl = timeline.seen[-1][1]
+        assert wl["status"]["admission"]["clusterQueue"] == quota
+        deadline = time.monotonic() + 30
+        while _job(api, ns, "bad")["spec"]["suspend"]:
+            assert time.monotonic() < deadline, "Kueue never unsuspended the admitted Job"
+            time.sleep(0.1)
+        _job_controller_starts(api, ns, _job(api, ns, "bad"), "bad-0-abcde")
+
+        # 2. the policy runner escalates and requeues (its backoff 10 minutes of its clock)
+        _store_job(store, ns, "bad", job["metadata"]["uid"], "bad-0-abcde", 0.97, 0.1)
+        summary = {**_summary(ns, "bad", "bad-0-abcde", job["metadata"]["uid"], "low_sm_efficiency", 0.97, 0.1),
+                   "queue": "lq"}
+        runner = PolicyRunner(parse_policies(POLICY, "p.yaml"), store, KubeActions(api, "test"), RunnerConfig(
+            routes={"ml": Route(slack_url=slack.url, webhook_url=hook.url, webhook_secret=SECRET)},
+            requeue=RequeueSettings(enabled=True, namespaces=frozenset({ns})), retry=FAST))
+        minute = 0
+        while call_json(api, resource_path(KV, "workloads", ns, wl["metadata"]["name"]))["spec"].get("active", True):
+            assert minute < 8, "the runner never requeued the job"
+            runner.run_cycle([summary], now=T0 + timedelta(minutes=minute), act=True)
+            minute += 1
+        requeued_minute = minute - 1
+        requeued = timeline.wait("our patch (spec.active false)", lambda w: w["spec"].get("active") is False)
+
+        # 3. Kueue evicts and suspends; the quota stays reserved while the Job still has an active pod
+        evicted = timeline.wait("Evicted/Deactivated", lambda w: _is(w, "Evicted", reason="Deactivated"))
+        deadline = time.monotonic() + 30
+        while not _job(api, ns, "bad")["spec"]["suspend"]:
+            assert time.monotonic() < deadline, "Kueue never suspended the evicted Job"
+            time.sleep(0.05)
+        suspended = timeline.now()
+        time.sleep(1.0)
+        current = call_json(api, resource_path(KV, "workloads", ns, wl["metadata"]["name"]))
+        assert _is(current, "QuotaReserved"), "quota released while the Job still had an active pod"
+        stopped = timeline.now()
+        _job_controller_stops(api, ns, "bad", "bad-0-abcde")
+        released = timeline.wait("quota released", lambda w: _is(w, "QuotaReserved", "False"))
+        timeline.wait("Requeued=False/Deactivated", lambda w: _is(w, "Requeued", "False", "Deactivated"))
+
+        # 4. held for our backoff (Kueue would not take it back while inactive), then reactivated
+        runner.run_cycle([summary], now=T0 + timedelta(minutes=requeued_minute + 9), act=True)
+        assert call_json(api, resource_path(KV, "workloads", ns, wl["metadata"]["name"]))["spec"]["active"] is False
+        assert not _is(call_json(api, resource_path(KV, "workloads", ns, wl["metadata"]["name"])), "QuotaReserved")
+        runner.run_cycle([summary], now=T0 + timedelta(minutes=requeued_minute + 11), act=True)
+        reactivated = timeline.wait("our patch (spec.active true)", lambda w: w["spec"].get("active") is True,
+                                    after=released)
+        readmitted = timeline.wait("re-admitted", lambda w: _is(w, "Admitted") and _is(w, "Requeued", reason="Reactivated"),
+                                   after=reactivated)
+        deadline = time.monotonic() + 30
+        while _job(api, ns, "bad")["spec"]["suspend"]:
+            assert time.monotonic() < deadline, "Kueue never unsuspended the re-admitted Job"
+            time.sleep(0.05)
+        resumed = timeline.now()
+
+        final = call_json(api, resource_path(KV, "workloads", ns, wl["metadata"]["name"]))
+        assert final["spec"]["priority"] == -10  # lowerPriorityBy 10 from Kueue's default 0
+        evictions = final["status"].get("schedulingStats", {}).get("evictions", [])
+        assert [(e["reason"], e["count"]) for e in evictions] == [("Deactivated", 1)], evictions
+        steps = timeline.transitions()
+        assert _in_order(steps, [
+            ("QuotaReserved", "True", "QuotaReserved"), ("Admitted", "True", "Admitted"),
+            ("Evicted", "True", "Deactivated"),
+            ("QuotaReserved", "False", "Pending"), ("Admitted", "False", "NoReservation"),
+            ("Requeued", "False", "Deactivated"),
+            ("Requeued", "True", "Reactivated"),
+            ("QuotaReserved", "True", "QuotaReserved"), ("Evicted", "False", "QuotaReserved"),
+            ("Admitted", "True", "Admitted"),
+        ]), steps
+        with capsys.disabled():
+            print(f"\nkueue requeue timings (s, watch clock): admitted at {admitted:.3f}; our deactivation → "
+                  f"Evicted +{evicted - requeued:.3f}, Job suspended by +{suspended - requeued:.3f}; pods removed → "
+                  f"quota released +{released - stopped:.3f}; our reactivation → re-admitted "
+                  f"+{readmitted - reactivated:.3f}, Job unsuspended by +{resumed - reactivated:.3f}\n{steps}")
+    finally:
+        timeline.stop()
+        store.close()
+        slack.close()
+        hook.close()
