@@ -2,7 +2,7 @@
 
 Data (bulk-inserted, not audited), spread evenly over the 800 days before ``NOW``: ``--runs``
 audit runs of two clusters (``east`` and ``west``, alternating), ``--jobs`` jobs of ``east``
-with 50 five-minute buckets each and an aggregate (two in three ended at their last bucket),
+with 50 five-minute buckets of one pod each, its pod ownership and an aggregate (two in three ended at their last bucket),
 and ``--episodes`` escalation episodes of ``east`` (three in four closed; one decision and two
 actions each, one in seven still waiting). Measured for ``east`` with the default retention
 (35 days of buckets, 400 days of the rest): the dry run, the prune, and the prune one hour
@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from auditor.store import Store
 from auditor.store.decisions import actions, decisions, violations
 from auditor.store.retention import Retention, prune
-from auditor.store.tables import AggregateRow, AuditRunRow, BucketRow, JobRow
+from auditor.store.tables import AggregateRow, AuditRunRow, BucketRow, JobRow, PodOwnerRow
 
 NOW = datetime(2026, 11, 30, tzinfo=timezone.utc)
 SPAN = timedelta(days=800)
@@ -54,6 +54,10 @@ def fill(store: Store, runs: int, jobs: int, episodes: int) -> None:
                  start=_at(n, jobs) - W * (PER_JOB - k), end=_at(n, jobs) - W * (PER_JOB - k - 1),
                  total=1.0, count=4, minimum=0.1, maximum=0.3, dropped=0)
             for n, jid in enumerate(ids) for k in range(PER_JOB)
+        ])
+        c.execute(sa.insert(PodOwnerRow.__table__), [
+            dict(cluster="east", pod_namespace="ml", pod_name=f"p{jid}", job_id=jid,
+                 first_start=_at(n, jobs) - W * PER_JOB, last_start=_at(n, jobs) - W) for n, jid in enumerate(ids)
         ])
         c.execute(sa.insert(AggregateRow.__table__), [
             dict(job_id=jid, through=_at(n, jobs), updated=_at(n, jobs), state=b"{}") for n, jid in enumerate(ids)

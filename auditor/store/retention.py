@@ -11,6 +11,8 @@ What goes, table by table (``b`` = ``now - retention.buckets``, ``s`` = ``now - 
   cumulative summary has not folded in yet (at or after its aggregate's ``through``, while the
   job has no ``ended_at``): the operator folds them on its next cycle, and deleting them first
   would drop them from the job's summary.
+- ``gpu_pod_owners``: a job's ownership of a pod once none of its buckets of that pod is left
+  (the store's own rule when another job takes a pod's GPU time over).
 - ``job_summaries``: summaries whose job span ended at or before ``s`` (without a span: by
   ``computed_at``).
 - ``job_aggregates``: those of jobs that ended at or before ``b`` (no cycle updates them again;
@@ -44,13 +46,14 @@ from auditor.errors import BadInput
 from auditor.store.decisions import DONE, FAILED, SKIPPED, actions, decisions, violations
 from auditor.store.reports import deliveries
 from auditor.store.store import Store, _aware
-from auditor.store.tables import AggregateRow, AuditRunRow, BucketRow, JobRow, SummaryRow
+from auditor.store.tables import AggregateRow, AuditRunRow, BucketRow, JobRow, PodOwnerRow, SummaryRow
 
 _jobs = JobRow.__table__  # type: ignore[attr-defined]
 _buckets = BucketRow.__table__  # type: ignore[attr-defined]
 _summaries = SummaryRow.__table__  # type: ignore[attr-defined]
 _runs = AuditRunRow.__table__  # type: ignore[attr-defined]
 _aggregates = AggregateRow.__table__  # type: ignore[attr-defined]
+_owners = PodOwnerRow.__table__  # type: ignore[attr-defined]
 
 #: the ``detail.origin`` of an operator cycle's run (auditor.operator_loop.cycle.ORIGIN)
 OPERATOR_ORIGIN = "operator"
@@ -62,6 +65,7 @@ DELIVERY_FLOOR = timedelta(days=14)
 #: the tables a prune touches, in the order it deletes from them
 TABLE_ORDER = (
     "gpu_buckets",
+    "gpu_pod_owners",
     "job_summaries",
     "job_aggregates",
     "jobs",
@@ -160,6 +164,16 @@ def _steps(b_cut: datetime, s_cut: datetime, d_cut: datetime, cluster: str | Non
         )
         return sa.and_(b.c.end <= b_cut, sa.exists().where(j.c.id == b.c.job_id, scoped(j.c.cluster)), ~unfolded)
 
+    def owner_goes(o: Any) -> sa.ColumnElement[bool]:
+        b = _buckets.alias()
+        return sa.and_(
+            scoped(o.c.cluster),
+            ~sa.exists().where(
+                b.c.job_id == o.c.job_id, b.c.pod_namespace == o.c.pod_namespace, b.c.pod_name == o.c.pod_name,
+                ~bucket_goes(b),
+            ),
+        )
+
     def summary_goes(s: Any) -> sa.ColumnElement[bool]:
         return sa.and_(
             scoped(s.c.cluster),
@@ -232,6 +246,7 @@ def _steps(b_cut: datetime, s_cut: datetime, d_cut: datetime, cluster: str | Non
 
     steps = [
         ("gpu_buckets", _buckets, bucket_goes(_buckets)),
+        ("gpu_pod_owners", _owners, owner_goes(_owners)),
         ("job_summaries", _summaries, summary_goes(_summaries)),
         ("job_aggregates", _aggregates, aggregate_goes(_aggregates)),
         ("jobs", _jobs, job_goes(_jobs)),

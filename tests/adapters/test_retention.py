@@ -129,6 +129,7 @@ def _fill(store: Store, cluster: str) -> dict[str, int]:
 
 EXPECTED = {
     "gpu_buckets": 4,  # gone's, ended's, running's folded one, audited's older one
+    "gpu_pod_owners": 2,  # gone's and ended's pods: no bucket of theirs left
     "job_summaries": 1,
     "job_aggregates": 2,
     "jobs": 1,
@@ -151,7 +152,7 @@ def _counts(store_url: str) -> dict[str, dict[str, int]]:
                 "gpu_buckets": conn.execute(sa.text("SELECT count(*) FROM gpu_buckets b JOIN jobs j ON j.id = b.job_id WHERE j.cluster = :c"), c).scalar_one(),
                 "job_aggregates": conn.execute(sa.text("SELECT count(*) FROM job_aggregates a JOIN jobs j ON j.id = a.job_id WHERE j.cluster = :c"), c).scalar_one(),
                 **{t: conn.execute(sa.text(f"SELECT count(*) FROM {t} WHERE cluster = :c"), c).scalar_one()
-                   for t in ("job_summaries", "jobs", "policy_actions", "policy_decisions", "policy_violations", "report_deliveries")},
+                   for t in ("gpu_pod_owners", "job_summaries", "jobs", "policy_actions", "policy_decisions", "policy_violations", "report_deliveries")},
                 "audit_runs": sum(1 for (d,) in conn.execute(sa.text("SELECT detail FROM audit_runs"))
                                   if (json.loads(d) if isinstance(d, str) else d).get("cluster") == cluster),
             }
@@ -250,7 +251,7 @@ def test_store_prune_command_reads_the_settings_and_prints_per_table(store: Stor
     assert main(["store", "prune", "--config", str(config), "--as-of", as_of, "-o", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["cluster"] == "east" and doc["dry_run"] is False
-    assert doc["deleted"] == {t: 0 for t in TABLE_ORDER} | {"gpu_buckets": 4, "job_aggregates": 2}
+    assert doc["deleted"] == {t: 0 for t in TABLE_ORDER} | {"gpu_buckets": 4, "gpu_pod_owners": 2, "job_aggregates": 2}
     assert _counts(store_url)["west"] == before["west"]
 
     assert main(["store", "prune", "--config", str(config), "--cluster", "", "--as-of", as_of]) == 2

@@ -478,8 +478,8 @@ def test_retention_deletes_old_buckets_summaries_and_orphan_jobs(store: Store, s
     store.record_run(Window(T0, T0 + W), T0, T0 + W, jobs=1, queries=1, status="ok", detail={})
 
     deleted = store.apply_retention(now, bucket_retention=timedelta(days=2), summary_retention=timedelta(days=30))
-    # old: bucket + summary + job + its run; mid: bucket (3 days > 2)
-    assert deleted == 1 + 1 + 1 + 1 + 1
+    # old: bucket + pod ownership + summary + job + its run; mid: bucket (3 days > 2) + pod ownership
+    assert deleted == 1 + 1 + 1 + 1 + 1 + 1 + 1
     assert store.find_job("ml", "PyTorchJob", "old") is None
     assert store.buckets(mid) == [] and len(store.buckets(new)) == 2
     assert sorted(s["job"] for s in store.summaries()) == ["PyTorchJob/mid", "PyTorchJob/new"]

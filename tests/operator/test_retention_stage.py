@@ -44,7 +44,7 @@ def test_the_operator_prunes_its_own_cluster_at_its_clock(tmp_path) -> None:
         east, west = _old_bucket(store, "east"), _old_bucket(store, "west")
         result = op.prune()
         assert result is not None and result.cluster == "east" and result.now == NOW
-        assert result.deleted["gpu_buckets"] == 1 and result.total == 1
+        assert result.deleted["gpu_buckets"] == 1 and result.deleted["gpu_pod_owners"] == 1 and result.total == 2
         assert store.buckets(east) == [] and len(store.buckets(west)) == 1
     finally:
         store.close()
