@@ -52,10 +52,13 @@ COLUMNS: dict[str, tuple[Metric, float]] = {
     "power_w": (Metric.POWER, 1.0),
     "fb_used_mib": (Metric.FB_USED, 1.0),
     "sm_clock_mhz": (Metric.SM_CLOCK, 1.0),
+    "max_sm_clock_mhz": (Metric.MAX_SM_CLOCK, 1.0),
+    "pcie_rx_bytes": (Metric.PCIE_RX, 1.0),  # bytes per second, as DCGM_FI_PROF_PCIE_RX_BYTES
+    "pcie_tx_bytes": (Metric.PCIE_TX, 1.0),
 }
 
 #: the traces shipped with the package (``auditor/data/<name>.csv``)
-BUNDLED = ("h200-demo-cluster", "h200-microbench")
+BUNDLED = ("h200-demo-cluster", "h200-microbench", "h200-workloads")
 
 #: phases that are not workloads (transitions between recorded phases)
 NOT_WORKLOADS = frozenset({"gap", "warmup"})
@@ -73,6 +76,8 @@ _HELP = {
     Metric.POWER: "Power draw (in W).",
     Metric.SM_CLOCK: "SM clock frequency (in MHz).",
     Metric.MAX_SM_CLOCK: "Maximum supported SM clock (in MHz).",
+    Metric.PCIE_RX: "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
+    Metric.PCIE_TX: "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
 }
 
 

@@ -74,10 +74,12 @@ def load() -> Upstream:
 
 
 def help_unit(help_text: str) -> str:
-    """The unit a dcgm-exporter help text states: ``%``, ``MHz``, ``W``, ``MiB`` or ``ratio``."""
+    """The unit a dcgm-exporter help text states: ``%``, ``MHz``, ``W``, ``MiB``, ``B/s`` or ``ratio``."""
     m = re.search(r"\(in (%|MHz|W|MiB)\)", help_text)
     if m:
         return m[1]
     if re.match(r"(The )?ratio\b", help_text, re.I):
         return "ratio"
+    if re.search(r"\bin bytes per second\.?$", help_text):
+        return "B/s"
     raise ValueError(f"no unit in {help_text!r}")

@@ -34,6 +34,8 @@ class Metric(str, Enum):
     POWER = "power"
     SM_CLOCK = "sm_clock"
     MAX_SM_CLOCK = "max_sm_clock"
+    PCIE_RX = "pcie_rx"
+    PCIE_TX = "pcie_tx"
 
     def __str__(self) -> str:
         return self.value
@@ -135,6 +137,9 @@ EXPORTED: tuple[ExportedName, ...] = (
     _e("DCGM_FI_DEV_SM_CLOCK_HERTZ", Metric.SM_CLOCK, 1e-6, "Hz", frozenset({Naming.EXPORTER49})),
     _e("DCGM_FI_DEV_MAX_SM_CLOCK", Metric.MAX_SM_CLOCK, 1.0, "MHz", _ALL),
     _e("DCGM_FI_DEV_SM_MAX_CLOCK_HERTZ", Metric.MAX_SM_CLOCK, 1e-6, "Hz", frozenset({Naming.EXPORTER49})),
+    # fields 1009/1010: a rate in bytes per second (dcgm-exporter's help text), headers included
+    _e("DCGM_FI_PROF_PCIE_RX_BYTES", Metric.PCIE_RX, 1.0, "B/s", _ALL),
+    _e("DCGM_FI_PROF_PCIE_TX_BYTES", Metric.PCIE_TX, 1.0, "B/s", _ALL),
 )
 
 #: names only dcgm-exporter 4.9 (DCGM 4.7 base units) exports: one present settles the naming
@@ -154,9 +159,17 @@ _LIMITS: dict[Metric, dict] = {
     Metric.POWER: {"high": 5_000.0, "is_ratio": False},
     Metric.SM_CLOCK: {"high": 10_000.0, "is_ratio": False},
     Metric.MAX_SM_CLOCK: {"high": 10_000.0, "is_ratio": False},
+    # far above any link (PCIe 6 x16 moves ~128 GB/s each way): beyond it a value is garbage
+    Metric.PCIE_RX: {"high": 1e12, "is_ratio": False},
+    Metric.PCIE_TX: {"high": 1e12, "is_ratio": False},
 }
-_UNITS = {Metric.FB_USED: "MiB", Metric.POWER: "W", Metric.SM_CLOCK: "MHz", Metric.MAX_SM_CLOCK: "MHz"}
-_NO_CLAMP = {Metric.GPU_UTIL, Metric.FB_USED, Metric.POWER, Metric.SM_CLOCK, Metric.MAX_SM_CLOCK}
+_UNITS = {
+    Metric.FB_USED: "MiB", Metric.POWER: "W", Metric.SM_CLOCK: "MHz", Metric.MAX_SM_CLOCK: "MHz",
+    Metric.PCIE_RX: "B/s", Metric.PCIE_TX: "B/s",
+}
+_NO_CLAMP = {
+    Metric.GPU_UTIL, Metric.FB_USED, Metric.POWER, Metric.SM_CLOCK, Metric.MAX_SM_CLOCK, Metric.PCIE_RX, Metric.PCIE_TX,
+}
 
 SPECS: dict[Metric, MetricSpec] = {
     m: MetricSpec(

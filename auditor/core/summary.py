@@ -52,6 +52,8 @@ DEVICE_FIELDS: tuple[tuple[str, Metric], ...] = (
     ("power_w", Metric.POWER),
     ("fb_used_mib", Metric.FB_USED),
     ("sm_clock_mhz", Metric.SM_CLOCK),
+    ("pcie_rx_bytes_per_s", Metric.PCIE_RX),
+    ("pcie_tx_bytes_per_s", Metric.PCIE_TX),
 )
 
 _POD_GPU = attrgetter("pod", "gpu")
@@ -149,6 +151,11 @@ class Evidence:
     model: str
     #: rows (or this GPU) whose profiling fields read exactly 0 while busy: descriptions
     silent_zero: list[dict[str, object]] = field(default_factory=list)
+    #: GR_ENGINE_ACTIVE (a kernel, or a graphics/compute context, runs), where exported
+    gr_engine: float | None = None
+    #: PCIe receive / transmit rates in bytes/s, where exported
+    pcie_rx: float | None = None
+    pcie_tx: float | None = None
 
 
 _ADVICE = {
@@ -157,6 +164,15 @@ _ADVICE = {
     Verdict.UNDERUTILIZED: "The GPU waits on the host: speed up the input pipeline (more DataLoader "
     "workers, pin_memory, prefetching, preprocessing on the GPU), increase the batch size, and for "
     "many tiny kernels use CUDA Graphs or torch.compile to cut launch gaps.",
+    "input_stall": "Speed up what the GPU waits for between steps: more DataLoader workers, "
+    "pin_memory and prefetching, preprocessing on the GPU, and host work overlapped with GPU work "
+    "(asynchronous copies, no synchronisation per step); a larger batch size makes each GPU step "
+    "longer against the host's fixed cost.",
+    "launch_bound": "Launch fewer, larger kernels: CUDA Graphs or torch.compile (fusion, fewer "
+    "launches), a larger batch, and no per-step host synchronisation.",
+    "no_kernel": "No kernel runs at all: the GPU is busy only with copies. Keep data on the GPU "
+    "between steps instead of moving it each time, copy from pinned memory in large chunks, and "
+    "overlap copies with compute (non_blocking copies on a side stream, prefetching).",
     Verdict.LOW_SM_EFFICIENCY: "Kernels keep the GPU 'busy' but occupy few SMs: launch more thread "
     "blocks (larger batch or problem size, fewer serial small kernels), and if this is a distributed "
     "job check for ranks waiting in collectives on a straggler (NCCL waits spin on a few SMs).",
@@ -239,14 +255,7 @@ def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
             )
         ]
     if ev.busy < th.busy_util:
-        return Verdict.UNDERUTILIZED, [
-            Finding(
-                "underutilized",
-                f"Utilization averages {_pct(ev.busy)}, clearly below full (< {_pct(th.busy_util)}): "
-                f"the GPU often has no kernel to run. {_ADVICE[Verdict.UNDERUTILIZED]}",
-                {**base, "threshold": th.busy_util},
-            )
-        ]
+        return Verdict.UNDERUTILIZED, [_underutilized(ev, th, base)]
     if ev.sm is None:
         return insufficient, [
             Finding(
@@ -258,12 +267,17 @@ def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
             )
         ]
     if ev.sm < th.low_sm:
+        if _no_kernel(ev, th):
+            return Verdict.LOW_SM_EFFICIENCY, _copy_only(ev, th, base)
+        if ev.sm / ev.busy >= th.sm_while_busy:
+            # the SMs are well used while the GPU is busy: the shortfall is the idle time
+            return Verdict.UNDERUTILIZED, [_underutilized(ev, th, base)]
         return Verdict.LOW_SM_EFFICIENCY, [
             Finding(
                 "low_sm_efficiency",
                 f"The GPU looks busy ({_pct(ev.busy)} utilization) but only {_pct(ev.sm)} of SM time "
                 f"has work: about {_pct(1 - ev.sm)} of the SMs sit idle. {_ADVICE[Verdict.LOW_SM_EFFICIENCY]}",
-                {**base, "threshold": th.low_sm},
+                {**base, "threshold": th.low_sm, "reason": "few_blocks", "sm_per_busy": _r(ev.sm / ev.busy)},
             )
         ]
     if ev.tensor is None:
@@ -312,7 +326,7 @@ def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
             return Verdict.MEMORY_BOUND, [
                 Finding(
                     "memory_bound",
-                    f"SMs are busy ({_pct(ev.sm)}), tensor pipes idle ({_pct(ev.tensor)}) and DRAM busy "
+                    f"SMs are busy ({_pct(ev.sm)}), tensor pipes (nearly) idle ({_pct(ev.tensor)}) and DRAM busy "
                     f"({_pct(ev.dram)}): the work streams memory rather than doing math. "
                     f"{_ADVICE[Verdict.MEMORY_BOUND]}",
                     {**pipe_ev, "reason": "dram_busy", "dram_busy": th.dram_busy},
@@ -328,7 +342,7 @@ def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
             return Verdict.NO_TENSOR_CORES, [
                 Finding(
                     "no_tensor_cores",
-                    f"SMs are busy ({_pct(ev.sm)}) but the tensor cores are idle ({_pct(ev.tensor)}); "
+                    f"SMs are busy ({_pct(ev.sm)}) but the tensor cores are (nearly) idle ({_pct(ev.tensor)}); "
                     f"{why}. {_ADVICE[Verdict.NO_TENSOR_CORES]}",
                     {**pipe_ev, "reason": "math_pipe_busy" if math is not None else "dram_quiet"},
                 ),
@@ -350,15 +364,105 @@ def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
         )
     ]
     if ev.tensor < th.tensor_headroom:
+        dram_busy = ev.dram is not None and ev.dram >= th.dram_busy
         findings.append(
             Finding(
                 "tensor_headroom",
-                f"Tensor pipes are only {_pct(ev.tensor)} busy: there is room to grow (larger batch, "
-                "fused kernels, channels-last, fewer non-matmul bottlenecks).",
-                {"tensor_active": _r(ev.tensor), "threshold": th.tensor_headroom},
+                f"Tensor pipes are only {_pct(ev.tensor)} busy: there is room to grow"
+                + (
+                    f". DRAM is busy ({_pct(ev.dram)}): memory-bound kernels take much of the time "
+                    "(attention without FlashAttention/SDPA, unfused element-wise and normalisation "
+                    "kernels): fuse them (torch.compile, fused attention), use channels-last."
+                    if dram_busy
+                    else " (larger batch, fused kernels, channels-last, fewer non-matmul bottlenecks)."
+                ),
+                {
+                    "tensor_active": _r(ev.tensor),
+                    "dram_active": _r(ev.dram),
+                    "threshold": th.tensor_headroom,
+                    "reason": "dram_busy" if dram_busy else "tensor_low",
+                },
             )
         )
     return Verdict.HEALTHY, findings
+
+
+def _underutilized(ev: Evidence, th: Thresholds, base: dict[str, object]) -> Finding:
+    """The underutilized finding, its advice chosen by what the SMs do while the GPU is busy:
+    well used (``input_stall``: the job waits on its input or host), barely used
+    (``launch_bound``: many tiny kernels with gaps), or unknown without SM activity."""
+    head = f"Utilization averages {_pct(ev.busy)}"
+    head += (
+        f", clearly below full (< {_pct(th.busy_util)})" if ev.busy < th.busy_util else f": the GPU is idle {_pct(1 - ev.busy)} of the time"
+    )
+    ev_out: dict[str, object] = {**base, "threshold": th.busy_util}
+    if ev.sm is None or not ev.busy:
+        return Finding("underutilized", f"{head}: the GPU often has no kernel to run. {_ADVICE[Verdict.UNDERUTILIZED]}", ev_out)
+    per_busy = min(1.0, ev.sm / ev.busy)
+    ev_out["sm_per_busy"] = _r(per_busy)
+    if per_busy >= th.low_sm:
+        ev_out["reason"] = "input_stall"
+        return Finding(
+            "underutilized",
+            f"{head}, but while it runs its SMs are well used ({_pct(per_busy)} of busy time): the job "
+            f"waits on its input pipeline or host code between steps. {_ADVICE['input_stall']}",
+            ev_out,
+        )
+    ev_out["reason"] = "launch_bound"
+    return Finding(
+        "underutilized",
+        f"{head}, and even while a kernel runs only {_pct(per_busy)} of SM time has work: many small "
+        f"kernels with launch gaps (launch-bound). {_ADVICE['launch_bound']}",
+        ev_out,
+    )
+
+
+def _no_kernel(ev: Evidence, th: Thresholds) -> bool:
+    """Busy with no kernel at all: GR_ENGINE_ACTIVE (any running kernel keeps it active) idle while
+    the busy signal is high — copies keep GPU_UTIL up without a kernel. Needs GR_ENGINE_ACTIVE
+    apart from the busy signal (on MIG it *is* the busy signal)."""
+    return (
+        ev.gr_engine is not None
+        and ev.busy_metric is Metric.GPU_UTIL
+        and ev.gr_engine < th.idle_util
+    )
+
+
+def _copy_only(ev: Evidence, th: Thresholds, base: dict[str, object]) -> list[Finding]:
+    """low_sm_efficiency for a GPU busy with copies alone, and the copy_only finding with the PCIe
+    rates that show where the transfers go."""
+    pcie = None if ev.pcie_rx is None and ev.pcie_tx is None else (ev.pcie_rx or 0.0) + (ev.pcie_tx or 0.0)
+    if pcie is None:
+        where = "PCIe counters are not exported (add DCGM_FI_PROF_PCIE_RX_BYTES/TX_BYTES to see the transfer rate)"
+    elif pcie >= th.pcie_busy_bytes:
+        where = f"PCIe moves {_gbps(ev.pcie_rx)} in (RX) and {_gbps(ev.pcie_tx)} out (TX): transfer-bound"
+    else:
+        where = f"PCIe is quiet ({_gbps(pcie)}): device-to-device or peer copies"
+    evidence = {
+        **base,
+        "gr_engine_active": _r(ev.gr_engine),
+        "pcie_rx_bytes_per_s": _r(ev.pcie_rx, 0),
+        "pcie_tx_bytes_per_s": _r(ev.pcie_tx, 0),
+        "pcie_busy_bytes": th.pcie_busy_bytes,
+    }
+    return [
+        Finding(
+            "low_sm_efficiency",
+            f"The GPU reads {_pct(ev.busy)} utilization but no kernel runs (graphics engine "
+            f"{_pct(ev.gr_engine)}, SM activity {_pct(ev.sm)}): the time goes to copies; {where}. "
+            f"{_ADVICE['no_kernel']}",
+            {**base, "threshold": th.low_sm, "reason": "no_kernel"},
+        ),
+        Finding(
+            "copy_only",
+            f"Busy with copies alone: {where}.",
+            evidence,
+        ),
+    ]
+
+
+def _gbps(v: float | None) -> str:
+    return "n/a" if v is None else f"{v / 1e9:.1f} GB/s"
 
 
 def _silent_zero(row: RowView, th: Thresholds) -> dict[str, object] | None:
@@ -534,6 +638,9 @@ def summarize_aggregate(
         shared_fraction=shared_fraction,
         model=model,
         silent_zero=silent,
+        gr_engine=mean(Metric.GR_ENGINE_ACTIVE),
+        pcie_rx=mean(Metric.PCIE_RX),
+        pcie_tx=mean(Metric.PCIE_TX),
     )
     verdict, findings = classify(ev, th)
     findings += _job_findings(rows, th, verdict, shared_fraction)
@@ -548,9 +655,12 @@ def summarize_aggregate(
             Finding(
                 "mfu_estimate",
                 "MFU estimated from tensor-pipe activity"
-                + (" scaled by SM clock / max SM clock." if clock is not None and mclock else " alone (clocks unknown)."),
+                + (" scaled by SM clock / max SM clock" if clock is not None and mclock else " alone (clocks unknown)")
+                + ", relative to the dense tensor peak of the precision in use (bf16, FP8 or TF32: the "
+                "counters do not say which).",
                 {
                     "method": mfu_method,
+                    "relative_to": "dense tensor-core peak of the precision in use",
                     "tensor_active": _r(tensor),
                     "sm_clock_mhz": _r(clock, 1),
                     "max_sm_clock_mhz": mclock,
@@ -620,6 +730,9 @@ def _evidence_row(r: RowView, th: Thresholds, sz: dict[str, object] | None) -> E
         shared_fraction=(r.shared_seconds / r.span_s) if r.span_s > 0 else 0.0,
         model=r.gpu.model,
         silent_zero=[sz] if sz else [],
+        gr_engine=r.mean(Metric.GR_ENGINE_ACTIVE),
+        pcie_rx=r.mean(Metric.PCIE_RX),
+        pcie_tx=r.mean(Metric.PCIE_TX),
     )
 
 

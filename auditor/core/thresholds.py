@@ -76,8 +76,17 @@ class Thresholds:
     busy_util: float = 0.6
     #: SM activity below this on a busy GPU → low_sm_efficiency (DCGM: < 0.5 "likely ineffective")
     low_sm: float = 0.5
-    #: tensor-pipe activity below this → the tensor cores are idle
-    tensor_idle: float = 0.05
+    #: SM activity per unit of busy time (sm_active / busy) at or above which a job's low SM
+    #: activity is its idle time, not its kernels: underutilized rather than low_sm_efficiency
+    #: (the recorded input-stalled jobs read 0.84–0.88, jobs on a few SMs 0.008–0.03)
+    sm_while_busy: float = 0.7
+    #: PCIe RX + TX at or above this (bytes/s), while no kernel runs, → the copy_only finding
+    #: speaks of a transfer-bound job (pinned host→device copies on an H200 read 59 GB/s RX)
+    pcie_busy_bytes: float = 1e9
+    #: tensor-pipe activity below this → the tensor cores are (nearly) idle: single-digit tensor
+    #: activity is single-digit MFU (the recorded materialised-attention job: tensor 7.8 %, MFU
+    #: 0.078), never a healthy job on a tensor-capable GPU
+    tensor_idle: float = 0.1
     #: FP32/FP16-pipe activity below this → no CUDA-core pipe is doing math either
     math_pipe_idle: float = 0.05
     #: DRAM activity at or above this (with idle tensor pipes) → memory_bound; without the FP32
@@ -172,6 +181,7 @@ UNITS: dict[str, Range] = {
     "min_span": _SECONDS,
     "power_floor_w": Range("W", 0.0, 5_000.0),
     "max_sm_clock_mhz": Range("MHz", 1.0, 10_000.0),  # a divisor of the MFU proxy: never 0
+    "pcie_busy_bytes": Range("bytes/s", 0.0, 1e12),
 }
 _TABLES = ("power_floor_w", "max_sm_clock_mhz")
 #: (lower, upper, why): pairs whose order the verdict rules rely on; equal turns the band off

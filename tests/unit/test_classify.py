@@ -47,6 +47,13 @@ CASES = [
     ("underutilized without SM", dict(busy=0.12, sm=None), V.UNDERUTILIZED, "underutilized"),
     ("busy without SM series", dict(sm=None), V.INSUFFICIENT_DATA, "metric_missing"),
     ("one SM of 132", dict(sm=0.0076, tensor=0.0, dram=0.0), V.LOW_SM_EFFICIENCY, "low_sm_efficiency"),
+    # issue 15: low SM activity explained by idle time (SMs well used while busy) is underutilized
+    ("idle 35 %, SMs well used while busy", dict(busy=0.65, sm=0.48), V.UNDERUTILIZED, "underutilized"),
+    ("busy, SMs half used while busy", dict(busy=0.95, sm=0.45), V.LOW_SM_EFFICIENCY, "low_sm_efficiency"),
+    ("copies only: no kernel", dict(sm=0.0, tensor=0.0, dram=0.01, fp32=0.0, gr_engine=0.0001, power=129.0), V.LOW_SM_EFFICIENCY, "low_sm_efficiency"),
+    # single-digit tensor activity with busy DRAM: never healthy
+    ("materialised attention", dict(tensor=0.078, dram=0.67, fp32=0.037), V.MEMORY_BOUND, "memory_bound"),
+    ("tensor 8 %, FP32 busy", dict(tensor=0.08, dram=0.1, fp32=0.3), V.NO_TENSOR_CORES, "no_tensor_cores"),
     ("real low SM at idle power is not suspect", dict(sm=0.03, power=124.0), V.LOW_SM_EFFICIENCY, "low_sm_efficiency"),
     ("no tensor series", dict(tensor=None), V.INSUFFICIENT_DATA, "metric_missing"),
     ("memcpy: DRAM busy", dict(tensor=0.0, dram=0.89, fp32=0.0), V.MEMORY_BOUND, "memory_bound"),
@@ -99,3 +106,20 @@ def test_healthy_with_tensor_headroom():
 def test_thresholds_are_used():
     assert classify(ev(sm=0.45), Thresholds())[0] is V.LOW_SM_EFFICIENCY
     assert classify(ev(sm=0.45), Thresholds(low_sm=0.4))[0] is V.HEALTHY
+
+
+def test_low_sm_advice_follows_the_evidence():
+    th = Thresholds()
+    _, few = classify(ev(sm=0.03, gr_engine=1.0), th)
+    assert few[0].evidence["reason"] == "few_blocks" and "thread blocks" in few[0].message
+    _, stall = classify(ev(busy=0.65, sm=0.48), th)
+    assert stall[0].evidence["reason"] == "input_stall" and "input pipeline" in stall[0].message
+    _, launch = classify(ev(busy=0.3, sm=0.003), th)
+    assert launch[0].evidence["reason"] == "launch_bound" and "CUDA Graphs" in launch[0].message
+    v, copy = classify(ev(sm=0.0, tensor=0.0, gr_engine=0.0, pcie_rx=59e9, pcie_tx=3.5e9, power=129.0), th)
+    assert [f.code for f in copy] == ["low_sm_efficiency", "copy_only"]
+    assert copy[0].evidence["reason"] == "no_kernel" and "thread blocks" not in copy[0].message
+    assert "transfer-bound" in copy[1].message and copy[1].evidence["pcie_rx_bytes_per_s"] == 59e9
+    # on MIG the graphics engine is the busy signal itself: never read as "no kernel"
+    v, mig = classify(ev(busy=0.9, busy_metric=Metric.GR_ENGINE_ACTIVE, sm=0.0076, gr_engine=0.9), th)
+    assert mig[0].evidence["reason"] == "few_blocks"

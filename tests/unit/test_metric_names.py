@@ -26,7 +26,7 @@ from auditor.core.metrics import (
 
 UP = load()
 #: a dcgm-exporter unit (as its help text says it) → the factor into the project's unit
-TO_PROJECT = {"%": 0.01, "ratio": 1.0, "MHz": 1.0, "W": 1.0, "MiB": 1.0}
+TO_PROJECT = {"%": 0.01, "ratio": 1.0, "MHz": 1.0, "W": 1.0, "MiB": 1.0, "B/s": 1.0}
 
 
 def test_every_name_the_project_reads_is_one_upstream_defines():

@@ -50,7 +50,7 @@ def test_from_mapping_overrides_and_merges():
         # inconsistent pairs: the verdict bands they bound would be empty or inverted
         ({"idle_util": 0.7}, "settings.thresholds.idle_util: idle_util (0.7) must not exceed busy_util (0.6)"),
         ({"busy_util": 0.01}, "settings.thresholds.busy_util: idle_util (0.05) must not exceed busy_util (0.01)"),
-        ({"tensor_headroom": 0.01}, "settings.thresholds.tensor_headroom: tensor_idle (0.05) must not exceed tensor_headroom (0.01)"),
+        ({"tensor_headroom": 0.01}, "settings.thresholds.tensor_headroom: tensor_idle (0.1) must not exceed tensor_headroom (0.01)"),
     ],
 )
 def test_from_mapping_rejects_naming_the_key(values, message):
