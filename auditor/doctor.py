@@ -34,6 +34,8 @@ CSV_LINES = {
     Metric.MAX_SM_CLOCK: "DCGM_FI_DEV_MAX_SM_CLOCK,      gauge, Maximum supported SM clock (MHz).",
     Metric.SM_CLOCK: "DCGM_FI_DEV_SM_CLOCK,          gauge, SM clock frequency (in MHz).",
     Metric.POWER: "DCGM_FI_DEV_POWER_USAGE,       gauge, Power draw (in W).",
+    Metric.PCIE_RX: "DCGM_FI_PROF_PCIE_RX_BYTES,    gauge, The rate of data received over the PCIe bus (in bytes/s).",
+    Metric.PCIE_TX: "DCGM_FI_PROF_PCIE_TX_BYTES,    gauge, The rate of data transmitted over the PCIe bus (in bytes/s).",
 }
 
 ENABLE_HOW = (
@@ -161,6 +163,7 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
         Metric.FP32_ACTIVE: "separates fp32 math on CUDA cores from latency-bound memory work",
         Metric.POWER: "feeds the silent-zero telemetry guard",
         Metric.MAX_SM_CLOCK: "scales the MFU estimate by clock",
+        Metric.PCIE_RX: "shows a copy-only job's transfers (copy_only finding)",
     }
     have = [m for m in advisory if m in present]
     lack = [m for m in advisory if m not in present]

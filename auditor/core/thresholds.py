@@ -41,6 +41,9 @@ DEFAULT_MAX_SM_CLOCK_MHZ: dict[str, float] = {
     "H100 PCIe": 1755.0,
     "H100": 1980.0,
     "A100": 1410.0,
+    # NVIDIA's B200 datasheet gives no clock; 1980 MHz is the boost clock of third-party spec
+    # tables, which put the tensor clock at 1860 MHz (docs/verdicts.md, "The MFU estimate")
+    "B200": 1980.0,
 }
 
 
