@@ -50,6 +50,7 @@ def scenario(now: datetime, *, interval: timedelta = timedelta(seconds=30)) -> S
     """The demo cluster: (trace, jobs) feeds ending at ``now``, and who owns which pod."""
     cluster = load_trace("h200-demo-cluster")
     micro = load_trace("h200-microbench")
+    work = load_trace("h200-workloads")
     h = timedelta(hours=1)
     table: dict[tuple[str, str], JobRef] = {}
 
@@ -91,9 +92,16 @@ def scenario(now: datetime, *, interval: timedelta = timedelta(seconds=30)) -> S
         TraceJob(own("research", "softmax-bench", "Job", "softmax-bench"), c_mig[0:1], "naive_softmax", duration=2 * h),
         TraceJob(own("research", "jupyter-bob", "Pod", "jupyter-bob"), c_mig[1:2], "bf16_matmul", duration=90 * timedelta(minutes=1)),
     ]
+    # issue 15's recorded workloads: the classes the verdicts used to get wrong
+    work_jobs = [
+        TraceJob(own("llm", "llm-pretrain-naive-attn-0", "PyTorchJob", "llm-pretrain-naive-attn"), a1[5:6],
+                 "transformer_materialized_bf16_s4096", duration=3 * h),
+        TraceJob(own("vision", "detector-train-0", "Job", "detector-train"), a1[6:7], "dataloader_stall_busy50", duration=4 * h),
+        TraceJob(own("recsys", "shard-loader-0", "Job", "shard-loader"), a1[7:8], "h2d_copy_pinned", duration=h),
+    ]
     window = Window(now - 6 * h, now)
     return Scenario(
-        feeds=[(cluster, demo_jobs), (micro, micro_jobs)],
+        feeds=[(cluster, demo_jobs), (micro, micro_jobs), (work, work_jobs)],
         resolver=StaticResolver(table),
         window=window,
         duration=6 * h,

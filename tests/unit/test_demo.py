@@ -21,6 +21,13 @@ def test_demo(tmp_path, capsys):
     assert by_job["PyTorchJob/llm-finetune"]["verdict"] == "low_sm_efficiency"
     assert by_job["PyTorchJob/llm-finetune"]["gpus"] == 4
     assert by_job["Job/legacy-ranker"]["sm_active"] is None
+    # issue 15's recorded workloads
+    assert by_job["PyTorchJob/llm-pretrain-naive-attn"]["verdict"] == "memory_bound"
+    stalled = by_job["Job/detector-train"]
+    assert stalled["verdict"] == "underutilized" and stalled["findings"][0]["evidence"]["reason"] == "input_stall"
+    copies = by_job["Job/shard-loader"]
+    assert copies["verdict"] == "low_sm_efficiency" and "copy_only" in [f["code"] for f in copies["findings"]]
+    assert copies["pcie_rx_bytes_per_s"] > 50e9
     assert len({s["team"] for s in summaries}) == 4
     html = (out / "index.html").read_text()
     assert html.startswith("<!DOCTYPE html>") and "data:image/png;base64," in html
