@@ -1,4 +1,4 @@
-"""The real local test bed: kube-apiserver + etcd (+ controller manager), Prometheus, PostgreSQL.
+"""The real local test bed: kube-apiserver + etcd (+ controller manager, Kueue), Prometheus, PostgreSQL.
 
 ``python -m auditor.testbed up|down|env|status``; ``make testbed-up`` / ``make testbed-down``.
 Tests reach it through the fixtures in ``tests/conftest.py``; docs/testbed.md says what it is and

@@ -15,7 +15,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m auditor.testbed",
         description="Start, stop or inspect the local test bed (real kube-apiserver + etcd, "
-        "kube-controller-manager, Prometheus, PostgreSQL).",
+        "kube-controller-manager, Kueue, Prometheus, PostgreSQL).",
     )
     parser.add_argument("command", choices=("up", "down", "env", "status"))
     parser.add_argument("--dir", type=Path, default=None,

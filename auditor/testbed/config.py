@@ -16,7 +16,7 @@ HELM_VERSION = "3.21.4"
 KUEUE_VERSION = "v0.17.0"
 #: ``GPU_AUDITOR_TESTBED_KUEUE=0`` starts the bed without the Kueue controller (CRDs only).
 KUEUE_SWITCH = "GPU_AUDITOR_TESTBED_KUEUE"
-KUEUE_DEFAULT = False
+KUEUE_DEFAULT = True
 
 #: CRD sources: (Go module, pinned version, directory inside the module, label used in the cache)
 #: Kueue: its plain ``crd/bases`` (the kustomized bundle adds conversion webhooks, which need a

@@ -20,7 +20,7 @@ import pytest
 from kubernetes import watch
 from kubernetes import client as k8s
 from kubeobjects import create_pod, iso
-from kueue_objects import KV, delete_cluster_object, job_workload, kueue_running
+from kueue_objects import KV, delete_cluster_object, job_workload, kueue_running, workload_priority_class
 from policy_receivers import Receiver
 from test_policy_testbed import FAST, POLICY, SECRET, T0, _store_job, _summary
 
@@ -128,11 +128,14 @@ def quota(kube_admin, namespace):
     delete_cluster_object(api, "resourceflavors", rf)
 
 
-def _gpu_job(api: Any, ns: str, name: str) -> dict:
+def _gpu_job(api: Any, ns: str, name: str, priority_class: str | None = None) -> dict:
     gpu = {"nvidia.com/gpu": "1"}
+    labels = {"kueue.x-k8s.io/queue-name": "lq"}
+    if priority_class:
+        labels["kueue.x-k8s.io/priority-class"] = priority_class
     return call_json(api, resource_path("batch/v1", "jobs", ns), method="POST", body={
         "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
+        "metadata": {"name": name, "labels": labels},
         "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
             {"name": "main", "image": "example.invalid/train:1", "resources": {"requests": gpu, "limits": gpu}}]}}}})
 
@@ -243,3 +246,73 @@ def test_requeue_evicts_suspends_and_kueue_readmits_after_the_backoff(kube_admin
         store.close()
         slack.close()
         hook.close()
+
+
+def _workload_now(api: Any, ns: str, job: dict) -> dict:
+    return call_json(api, resource_path(KV, "workloads", ns, job_workload(api, ns, job)["metadata"]["name"]))
+
+
+def test_quota_is_real_and_a_deleted_jobs_workload_releases_it(kube_admin, namespace, quota):
+    """One GPU of quota: the second Job waits; deleting the first (the garbage collector removes
+    its Workload through the owner reference) lets Kueue admit the second."""
+    api, ns = kube_admin, namespace
+    first = _gpu_job(api, ns, "first")
+    deadline = time.monotonic() + 30
+    while not _is(_workload_now(api, ns, first), "Admitted"):
+        assert time.monotonic() < deadline, "the first Job was never admitted"
+        time.sleep(0.1)
+    second = _gpu_job(api, ns, "second")
+    deadline = time.monotonic() + 30
+    while not _condition(_workload_now(api, ns, second), "QuotaReserved"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    waiting = _condition(_workload_now(api, ns, second), "QuotaReserved")
+    assert (waiting["status"], waiting["reason"]) == ("False", "Pending") and "insufficient" in waiting["message"], waiting
+    assert _job(api, ns, "second")["spec"]["suspend"] is True
+    first_wl = job_workload(api, ns, first)["metadata"]["name"]
+    call_json(api, resource_path("batch/v1", "jobs", ns, "first"), method="DELETE",
+              query=[("propagationPolicy", "Background")])
+    deadline = time.monotonic() + 60
+    while not _is(_workload_now(api, ns, second), "Admitted"):
+        assert time.monotonic() < deadline, "the second Job was never admitted after the first was deleted"
+        time.sleep(0.2)
+    items = call_json(api, resource_path(KV, "workloads", ns))["items"]
+    assert first_wl not in {w["metadata"]["name"] for w in items}  # collected with its Job
+    assert _workload_now(api, ns, second)["status"]["admission"]["clusterQueue"] == quota
+
+
+def test_a_demoted_job_is_admitted_after_a_competing_one(kube_admin, namespace, quota):
+    """Kueue orders pending Workloads by priority, then age: a requeue that lowers the priority
+    (KubeActions.deactivate's ``lower_priority_by``, as ``requeue.lowerPriorityBy`` does) puts an
+    older job behind a newer one of the class it had."""
+    api, ns = kube_admin, namespace
+    wpc = f"train-{uuid.uuid4().hex[:8]}"
+    workload_priority_class(api, wpc, 100)
+    try:
+        blocker = _gpu_job(api, ns, "blocker")
+        deadline = time.monotonic() + 30
+        while not _is(_workload_now(api, ns, blocker), "Admitted"):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        older = _gpu_job(api, ns, "older", priority_class=wpc)
+        time.sleep(1.1)  # creation timestamps have one-second resolution
+        newer = _gpu_job(api, ns, "newer", priority_class=wpc)
+        for job in (older, newer):
+            assert _workload_now(api, ns, job)["spec"]["priority"] == 100
+        actions = KubeActions(api, "test")
+        summary = {"namespace": ns, "job": "Job/older"}
+        target = actions.requeue_target(summary)
+        assert actions.deactivate(target, lower_priority_by=10)["new_priority"] == 90
+        actions.reactivate(target)
+        assert _workload_now(api, ns, older)["spec"]["priority"] == 90
+        call_json(api, resource_path("batch/v1", "jobs", ns, "blocker"), method="DELETE",
+                  query=[("propagationPolicy", "Background")])
+        deadline = time.monotonic() + 60
+        while not _is(_workload_now(api, ns, newer), "Admitted"):
+            assert time.monotonic() < deadline, "the newer Job was never admitted"
+            assert not _is(_workload_now(api, ns, older), "Admitted"), "the demoted Job went first"
+            time.sleep(0.1)
+        assert not _is(_workload_now(api, ns, older), "QuotaReserved")
+        assert _job(api, ns, "older")["spec"]["suspend"] is True
+    finally:
+        delete_cluster_object(api, "workloadpriorityclasses", wpc)
