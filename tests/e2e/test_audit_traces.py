@@ -25,6 +25,7 @@ from auditor import traces
 from auditor.cli.main import main
 from auditor.core.metrics import Metric, Naming
 from auditor.core.model import PodRef
+from workload_verdicts import REASONS, WORKLOADS
 
 pytestmark = pytest.mark.testbed
 
@@ -117,7 +118,9 @@ def data(prometheus) -> dict[str, DataSet]:
 def _backfill_all(prometheus) -> dict[str, DataSet]:
     end = datetime.fromtimestamp(int(time.time()) // 300 * 300 - 2 * 3600, timezone.utc)
     micro, demo = _trace("h200-microbench"), _trace("h200-demo-cluster")
+    work = traces.load_trace("h200-workloads")
     everything = {
+        "workloads": _build(work, end, convention="pod", hostname="Hostname", namespace="work"),
         "micro-pod": _build(micro, end, convention="pod", hostname="Hostname", namespace="bench"),
         "micro-exported": _build(micro, end, convention="exported_pod", hostname="hostname", namespace="bench"),
         "micro-ratio": _build(micro, end, convention="pod", hostname="hostname", namespace="bench", dcgm46=True),
@@ -183,6 +186,21 @@ def test_demo_cluster_workloads_get_readme_verdicts(prometheus, data, which, tmp
         assert set(fp32.values()) == {None}  # absent, never 0
     else:
         assert fp32["Pod/mlp-fp32-training-no-tf32"] == pytest.approx(0.731, abs=0.02)
+
+
+def test_recorded_workloads_get_their_verdicts_and_pcie_rates(prometheus, data, tmp_path, capsys):
+    """Issue 15's workloads through the real Prometheus: each gets the verdict and reason its
+    physics implies, and the PCIe rates come through DCGM_FI_PROF_PCIE_{RX,TX}_BYTES."""
+    ds = data["workloads"]
+    summaries = _audit(prometheus, ds, f"sqlite:///{tmp_path}/a.db", capsys)
+    _check(ds, summaries, WORKLOADS)
+    by_pod = {s["job"]: s for s in summaries}
+    assert {p: by_pod[f"Pod/{_pod(p)}"]["findings"][0]["evidence"].get("reason") for p in REASONS} == REASONS
+    copy = by_pod["Pod/h2d-copy-pinned"]
+    assert "copy_only" in [f["code"] for f in copy["findings"]]
+    means = ds.trace.steady_means("h2d_copy_pinned")
+    assert _close(copy["pcie_rx_bytes_per_s"], means[Metric.PCIE_RX])
+    assert _close(copy["pcie_tx_bytes_per_s"], means[Metric.PCIE_TX])
 
 
 def test_every_naming_audits_to_the_same_numbers(prometheus, data, tmp_path, capsys):

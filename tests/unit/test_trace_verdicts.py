@@ -15,6 +15,7 @@ from auditor.correlate import NoKubeResolver
 from auditor.engine import run_audit
 from auditor.sources.replay import ReplaySource
 from auditor.traces import TraceJob, load_trace, make_gpus
+from workload_verdicts import REASONS, WORKLOADS
 
 END = datetime(2026, 11, 30, 12, 0, 7, tzinfo=timezone.utc)  # deliberately not bucket-aligned
 
@@ -35,41 +36,6 @@ CLUSTER = {
     "kernel_spin_waiting_4_blocks": "low_sm_efficiency",
     "cpu_bound_preprocessing": "underutilized",
     "notebook_idle_model_loaded": "idle",
-}
-#: issue 15's recording (auditor/data/README.md): the verdict each workload's physics implies
-WORKLOADS = {
-    "idle": "idle",
-    "memory_held_no_work": "idle",
-    "transformer_sdpa_bf16_s1024": "healthy",
-    "transformer_materialized_bf16_s1024": "healthy",  # tensor 16 %: tensor_headroom, reason dram_busy
-    "transformer_sdpa_bf16_s4096": "healthy",
-    "transformer_materialized_bf16_s4096": "memory_bound",  # tensor 7.8 %, DRAM 67 %: MFU 0.078
-    "transformer_sdpa_tf32_s1024": "healthy",
-    "bf16_matmul": "healthy",
-    "tf32_matmul": "healthy",
-    "fp8_scaled_mm": "healthy",
-    "dataloader_stall_busy20": "underutilized",
-    "dataloader_stall_busy50": "underutilized",
-    "dataloader_stall_busy80": "healthy",  # idle 23 %, SMs well used while busy: above busy_util
-    "h2d_copy_pinned": "low_sm_efficiency",  # no kernel at all: copy_only, PCIe RX 59 GB/s
-    "tiny_kernels_launch_bound": "underutilized",
-    "transformer_sdpa_bf16_s1024_compiled": "healthy",
-    "dataloader_stall_busy65_batch4": "underutilized",
-    "host_compute_between_bursts": "underutilized",
-    "llm_decode_bf16_batch1": "underutilized",
-    "llm_decode_bf16_batch64": "underutilized",
-}
-#: the first finding's reason (its advice) where the verdict has several
-REASONS = {
-    "transformer_materialized_bf16_s4096": "no_math_pipe",
-    "dataloader_stall_busy20": "input_stall",
-    "dataloader_stall_busy50": "input_stall",
-    "dataloader_stall_busy65_batch4": "input_stall",
-    "host_compute_between_bursts": "input_stall",
-    "llm_decode_bf16_batch64": "input_stall",
-    "tiny_kernels_launch_bound": "launch_bound",
-    "llm_decode_bf16_batch1": "launch_bound",
-    "h2d_copy_pinned": "no_kernel",
 }
 TRACES = [("h200-microbench", MICRO), ("h200-demo-cluster", CLUSTER), ("h200-workloads", WORKLOADS)]
 ALL = set(Metric)
