@@ -142,11 +142,13 @@ def test_wheel_leaves_out_the_test_bed(installed):
         names = z.namelist()
     assert not [n for n in names if n.startswith("auditor/testbed")], "auditor/testbed must not ship in the wheel"
     assert "auditor/agent/__main__.py" in names
+    # the image's environment alone: a PYTHONPATH naming a checkout would import the source tree
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     res = subprocess.run([str(venv / "bin" / "python"), "-c", "import auditor.testbed"], capture_output=True, text=True,
-                         cwd=venv.parent)
+                         cwd=venv.parent, env=clean)
     assert res.returncode != 0 and "No module named 'auditor.testbed'" in res.stderr, res.stderr
     dev_only = subprocess.run([str(venv / "bin" / "python"), "-c", "import cryptography"], capture_output=True, text=True,
-                              cwd=venv.parent)
+                              cwd=venv.parent, env=clean)
     assert dev_only.returncode != 0, "a dev-only dependency (cryptography) reached the image's environment"
 
 
