@@ -373,9 +373,74 @@ def run_extra(rec: Recorder, seconds: float) -> dict:
     return res
 
 
+def run_extra2(rec: Recorder, seconds: float) -> dict:
+    """Small batches (launch-bound steps), a CNN, and kernels that fill only a few SMs."""
+    import torch
+
+    res: dict = {}
+    bf16 = torch.bfloat16
+    d, heads, layers = 1024, 16, 4
+    for b in (4, 8):
+        fwd, opt, model = transformer(d, heads, layers, "sdpa", bf16)
+        step = train_step_fn(fwd, opt, b, 1024, d, bf16)
+        name = f"transformer_sdpa_bf16_s1024_batch{b}"
+        res[name] = timed(rec, name, step, seconds, flops_per_step=transformer_flops(b, 1024, d, layers),
+                          precision="bf16", extra={"batch": b, "seq": 1024})
+        if b == 4:
+            t_step = step_seconds(step, warm=3, n=40)
+            stalled = stalled_step(step, t_step * 0.25)
+            res["transformer_sdpa_bf16_s1024_batch4_stall"] = timed(
+                rec, "transformer_sdpa_bf16_s1024_batch4_stall", stalled, seconds, warmup=1,
+                flops_per_step=transformer_flops(b, 1024, d, layers), precision="bf16",
+                extra={"batch": b, "gpu_step_s": round(t_step, 4), "sleep_s": round(t_step * 0.25, 4)})
+        del fwd, opt, model, step
+        torch.cuda.empty_cache()
+
+    # ResNet-50, channels_last, bf16 autocast, SGD; FLOPs counted by torch.utils.flop_counter
+    try:
+        import torchvision
+        from torch.utils.flop_counter import FlopCounterMode
+
+        net = torchvision.models.resnet50().to("cuda", memory_format=torch.channels_last)
+        sgd = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+        x = torch.randn(256, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+        y = torch.randint(0, 1000, (256,), device="cuda")
+
+        def cnn() -> None:
+            with torch.autocast("cuda", dtype=bf16):
+                loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            sgd.step()
+            sgd.zero_grad(set_to_none=True)
+
+        counter = FlopCounterMode(display=False)
+        with counter:
+            cnn()
+        res["resnet50_channels_last_bf16"] = timed(rec, "resnet50_channels_last_bf16", cnn, seconds,
+                                                   flops_per_step=float(counter.get_total_flops()), precision="bf16",
+                                                   extra={"batch": 256, "flops_per_step": counter.get_total_flops()})
+        del net, sgd, x, y
+        torch.cuda.empty_cache()
+    except Exception as exc:  # noqa: BLE001
+        log(f"resnet skipped: {exc!r}")
+        res["resnet50_channels_last_bf16"] = {"error": repr(exc)}
+
+    # 512³ bf16 products: 16 output tiles, so a few of the 132 SMs have work
+    a = torch.randn(512, 512, device="cuda", dtype=bf16)
+    bm = torch.randn(512, 512, device="cuda", dtype=bf16)
+
+    def few() -> None:
+        for _ in range(50):
+            torch.mm(a, bm)
+
+    res["few_sm_small_matmuls"] = timed(rec, "few_sm_small_matmuls", few, seconds, warmup=5,
+                                        flops_per_step=50 * 2.0 * 512**3, precision="bf16", extra={"n": 512})
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--group", choices=["core", "extra"], default="core")
+    ap.add_argument("--group", choices=["core", "extra", "extra2"], default="core")
     ap.add_argument("--seconds", type=float, default=25.0)
     args = ap.parse_args()
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
@@ -390,7 +455,7 @@ def main() -> int:
     rec = Recorder(agent, uuid)
     rec.t.start()
     try:
-        res = run_core(rec, args.seconds) if args.group == "core" else run_extra(rec, args.seconds)
+        res = {"core": run_core, "extra": run_extra, "extra2": run_extra2}[args.group](rec, args.seconds)
     finally:
         rec.stop.set()
         rec.t.join(5)

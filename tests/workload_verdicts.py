@@ -25,6 +25,11 @@ WORKLOADS = {
     "host_compute_between_bursts": "underutilized",
     "llm_decode_bf16_batch1": "underutilized",
     "llm_decode_bf16_batch64": "underutilized",
+    "transformer_sdpa_bf16_s1024_batch4": "healthy",  # launch gaps leave the GPU idle 30 %: above busy_util
+    "transformer_sdpa_bf16_s1024_batch4_stall": "underutilized",
+    "transformer_sdpa_bf16_s1024_batch8": "healthy",
+    "resnet50_channels_last_bf16": "healthy",  # tensor 14 %, DRAM 47 %: tensor_headroom, reason dram_busy
+    "few_sm_small_matmuls": "underutilized",  # 512³ products: 16 tiles, launch-bound
 }
 #: the first finding's reason (its advice) where the verdict has several
 REASONS = {
@@ -37,4 +42,6 @@ REASONS = {
     "tiny_kernels_launch_bound": "launch_bound",
     "llm_decode_bf16_batch1": "launch_bound",
     "h2d_copy_pinned": "no_kernel",
+    "transformer_sdpa_bf16_s1024_batch4_stall": "input_stall",
+    "few_sm_small_matmuls": "launch_bound",
 }
