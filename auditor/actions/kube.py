@@ -68,6 +68,11 @@ def _api_path(kind: str, namespace: str, name: str | None = None) -> str:
     return path + (f"/{name}" if name else "")
 
 
+def _holds_quota(wl: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "QuotaReserved" and c.get("status") == "True"
+               for c in (wl.get("status") or {}).get("conditions") or [])
+
+
 def _clean_value(v: Any) -> str:
     s = "" if v is None else str(v)
     s = re.sub(r"[\x00-\x1f\x7f]", " ", s)
@@ -258,7 +263,8 @@ class KubeActions:
             for c in (wl.get("status") or {}).get("conditions") or []:
                 if c.get("type") == "Finished" and c.get("status") == "True":
                     raise RequeueRefused(f"Workload {ns}/{wl['metadata']['name']} has finished")
-            return {"type": "workload", "namespace": ns, "name": wl["metadata"]["name"], "priority": (wl.get("spec") or {}).get("priority")}
+            return {"type": "workload", "namespace": ns, "name": wl["metadata"]["name"],
+                    "priority": (wl.get("spec") or {}).get("priority"), "reserved": _holds_quota(wl)}
         labels = (obj.get("metadata") or {}).get("labels") or {}
         if kind == "Job" and KUEUE_QUEUE_LABEL not in labels:
             return {"type": "job", "namespace": ns, "name": name}
@@ -282,6 +288,18 @@ class KubeActions:
             if exc.status == 404:
                 raise RequeueRefused(f"{target['type']} {ns}/{name} is gone") from None
             raise _fail(exc, f"deactivate {target['type']} {ns}/{name}") from None
+
+    def holds_quota(self, target: Mapping[str, Any]) -> bool | None:
+        """Whether a requeued Workload still has quota reserved (``QuotaReserved=True``): Kueue
+        keeps it until the evicted job has no active pods. None when the Workload is gone."""
+        ns, name = str(target["namespace"]), str(target["name"])
+        try:
+            wl = self._call("GET", self._workload_path(ns, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _fail(exc, f"read Workload {ns}/{name}") from None
+        return _holds_quota(wl)
 
     def reactivate(self, target: dict) -> dict:
         """Step 2, after our backoff: ``spec.active=true`` (Kueue requeues it) or ``suspend=false``."""

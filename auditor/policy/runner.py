@@ -9,6 +9,7 @@ nothing is written anywhere: the decisions say what would happen.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -403,6 +404,10 @@ class PolicyRunner:
         result = self.kube.deactivate(target, lower_priority_by=policy.spec.requeue.lower_priority_by)
         due = now + policy.spec.requeue.backoff
         result["reactivate_at"] = due.isoformat()
+        result["backoff_s"] = policy.spec.requeue.backoff.total_seconds()
+        if not result.get("reserved"):
+            # nothing held (a plain Job, or a Workload without quota): the backoff starts now
+            result["quota_released_at"] = now.isoformat()
         repo.finish_action(key, WAITING, now, result=result, due_at=due)
         self.kube.annotate(
             {**summary, "pods": []},
@@ -420,6 +425,36 @@ class PolicyRunner:
 
     # ------------------------------------------------------------------ due work
 
+    def _requeue_due(self, row: Any, now: datetime) -> tuple[datetime | None, dict]:
+        """When a requeued job goes back to its queue, and the row's result as now known.
+
+        The backoff counts from the release of the job's quota, as Kueue signals it
+        (``QuotaReserved`` turning False once the evicted job has no active pods), first seen by
+        a cycle; never earlier than our patch plus the backoff. A Workload that still holds its
+        quota after twice the backoff goes back all the same, so a job that never stops is not
+        held for ever. None: not due, and nothing to say yet (the Workload could not be read).
+        """
+        from auditor.store.decisions import WAITING
+
+        repo = self._repo
+        assert repo is not None and self.kube is not None and row.due_at is not None
+        res = dict(row.result)
+        if res.get("type") != "workload" or res.get("quota_released_at") or "backoff_s" not in res:
+            return row.due_at, res
+        backoff = timedelta(seconds=float(res["backoff_s"]))
+        try:
+            held = self.kube.holds_quota(res)
+        except AuditorError as exc:
+            log.warning("requeue of %s/%s: cannot read its Workload (%s); trying again next cycle",
+                        res.get("namespace"), res.get("name"), exc)
+            return (row.due_at if now >= row.due_at + backoff else None), res
+        if held:
+            return (row.due_at if now >= row.due_at + backoff else None), res
+        due = max(row.due_at, now + backoff)
+        res.update(quota_released_at=now.isoformat(), reactivate_at=due.isoformat())
+        repo.finish_action(row.dedup_key, WAITING, now, result=res, due_at=due)
+        return due, res
+
     def _resume(self, now: datetime) -> list[Decision]:
         """Reactivate requeued jobs whose backoff is over; finish steps a crash interrupted."""
         from auditor.store.decisions import DONE, FAILED, WAITING
@@ -428,8 +463,12 @@ class PolicyRunner:
         assert repo is not None
         out: list[Decision] = []
         for row in repo.actions_in([WAITING], cluster=self.config.cluster, action="requeue"):
-            if row.due_at is None or row.due_at > now or self.kube is None:
+            if row.due_at is None or self.kube is None:
                 continue
+            due, result = self._requeue_due(row, now)
+            if due is None or due > now:
+                continue
+            row = dataclasses.replace(row, result=result, due_at=due)
             if not repo.take_action(row.dedup_key, WAITING, "reactivating", now):
                 continue  # another replica is on it
             d = Decision(row.policy, "enforce", f"{row.job.cluster}/{row.job.namespace}/{row.job.kind}/{row.job.name}", None, "requeue backoff over: reactivate", {}, dry_run=False, dedup_key=row.dedup_key, actions=["reactivate"])

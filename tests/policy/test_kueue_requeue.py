@@ -29,6 +29,7 @@ from auditor.kube.client import call_json, resource_path
 from auditor.policy.loader import parse_policies
 from auditor.policy.runner import PolicyRunner, RequeueSettings, Route, RunnerConfig
 from auditor.store import Store
+from auditor.store.decisions import DecisionStore, JobIdent
 
 pytestmark = [
     pytest.mark.testbed,
@@ -140,6 +141,11 @@ def _gpu_job(api: Any, ns: str, name: str, priority_class: str | None = None) ->
             {"name": "main", "image": "example.invalid/train:1", "resources": {"requests": gpu, "limits": gpu}}]}}}})
 
 
+def _requeue_row(store: Store, ns: str) -> Any:
+    (row,) = [a for a in DecisionStore(store).actions(job=JobIdent("default", ns, "Job", "bad")) if a.action == "requeue"]
+    return row
+
+
 def _job(api: Any, ns: str, name: str) -> dict:
     return call_json(api, resource_path("batch/v1", "jobs", ns, name))
 
@@ -202,16 +208,24 @@ def test_requeue_evicts_suspends_and_kueue_readmits_after_the_backoff(kube_admin
         time.sleep(1.0)
         current = call_json(api, resource_path(KV, "workloads", ns, wl["metadata"]["name"]))
         assert _is(current, "QuotaReserved"), "quota released while the Job still had an active pod"
+        # a cycle now sees the quota still held: the backoff has not started
+        runner.run_cycle([summary], now=T0 + timedelta(minutes=requeued_minute + 1), act=True)
+        assert "quota_released_at" not in _requeue_row(store, ns).result
         stopped = timeline.now()
         _job_controller_stops(api, ns, "bad", "bad-0-abcde")
         released = timeline.wait("quota released", lambda w: _is(w, "QuotaReserved", "False"))
         timeline.wait("Requeued=False/Deactivated", lambda w: _is(w, "Requeued", "False", "Deactivated"))
 
-        # 4. held for our backoff (Kueue would not take it back while inactive), then reactivated
-        runner.run_cycle([summary], now=T0 + timedelta(minutes=requeued_minute + 9), act=True)
+        # 4. our backoff (10 minutes) counts from the release the next cycle sees: not from our
+        # patch; Kueue would not take the Workload back while it is inactive
+        seen = T0 + timedelta(minutes=requeued_minute + 2)
+        runner.run_cycle([summary], now=seen, act=True)
+        row = _requeue_row(store, ns)
+        assert row.result["quota_released_at"] == seen.isoformat() and row.due_at == seen + timedelta(minutes=10)
+        runner.run_cycle([summary], now=seen + timedelta(minutes=9), act=True)  # patch + backoff is past
         assert call_json(api, resource_path(KV, "workloads", ns, wl["metadata"]["name"]))["spec"]["active"] is False
         assert not _is(call_json(api, resource_path(KV, "workloads", ns, wl["metadata"]["name"])), "QuotaReserved")
-        runner.run_cycle([summary], now=T0 + timedelta(minutes=requeued_minute + 11), act=True)
+        runner.run_cycle([summary], now=seen + timedelta(minutes=10), act=True)
         reactivated = timeline.wait("our patch (spec.active true)", lambda w: w["spec"].get("active") is True,
                                     after=released)
         readmitted = timeline.wait("re-admitted", lambda w: _is(w, "Admitted") and _is(w, "Requeued", reason="Reactivated"),
