@@ -775,7 +775,9 @@ def _job_findings(rows: Sequence[RowView], th: Thresholds, verdict: Verdict, sha
                         "collective_wait_straggler",
                         f"{len(waiting)} GPU(s) read near-full utilization with little SM activity while "
                         f"{len(stragglers)} GPU(s) of the same job are far less busy: the signature of ranks "
-                        "spinning in a collective (NCCL) waiting on a straggler. Find why the slow rank lags "
+                        "spinning in a collective (NCCL) waiting on a straggler. "
+                        f"Slow: {', '.join(_gpu_label(r) for r in stragglers)}; waiting: "
+                        f"{', '.join(_gpu_label(r) for r in waiting)}. Find why the slow rank lags "
                         "(its input pipeline, host CPU, a slower node or link) and balance the work.",
                         {
                             "waiting": [

@@ -184,6 +184,10 @@ def test_straggler_in_collective():
     f = next(f for f in s["findings"] if f["code"] == "collective_wait_straggler")
     assert len(f["evidence"]["waiting"]) == 3 and len(f["evidence"]["stragglers"]) == 1
     assert "straggler" in f["message"]
+    # the message names the slow rank and the waiting ones (issue 15)
+    slow_gpu = f["evidence"]["stragglers"][0]["gpu"]
+    assert f"Slow: {slow_gpu};" in f["message"]
+    assert all(w["gpu"] in f["message"].split("waiting: ")[1] for w in f["evidence"]["waiting"])
     assert [g["verdict"] for g in s["per_gpu"]] == ["low_sm_efficiency"] * 3 + ["underutilized"]
 
 
