@@ -33,6 +33,7 @@ _NOTES = {
     "profiling_zero_suspect": "suspect zeros",
     "fp32_pipe_missing": "no FP32 series",
     "garbage_dropped": "garbage dropped",
+    "copy_only": "copies only",
 }
 
 
@@ -79,5 +80,7 @@ def format_table(summaries: Sequence[dict]) -> str:
         footer += f", {sum(float(w) for w in wastes):.2f} GPU-hours without SM activity (jobs with SM data)"
     if any(s.get("gpu_util") is None and s.get("gr_engine_active") is not None for s in summaries):
         footer += "; * = MIG, utilization from GR_ENGINE_ACTIVE"
+    if any(s.get("mfu_estimate") is not None for s in summaries):
+        footer += "; MFU~ = share of the dense tensor peak of the precision in use (bf16, FP8 or TF32)"
     out.append(footer)
     return "\n".join(out) + "\n"

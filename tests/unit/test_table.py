@@ -27,3 +27,10 @@ def test_mig_util_from_gr_engine_is_marked():
 def test_empty():
     assert format_table([]) == "no GPU jobs found in the window\n"
     assert notes({"findings": [{"code": "collective_wait_straggler"}, {"code": "x"}]}) == "straggler"
+
+
+def test_mfu_is_said_relative_to_the_precision_peak_and_copies_are_noted():
+    out = format_table([row(mfu_estimate=0.4, findings=[{"code": "copy_only"}])])
+    assert "dense tensor peak of the precision in use" in out.splitlines()[-1]
+    assert "copies only" in out
+    assert "precision" not in format_table([row()])  # no estimate, no note
