@@ -9,6 +9,7 @@ the rest without servers.
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -30,10 +31,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.testbed)
 
 
+def _attach_shared() -> Testbed | None:
+    """The running shared test bed, looking again for a few seconds when one is there but a
+    probe failed: another process's backfill restarts its Prometheus for ~0.3 s, and a private
+    bed started for that blip costs ~20 s (and, under a shifted clock, certificates the real
+    apiserver rejects)."""
+    from auditor.testbed import config
+
+    for _ in range(5):
+        bed = attach()
+        if bed is not None or not (config.default_state_dir() / "state.json").exists():
+            return bed
+        time.sleep(1)
+    return None
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build the Go binaries before the run if needed: a cold build takes minutes, longer than
     the per-test timeout, which would otherwise count it against the first test."""
-    if not any(item.get_closest_marker("testbed") for item in session.items) or attach() is not None:
+    if not any(item.get_closest_marker("testbed") for item in session.items) or _attach_shared() is not None:
         return
     from auditor.testbed import binaries
 
@@ -52,7 +68,7 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
     database_url, kubectl, helm, promtool`` (strings, as in ``.testbed/env``)."""
     if _PREPARE_ERROR:
         pytest.fail(f"test bed binaries could not be prepared: {_PREPARE_ERROR[0]}", pytrace=False)
-    shared = attach()
+    shared = _attach_shared()
     if shared is not None:
         yield shared
         return

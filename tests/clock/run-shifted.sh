@@ -9,7 +9,8 @@
 # Only this Python process and its children are shifted; the test bed's servers (Go binaries,
 # which read the clock without libc) keep real time, so the times chosen lie after the test
 # bed's certificates were made (they are valid for a year). Not part of `make test`: each run
-# of the selection takes minutes, and five of them would triple the suite.
+# of the selection takes minutes, and five of them would triple the suite. It starts the test
+# bed (as `make testbed-up`) when none is running, and leaves it running.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 lib=$(find /usr/lib -name libfaketime.so.1 2>/dev/null | head -1)
@@ -21,6 +22,9 @@ if [ $# -eq 0 ]; then
   set -- tests/operator/test_operator_as_chart_sa.py tests/operator/test_operator_e2e.py \
     tests/operator/test_audit_kube.py tests/reports tests/policy tests/unit -q -p no:cacheprovider
 fi
+# The test bed runs at real time: start it (or reuse the running one) before any clock moves,
+# so that no certificate of it is made at a shifted time.
+.venv/bin/python -m auditor.testbed up >/dev/null
 year=$(date -u +%Y)
 # the next Monday after today, and the next last-Sunday-of-March (DST starts at 01:00 UTC)
 monday=$(date -u -d "next monday" +%F)
