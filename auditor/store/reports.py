@@ -38,13 +38,11 @@ import sqlalchemy as sa
 
 from auditor.errors import BadInput
 from auditor.store.store import Store
-from auditor.store.tables import BucketRow, JobRow, SummaryRow, UTCDateTime
+from auditor.store.tables import BUCKETS, JOBS, SUMMARIES, UTCDateTime
 
-_s = SummaryRow.__table__.c  # type: ignore[attr-defined]
-_b = BucketRow.__table__.c  # type: ignore[attr-defined]
-_jobs = JobRow.__table__  # type: ignore[attr-defined]
-_summaries = SummaryRow.__table__  # type: ignore[attr-defined]
-_buckets = BucketRow.__table__  # type: ignore[attr-defined]
+_s = SUMMARIES.c
+_b = BUCKETS.c
+_jobs, _summaries, _buckets = JOBS, SUMMARIES, BUCKETS
 
 #: The delivery ledger, as migration 0003 creates it (a test keeps the two equal).
 _metadata = sa.MetaData()

@@ -46,14 +46,9 @@ from auditor.errors import BadInput
 from auditor.store.decisions import DONE, FAILED, SKIPPED, actions, decisions, violations
 from auditor.store.reports import deliveries
 from auditor.store.store import Store, _aware
-from auditor.store.tables import AggregateRow, AuditRunRow, BucketRow, JobRow, PodOwnerRow, SummaryRow
+from auditor.store.tables import AGGREGATES, AUDIT_RUNS, BUCKETS, JOBS, POD_OWNERS, SUMMARIES
 
-_jobs = JobRow.__table__  # type: ignore[attr-defined]
-_buckets = BucketRow.__table__  # type: ignore[attr-defined]
-_summaries = SummaryRow.__table__  # type: ignore[attr-defined]
-_runs = AuditRunRow.__table__  # type: ignore[attr-defined]
-_aggregates = AggregateRow.__table__  # type: ignore[attr-defined]
-_owners = PodOwnerRow.__table__  # type: ignore[attr-defined]
+_jobs, _buckets, _summaries, _runs, _aggregates, _owners = JOBS, BUCKETS, SUMMARIES, AUDIT_RUNS, AGGREGATES, POD_OWNERS
 
 #: the ``detail.origin`` of an operator cycle's run (auditor.operator_loop.cycle.ORIGIN)
 OPERATOR_ORIGIN = "operator"

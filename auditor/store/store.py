@@ -36,7 +36,7 @@ from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, GpuId, JobRef, PodRef, Window
 from auditor.errors import BadInput, StoreError
 from auditor.store import urls
-from auditor.store.tables import AggregateRow, AuditRunRow, BucketRow, JobRow, PodOwnerRow, SummaryRow
+from auditor.store.tables import AGGREGATES, AUDIT_RUNS, BUCKETS, JOBS, POD_OWNERS, SUMMARIES
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +47,7 @@ _ALEMBIC_LOCK = threading.Lock()
 #: Key of the PostgreSQL advisory lock held while migrating ("gpu-aud" in ASCII).
 _MIGRATION_LOCK_KEY = 0x6770752D617564
 
-_jobs = JobRow.__table__  # type: ignore[attr-defined]
-_buckets = BucketRow.__table__  # type: ignore[attr-defined]
-_summaries = SummaryRow.__table__  # type: ignore[attr-defined]
-_runs = AuditRunRow.__table__  # type: ignore[attr-defined]
-_aggregates = AggregateRow.__table__  # type: ignore[attr-defined]
-_owners = PodOwnerRow.__table__  # type: ignore[attr-defined]
+_jobs, _buckets, _summaries, _runs, _aggregates, _owners = JOBS, BUCKETS, SUMMARIES, AUDIT_RUNS, AGGREGATES, POD_OWNERS
 
 _BUCKET_KEY = ("job_id", "pod_namespace", "pod_name", "container", "gpu_uuid", "gpu_instance", "metric", "start")
 _BUCKET_VALUES = ("hostname", "gpu_index", "gpu_model", "mig_profile", "end", "total", "count", "minimum", "maximum", "dropped")

@@ -230,3 +230,12 @@ class PodOwnerRow(SQLModel, table=True):
 TABLES: tuple[sa.Table, ...] = tuple(
     m.__table__ for m in (JobRow, BucketRow, SummaryRow, AuditRunRow, AggregateRow, PodOwnerRow)  # type: ignore[attr-defined]
 )
+
+# The Core tables behind the models, for bulk SQL (executemany, set-based deletes) without the
+# ORM: one handle each, shared by the store, its retention and its report queries.
+JOBS: sa.Table = JobRow.__table__  # type: ignore[attr-defined]
+BUCKETS: sa.Table = BucketRow.__table__  # type: ignore[attr-defined]
+SUMMARIES: sa.Table = SummaryRow.__table__  # type: ignore[attr-defined]
+AUDIT_RUNS: sa.Table = AuditRunRow.__table__  # type: ignore[attr-defined]
+AGGREGATES: sa.Table = AggregateRow.__table__  # type: ignore[attr-defined]
+POD_OWNERS: sa.Table = PodOwnerRow.__table__  # type: ignore[attr-defined]
