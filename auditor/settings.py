@@ -34,7 +34,14 @@ from typing import Annotated, Any, Literal, Mapping
 
 import yaml
 from pydantic import (
-    BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError, field_validator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError

@@ -211,8 +211,9 @@ def run_phase(agent: AgentProcess, name: str, fn, uuid: str) -> dict:
 # -- pod attribution -----------------------------------------------------------------------------
 def start_pod_resources(uuid: str):
     """A pod-resources server (our message definitions) saying pod bench/validation-pod holds GPU 0."""
-    import grpc
     from concurrent import futures
+
+    import grpc
 
     from auditor.agent.podresources import LIST_METHOD, messages
 

@@ -31,7 +31,8 @@ from pathlib import Path
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import REPO, PrivatePrometheus, log, write_history  # noqa: E402
+from benchlib import REPO, PrivatePrometheus, log, write_history
+
 GPUS = 8
 INTERVAL_S = 30
 HISTORY = timedelta(hours=2)

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from agent_h200_validation import AgentProcess, log, sh  # noqa: E402
+from agent_h200_validation import AgentProcess, log, sh
 
 #: dense peaks, TFLOP/s, H100/H200 SXM (NVIDIA datasheets; the sparse figures are twice these)
 PEAK_TFLOPS = {"bf16": 989.4, "tf32": 494.7, "fp8": 1978.9, "fp32": 66.9}

@@ -29,7 +29,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import REPO, PrivatePrometheus, log, query_requests, write_history  # noqa: E402
+from benchlib import REPO, PrivatePrometheus, log, query_requests, write_history
 
 INTERVAL_S = 60
 AGES = {"1h": 3600, "24h": 86400, "7d": 7 * 86400}

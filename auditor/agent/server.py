@@ -124,7 +124,7 @@ class Agent:
         class Handler(BaseHTTPRequestHandler):
             server_version = f"gpu-auditor-agent/{__version__}"
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
                     scraper = f"{self.client_address[0]} {self.headers.get('User-Agent', '')}"

@@ -59,8 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from auditor.agent.server import Agent, parse_listen, parse_seconds
     from auditor.agent.sampler import open_sampler
+    from auditor.agent.server import Agent, parse_listen, parse_seconds
 
     host, port = parse_listen(args.listen)
     interval = parse_seconds(args.interval, "--interval")

@@ -24,7 +24,6 @@ import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-
 from typing import Any
 
 from auditor.cli.storeopts import add_store_flags

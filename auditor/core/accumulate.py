@@ -23,11 +23,11 @@ source told, which the operator keeps from the first cycle that saw the job.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from itertools import accumulate, groupby
-from bisect import bisect_left
 from operator import attrgetter, itemgetter
 from typing import Any, Iterable, Mapping, Sequence
 

@@ -25,10 +25,10 @@ Definitions (docs/verdicts.md has the user-facing version):
 from __future__ import annotations
 
 from collections import defaultdict
-from itertools import groupby
-from operator import attrgetter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from itertools import groupby
+from operator import attrgetter
 from typing import Callable, Iterable, Mapping, Sequence
 
 from auditor.core.accumulate import JobAggregate, RowView, ShareMap, Stat, peak_held

@@ -226,7 +226,7 @@ class LeaderElector:
     def _safe(fn: Callable[[], None]) -> None:
         try:
             fn()
-        except Exception:  # noqa: BLE001 - a callback must not end the elector
+        except Exception:
             log.exception("leader-election callback failed")
 
     def acquire(self, timeout: float) -> bool:

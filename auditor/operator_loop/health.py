@@ -61,7 +61,7 @@ class HealthServer:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
                     body, ctype, code = generate_latest(owner.metrics.registry), CONTENT_TYPE_LATEST, 200

@@ -16,8 +16,8 @@ from typing import Any
 
 import auditor
 from auditor.errors import AuditorError
-from auditor.policy.loader import PolicyRegistry, read_dir
 from auditor.policy.config import runner_config
+from auditor.policy.loader import PolicyRegistry, read_dir
 from auditor.policy.runner import Decision, PolicyRunner
 from auditor.settings import Settings
 

@@ -260,7 +260,7 @@ class Operator:
                                   detail={"origin": ORIGIN, "cluster": self.settings.cluster,
                                           "holder": self.identity, "error": f"{type(exc).__name__}: {exc}",
                                           **({"dry_run": True} if self.dry_run else {})})
-        except Exception:  # noqa: BLE001 - the cycle's own error matters more
+        except Exception:
             log.debug("could not record the failed cycle", exc_info=True)
 
     def prune(self) -> Any:

@@ -15,9 +15,8 @@ from typing import Sequence
 
 import jinja2
 
-from auditor.render.table import notes
 from auditor.render import VERDICT_COLORS
-
+from auditor.render.table import notes
 
 _TEMPLATE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

@@ -11,8 +11,8 @@ import base64
 import io
 from typing import Any, Mapping, Sequence
 
-from auditor.reports.aggregate import VERDICTS
 from auditor.render import VERDICT_COLORS
+from auditor.reports.aggregate import VERDICTS
 
 SM_COLOR, WASTE_COLOR, UNMEASURED_COLOR, TENSOR_COLOR = "#1565c0", "#e53935", "#bdbdbd", "#2e7d32"
 

@@ -233,7 +233,7 @@ def _guard(component: str, state: State, fn: Callable[[], object]) -> None:
         fn()
     except TestbedError:
         raise
-    except Exception as exc:  # noqa: BLE001 - reported with the component and the logs directory
+    except Exception as exc:
         raise TestbedError(component, f"{type(exc).__name__}: {exc} (logs in {state.dir / 'logs'})") from exc
 
 

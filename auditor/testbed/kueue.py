@@ -27,8 +27,8 @@ import requests
 import yaml
 
 from auditor.testbed import config, process
-from auditor.testbed.kube import _session
 from auditor.testbed.errors import TestbedError
+from auditor.testbed.kube import _session
 from auditor.testbed.launch import launch, log_path
 from auditor.testbed.pki import Pki
 from auditor.testbed.state import State

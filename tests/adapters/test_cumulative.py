@@ -6,6 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 import sqlalchemy as sa
+from counting import CountingStore
 
 from auditor.core.model import PodRef, Window
 from auditor.correlate import NoKubeResolver
@@ -13,7 +14,6 @@ from auditor.engine import align_down, run_audit
 from auditor.sources.replay import ReplaySource
 from auditor.store import Store
 from auditor.traces import TraceJob, load_trace, make_gpus
-from counting import CountingStore
 
 END = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 START = END - timedelta(hours=1)
@@ -93,8 +93,9 @@ def test_rewritten_history_or_an_unreadable_aggregate_is_rebuilt_from_the_bucket
 def test_upgrade_from_0003_keeps_the_buckets_under_the_new_key(store_url: str) -> None:
     """Migration 0004 reorders the buckets' primary key to (job, start, …): SQLite rebuilds the
     table, PostgreSQL the constraint; every bucket stays, and so does the cascade from jobs."""
-    from auditor.store.tables import BucketRow, JobRow
     from revisions import store_at
+
+    from auditor.store.tables import BucketRow, JobRow
 
     with Store.open("sqlite://") as ref:  # rows as the store writes them
         run_audit(source(), NoKubeResolver("c1"), ref, Window(START, END), now=END)

@@ -113,8 +113,9 @@ def test_two_cycles_8s_apart_over_prometheus_data_that_ended_mid_bucket_agree(pr
     import time
     import uuid
 
-    from auditor.sources.prometheus import PrometheusSource
     from test_prometheus_source import _const, _gpu, _om
+
+    from auditor.sources.prometheus import PrometheusSource
 
     case = f"c{uuid.uuid4().hex[:8]}"
     start = (int(time.time()) // 300 * 300) - 3 * 3600  # Prometheus's backfill wants the past

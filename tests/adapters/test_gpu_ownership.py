@@ -133,8 +133,9 @@ def test_other_clusters_pods_of_the_same_name_are_theirs(store_url: str) -> None
 
 
 def test_upgrade_to_0006_records_the_owners_of_stored_buckets(store_url: str) -> None:
-    from auditor.store.tables import BucketRow, JobRow, PodOwnerRow
     from revisions import store_at
+
+    from auditor.store.tables import BucketRow, JobRow, PodOwnerRow
 
     with Store.open("sqlite://") as ref:
         run_audit(source(), NO_KUBE, ref, WINDOW, now=END)

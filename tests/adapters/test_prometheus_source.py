@@ -471,8 +471,8 @@ def secured_prometheus(tmp_path):
 
 def test_sample_limit_splits_the_query_by_time(tmp_path):
     """A Prometheus with a tiny --query.max-samples refuses the whole range; halves pass."""
-    import subprocess
     import shutil
+    import subprocess
 
     case = "limits"
     s, e = _window()

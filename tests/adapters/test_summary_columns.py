@@ -19,8 +19,8 @@ from auditor.store.tables import BucketRow, JobRow, SummaryRow
 from auditor.store.urls import resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reports"))
-from reportgen import GenJob, store_jobs  # noqa: E402
-from revisions import store_at  # noqa: E402
+from reportgen import GenJob, store_jobs
+from revisions import store_at
 
 W = IsoWeek(2026, 47)
 WS, WE = W.bounds(zone("UTC"))
@@ -125,7 +125,7 @@ def test_week_queries_on_sqlite_read_the_week_index(tmp_path) -> None:
         store_jobs(store, JOBS, now=NOW)
         statements: list[tuple[str, object]] = []
 
-        def record(conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
+        def record(conn, cursor, statement, parameters, context, executemany) -> None:
             if "FROM job_summaries" in statement and "job_summaries.job_id IN" not in statement:
                 statements.append((statement, parameters))
 

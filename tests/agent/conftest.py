@@ -95,7 +95,7 @@ class PodResourcesServer:
         outer = self
 
         class Servicer(api.grpc.PodResourcesListerServicer):
-            def List(self, request: Any, context: Any) -> Any:  # noqa: N802 - the API's name
+            def List(self, request: Any, context: Any) -> Any:
                 outer.calls += 1
                 return api.pb2.ListPodResourcesResponse(pod_resources=outer.pods)
 

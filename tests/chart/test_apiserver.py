@@ -13,7 +13,6 @@ import json
 
 import pytest
 import yaml
-
 from chartlib import CHART, FULL_VALUES, Chart, ServiceAccount, drop_release
 
 pytestmark = pytest.mark.testbed

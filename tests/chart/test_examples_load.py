@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from chartlib import CHART, Chart, find
 
 from auditor.cli.main import main
 from auditor.core.thresholds import Thresholds
 from auditor.operator_loop.policies import policy_files
 from auditor.policy.loader import load_files
 from auditor.settings import load_settings
-
-from chartlib import CHART, Chart, find
 
 pytestmark = pytest.mark.testbed
 

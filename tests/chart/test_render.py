@@ -6,7 +6,6 @@ import json
 
 import pytest
 import yaml
-
 from chartlib import CHART, FULL_VALUES, Chart, find, pod_specs
 
 pytestmark = pytest.mark.testbed

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
-
 from chartlib import FULL_VALUES, Chart, find
 
 pytestmark = pytest.mark.testbed
@@ -92,12 +91,12 @@ def test_promtool_unit_tests(chart: Chart, testbed, tmp_path: Path, convention: 
             "input_series": inputs,
             "promql_expr_test": [
                 # (5m, 10m] holds 16 samples (19 s apart) of 0.25: sum 4, count 16.
-                {"expr": f"pod_gpu:dcgm_sm_active:count5m{{pod=\"lowsm\"}}", "eval_time": "10m",
+                {"expr": "pod_gpu:dcgm_sm_active:count5m{pod=\"lowsm\"}", "eval_time": "10m",
                  "exp_samples": [{"labels": f"pod_gpu:dcgm_sm_active:count5m{{{rec}}}", "value": 16}]},
-                {"expr": f"pod_gpu:dcgm_sm_active:sum5m{{pod=\"lowsm\"}}", "eval_time": "10m",
+                {"expr": "pod_gpu:dcgm_sm_active:sum5m{pod=\"lowsm\"}", "eval_time": "10m",
                  "exp_samples": [{"labels": f"pod_gpu:dcgm_sm_active:sum5m{{{rec}}}", "value": 4}]},
                 # GPU_UTIL (100 %) recorded as a ratio: mean 1.
-                {"expr": f"pod_gpu:dcgm_gpu_util:sum5m{{pod=\"lowsm\"}} / pod_gpu:dcgm_gpu_util:count5m", "eval_time": "10m",
+                {"expr": "pod_gpu:dcgm_gpu_util:sum5m{pod=\"lowsm\"} / pod_gpu:dcgm_gpu_util:count5m", "eval_time": "10m",
                  "exp_samples": [{"labels": f"{{{rec}}}", "value": 1}]},
                 # 4.9 names: the same sums and counts as the classic names give.
                 {"expr": 'pod_gpu:dcgm_sm_active:sum5m{pod="lowsm49"} / pod_gpu:dcgm_sm_active:count5m', "eval_time": "10m",

@@ -20,12 +20,12 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from workload_verdicts import REASONS, WORKLOADS
 
 from auditor import traces
 from auditor.cli.main import main
 from auditor.core.metrics import Metric, Naming
 from auditor.core.model import PodRef
-from workload_verdicts import REASONS, WORKLOADS
 
 pytestmark = pytest.mark.testbed
 

@@ -15,13 +15,13 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from kubeobjects import batch_job, create_pod
 
 from auditor import traces
 from auditor.cli.main import main
 from auditor.core.model import PodRef
 from auditor.store import Store
 from auditor.store.reports import ReportStore
-from kubeobjects import batch_job, create_pod
 
 pytestmark = pytest.mark.testbed
 INTERVAL = timedelta(seconds=15)

@@ -13,11 +13,11 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from kubeobjects import batch_job, create_pod
 
 from auditor import traces
 from auditor.cli.main import main
 from auditor.core.model import PodRef
-from kubeobjects import batch_job, create_pod
 
 pytestmark = pytest.mark.testbed
 INTERVAL = timedelta(seconds=15)

@@ -12,6 +12,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from kubeobjects import batch_job, create_pod
 
 from auditor import traces
 from auditor.core.model import PodRef
@@ -20,7 +21,6 @@ from auditor.kube.resolver import KubeResolver
 from auditor.operator_loop.cycle import CycleRunner
 from auditor.sources.prometheus import PrometheusSource
 from auditor.store import Store
-from kubeobjects import batch_job, create_pod
 
 pytestmark = pytest.mark.testbed
 INTERVAL = timedelta(seconds=15)

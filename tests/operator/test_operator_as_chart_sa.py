@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kubeobjects import batch_job, create, create_pod
+from kueue_objects import job_workload
+from policy.policy_receivers import Receiver  # tests/ is on sys.path (its conftest.py)
 
 from auditor import traces
 from auditor.cli.main import main
 from auditor.core.model import PodRef
 from auditor.kube.client import call_json, resource_path
-from kubeobjects import batch_job, create, create_pod
-from kueue_objects import job_workload
-from policy.policy_receivers import Receiver  # tests/ is on sys.path (its conftest.py)
 
 pytestmark = pytest.mark.testbed
 

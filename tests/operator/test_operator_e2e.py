@@ -20,15 +20,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kubeobjects import batch_job, create, create_pod, iso, owner_ref, set_pod_status
+from kueue_objects import job_workload
 
 from auditor import traces
 from auditor.cli.main import main
 from auditor.core.model import PodRef
 from auditor.kube.client import call_json, resource_path
 from auditor.store import Store
-
-from kubeobjects import batch_job, create, create_pod, iso, owner_ref, set_pod_status
-from kueue_objects import job_workload
 
 pytestmark = pytest.mark.testbed
 

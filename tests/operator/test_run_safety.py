@@ -24,7 +24,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kubeobjects import batch_job, create, create_pod
 from kubernetes.client.rest import ApiException
+from kueue_objects import job_workload
+from policy.policy_receivers import Receiver  # tests/ is on sys.path (its conftest.py)
+from test_operator_as_chart_sa import POLICY  # enforce: annotate, event, notify; then requeue
+from test_operator_e2e import grant_chart_permissions
 
 from auditor import traces
 from auditor.actions.kube import REPORTING_CONTROLLER
@@ -33,11 +38,6 @@ from auditor.core.model import PodRef
 from auditor.kube.client import call_json, resource_path
 from auditor.store import Store
 from auditor.store.decisions import DecisionStore
-from kubeobjects import batch_job, create, create_pod
-from kueue_objects import job_workload
-from policy.policy_receivers import Receiver  # tests/ is on sys.path (its conftest.py)
-from test_operator_as_chart_sa import POLICY  # enforce: annotate, event, notify; then requeue
-from test_operator_e2e import grant_chart_permissions
 
 pytestmark = pytest.mark.testbed
 

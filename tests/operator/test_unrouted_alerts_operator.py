@@ -15,13 +15,13 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from kubeobjects import create_pod
 
 from auditor import traces
 from auditor.core.model import PodRef
 from auditor.operator_loop import Operator
 from auditor.settings import load_settings
 from auditor.store.decisions import DecisionStore
-from kubeobjects import create_pod
 
 pytestmark = pytest.mark.testbed
 

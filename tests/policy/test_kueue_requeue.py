@@ -17,9 +17,9 @@ from datetime import timedelta
 from typing import Any, Callable
 
 import pytest
-from kubernetes import watch
-from kubernetes import client as k8s
 from kubeobjects import create_pod, iso
+from kubernetes import client as k8s
+from kubernetes import watch
 from kueue_objects import KV, delete_cluster_object, job_workload, kueue_running, workload_priority_class
 from policy_receivers import Receiver
 from test_policy_testbed import FAST, POLICY, SECRET, T0, _store_job, _summary
@@ -60,7 +60,7 @@ class Timeline:
                 for ev in self._w.stream(custom.list_namespaced_custom_object, "kueue.x-k8s.io", "v1beta2", namespace,
                                          "workloads", field_selector=f"metadata.name={name}", timeout_seconds=300):
                     self.seen.append((time.monotonic() - self.t0, ev["object"]))
-            except Exception:  # noqa: BLE001 - the stream is cut when the test stops it
+            except Exception:
                 if not self._stopped:
                     raise
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from counting import CountingStore
+from test_policy_units import SUM, P
+
 from auditor.core.model import JobRef
 from auditor.policy.examples import NOW, example_buckets
 from auditor.policy.loader import parse_policies
 from auditor.policy.runner import PolicyRunner
 from auditor.store import Store
-
-from counting import CountingStore
-from test_policy_units import P, SUM
 
 
 def test_sustained_reads_only_the_trailing_window_of_an_old_job(tmp_path) -> None:

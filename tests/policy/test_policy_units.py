@@ -9,11 +9,11 @@ from policy_receivers import Receiver
 
 from auditor.notify import SlackNotifier, WebhookNotifier, slack_escape, verify_signature
 from auditor.notify.http import RetryPolicy, retry_after_seconds
+from auditor.policy.backtest import walk_ladder
 from auditor.policy.escalation import ViolationState, due_step
 from auditor.policy.evaluate import JobFacts, evaluate
 from auditor.policy.examples import NOW, example_buckets
 from auditor.policy.loader import PolicyError, parse_policies
-from auditor.policy.backtest import walk_ladder
 
 P = """apiVersion: gpu-auditor.io/v1alpha1
 kind: GpuPolicy

@@ -46,7 +46,7 @@ def start_receiver() -> Receiver:
     holder: dict[str, Receiver] = {}
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        def do_POST(self) -> None:
             n = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(n)
             rec = holder["r"]

@@ -10,6 +10,8 @@ from collections import Counter
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from receiver import Receiver, start_receiver
+from reportgen import GenJob, store_jobs
 
 from auditor.notify import SlackNotifier, WebhookNotifier, verify_signature
 from auditor.notify.http import RetryPolicy
@@ -17,8 +19,6 @@ from auditor.reports import Destinations, IsoWeek, ReportOptions, add_report_job
 from auditor.reports.weeks import zone
 from auditor.store import Store
 from auditor.store.reports import ReportStore
-from receiver import Receiver, start_receiver
-from reportgen import GenJob, store_jobs
 
 UTC = timezone.utc
 TZ = "Europe/Berlin"

@@ -17,6 +17,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from reportgen import GenJob, store_jobs
 
 from auditor.cli.main import main
 from auditor.reports import IsoWeek, Prices, ReportOptions, generate
@@ -25,7 +26,6 @@ from auditor.reports.formats import teams_csv, to_markdown
 from auditor.reports.html import render_html
 from auditor.reports.weeks import zone
 from auditor.store import Store
-from reportgen import GenJob, store_jobs
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 WEEK = IsoWeek(2026, 47)

@@ -9,13 +9,13 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 import sqlalchemy as sa
+from reportgen import GenJob, store_jobs
 
 from auditor.reports import IsoWeek, Prices, ReportOptions, generate, iter_jobs
 from auditor.reports.formats import teams_csv, write_jobs_csv
 from auditor.reports.weeks import zone
 from auditor.store import Store
 from auditor.store.reports import ReportStore, deliveries
-from reportgen import GenJob, store_jobs
 
 UTC = timezone.utc
 W = IsoWeek(2026, 47)

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from reportgen import GenJob, store_jobs
 
 from auditor.cli.main import main
 from auditor.errors import BadInput
@@ -17,7 +18,6 @@ from auditor.reports.formats import teams_csv, to_markdown
 from auditor.reports.html import render_html
 from auditor.reports.slack import cluster_message, team_message
 from auditor.store.reports import Group, JobWeek, _split
-from reportgen import GenJob, store_jobs
 
 UTC = timezone.utc
 WS = datetime(2026, 11, 16, tzinfo=UTC)

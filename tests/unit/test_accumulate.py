@@ -7,13 +7,12 @@ import random
 from datetime import timedelta
 
 import pytest
+from test_summary import BUSY, IV, JOB, NOW, T0, W, gpu, series
 
-from auditor.core.accumulate import POINT_LIMIT, JobAggregate, Stat, StaleFold, merge_nearest
+from auditor.core.accumulate import POINT_LIMIT, JobAggregate, StaleFold, Stat, merge_nearest
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, PodRef, Window
 from auditor.core.summary import gpu_shares, summarize_aggregate, summarize_job
-
-from test_summary import BUSY, IV, JOB, NOW, T0, W, gpu, series
 
 WINDOW = Window(T0, T0 + timedelta(hours=1))
 

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 from importlib import resources
 
 import pytest
+from workload_verdicts import REASONS, WORKLOADS
 
 from auditor.core.metrics import Metric
 from auditor.core.model import PodRef, Window
@@ -15,7 +16,6 @@ from auditor.correlate import NoKubeResolver
 from auditor.engine import run_audit
 from auditor.sources.replay import ReplaySource
 from auditor.traces import TraceJob, load_trace, make_gpus
-from workload_verdicts import REASONS, WORKLOADS
 
 END = datetime(2026, 11, 30, 12, 0, 7, tzinfo=timezone.utc)  # deliberately not bucket-aligned
 
