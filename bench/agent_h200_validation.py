@@ -305,8 +305,8 @@ def main() -> int:
         if pod_server is not None:
             result["checks"]["gpu0_attributed_to_pod"] = pods == {"validation-pod"}
         result["example_series"] = sorted(
-            f"{n}{{{','.join(f'{k}={v!r}' for k, v in sorted(l.items()))}}} {v}"
-            for n, l, v in series if n in (NAMES["sm_active"], NAMES["gpu_util"]) and l.get("UUID") == uuid
+            f"{n}{{{','.join(f'{k}={v!r}' for k, v in sorted(lab.items()))}}} {v}"
+            for n, lab, v in series if n in (NAMES["sm_active"], NAMES["gpu_util"]) and lab.get("UUID") == uuid
         )
         result["checks"]["all_series_carry_source_label"] = all(
             labels.get("source") == "gpu-auditor-agent" for n, labels, _ in series if n.startswith("DCGM_FI_")

@@ -243,10 +243,10 @@ def run_core(rec: Recorder, seconds: float) -> dict:
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=bf16)
     bm = torch.randn(n, n, device="cuda", dtype=bf16)
-    res["bf16_matmul"] = timed(rec, "bf16_matmul", lambda: torch.mm(a, bm), seconds, warmup=10,
+    res["bf16_matmul"] = timed(rec, "bf16_matmul", lambda a=a, bm=bm: torch.mm(a, bm), seconds, warmup=10,
                                flops_per_step=2.0 * n**3, precision="bf16", extra={"n": n})
     af, bf = a.float(), bm.float()
-    res["tf32_matmul"] = timed(rec, "tf32_matmul", lambda: torch.mm(af, bf), seconds, warmup=10,
+    res["tf32_matmul"] = timed(rec, "tf32_matmul", lambda af=af, bf=bf: torch.mm(af, bf), seconds, warmup=10,
                                flops_per_step=2.0 * n**3, precision="tf32", extra={"n": n})
     del af, bf
     try:
@@ -283,7 +283,7 @@ def run_core(rec: Recorder, seconds: float) -> dict:
     src = torch.empty(1024**3, dtype=torch.uint8, pin_memory=True)
     src.fill_(3)
     dst = torch.empty(1024**3, dtype=torch.uint8, device="cuda")
-    r = timed(rec, "h2d_copy_pinned", lambda: dst.copy_(src, non_blocking=True), seconds, warmup=3)
+    r = timed(rec, "h2d_copy_pinned", lambda dst=dst, src=src: dst.copy_(src, non_blocking=True), seconds, warmup=3)
     r["gb_per_s"] = round(r["steps"] * 1024**3 / r["wall_s"] / 1e9, 1)
     res["h2d_copy_pinned"] = r
     del src, dst
@@ -337,7 +337,7 @@ def run_extra(rec: Recorder, seconds: float) -> dict:
     a = torch.randn(8192, 8192, device="cuda", dtype=bf16)
     host = np.random.rand(1500, 1500)
 
-    def bursty() -> None:
+    def bursty(a: torch.Tensor = a) -> None:
         for _ in range(20):
             torch.mm(a, a)
         torch.cuda.synchronize()
@@ -359,7 +359,7 @@ def run_extra(rec: Recorder, seconds: float) -> dict:
             ids = torch.randint(0, 32000, (bsz, 128), device="cuda")
             new = 256
 
-            def gen(ids=ids) -> None:
+            def gen(ids=ids, new=new) -> None:
                 with torch.no_grad():
                     llm.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
 
@@ -406,7 +406,7 @@ def run_extra2(rec: Recorder, seconds: float) -> dict:
         x = torch.randn(256, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
         y = torch.randint(0, 1000, (256,), device="cuda")
 
-        def cnn() -> None:
+        def cnn(net=net, sgd=sgd, x=x, y=y) -> None:
             with torch.autocast("cuda", dtype=bf16):
                 loss = torch.nn.functional.cross_entropy(net(x), y)
             loss.backward()

@@ -199,7 +199,7 @@ class LeaderElector:
                 log.error("leader election stopped: %s", self.fatal)
                 if self.on_fatal:
                     fatal = self.fatal
-                    self._safe(lambda: self.on_fatal(fatal))  # type: ignore[misc]
+                    self._safe(lambda fatal=fatal: self.on_fatal(fatal))  # type: ignore[misc]
                 return
             refused = str(self.refused) if self.refused is not None else None
             if refused and refused != warned:  # RBAC may still be on its way: retry, but say it once

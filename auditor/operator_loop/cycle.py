@@ -230,7 +230,7 @@ class CycleRunner:
                     ended = view[key].ended if key in view else None
                     self.store.set_job_ended(job_id, ended or now)
                     done.append(key)
-            for key, (job_id, ref, last_seen) in open_jobs.items():
+            for key, (job_id, _ref, last_seen) in open_jobs.items():
                 if key in touched:
                     continue
                 info = view.get(key)

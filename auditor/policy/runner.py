@@ -471,7 +471,8 @@ class PolicyRunner:
             row = dataclasses.replace(row, result=result, due_at=due)
             if not repo.take_action(row.dedup_key, WAITING, "reactivating", now):
                 continue  # another replica is on it
-            d = Decision(row.policy, "enforce", f"{row.job.cluster}/{row.job.namespace}/{row.job.kind}/{row.job.name}", None, "requeue backoff over: reactivate", {}, dry_run=False, dedup_key=row.dedup_key, actions=["reactivate"])
+            key = f"{row.job.cluster}/{row.job.namespace}/{row.job.kind}/{row.job.name}"
+            d = Decision(row.policy, "enforce", key, None, "requeue backoff over: reactivate", {}, dry_run=False, dedup_key=row.dedup_key, actions=["reactivate"])
             try:
                 res = self.kube.reactivate(row.result)
                 repo.finish_action(row.dedup_key, DONE, now, result={**row.result, "reactivated": res, "reactivated_at": now.isoformat()})
@@ -493,7 +494,8 @@ class PolicyRunner:
                 # at most once for people: a maybe-sent alert is not sent again
                 repo.finish_action(row.dedup_key, FAILED, now, error="interrupted before its result was recorded; not resent")
                 continue
-            d = Decision(row.policy, policy.spec.mode.value, job_key(summary), summary.get("verdict"), "resumed after an interruption", {}, dry_run=False, dedup_key=row.dedup_key, actions=[row.action])
+            d = Decision(row.policy, policy.spec.mode.value, job_key(summary), summary.get("verdict"), "resumed after an interruption", {},
+                         dry_run=False, dedup_key=row.dedup_key, actions=[row.action])
             d.results[row.action] = self._run_action(ActionKind(row.action), row.dedup_key, policy, summary, decision["reason"], decision["evidence"], now)
             out.append(d)
         return out

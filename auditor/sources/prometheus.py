@@ -709,7 +709,7 @@ def _classify(
         spec = SPECS[BY_NAME[name]]
         scale = scale_of(name, naming)
 
-        def stack(agg: str) -> Any:
+        def stack(agg: str, rows: list[Any] = rows) -> Any:
             return np.frombuffer(b"".join(s.aggs.get(agg) or nan_row for s in rows), dtype=np.float64).reshape(len(rows), n)
 
         cnt = stack("count")

@@ -14,9 +14,12 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from auditor.testbed.errors import TestbedError
+
+if TYPE_CHECKING:
+    import requests
 
 #: Popen objects of the children this Python process started, so stopping them also reaps them.
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
@@ -202,7 +205,7 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def local_get(url: str, **kwargs: object) -> "requests.Response":
+def local_get(url: str, **kwargs: object) -> requests.Response:
     """GET on loopback, ignoring proxy and CA-bundle settings from the environment."""
     import requests
 

@@ -243,7 +243,7 @@ def test_restart_between_steps_neither_repeats_nor_skips(kube_admin, namespace, 
     _store_job(store, ns, "bad", bad["uid"], bad["pod"], 0.97, 0.1)
     PolicyRunner(policies, store, KubeActions(kube_admin), config).run_cycle([s], now=T0, act=True)
     store.close()  # "restart": a new process, new store connection, new runner
-    for attempt in range(2):  # a second leader replaying the same cycle changes nothing
+    for _attempt in range(2):  # a second leader replaying the same cycle changes nothing
         store = Store.open(postgres_url)
         runner = PolicyRunner(policies, store, KubeActions(kube_admin), config)
         runner.run_cycle([s], now=T0 + timedelta(seconds=30), act=True)  # cooldown 1m: step 1 not yet due

@@ -51,7 +51,7 @@ def test_openmetrics_pod_convention():
     text = trace_to_openmetrics(micro, [job], end=END, duration=timedelta(minutes=1), interval=timedelta(seconds=15))
     assert text.endswith("# EOF\n")
     assert "# TYPE DCGM_FI_PROF_SM_ACTIVE gauge" in text
-    line = next(l for l in text.splitlines() if l.startswith("DCGM_FI_DEV_GPU_UTIL{"))
+    line = next(ln for ln in text.splitlines() if ln.startswith("DCGM_FI_DEV_GPU_UTIL{"))
     labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
     assert labels["pod"] == "spin-0" and labels["namespace"] == "team-a" and labels["container"] == "main"
     assert labels["Hostname"] == "node-7" and labels["modelName"] == "NVIDIA H200" and labels["device"] == "nvidia0"
@@ -59,10 +59,10 @@ def test_openmetrics_pod_convention():
     value, ts = line.rsplit(" ", 2)[1:]
     assert value == "100" and float(ts) == END.timestamp() - 60
     # families are not interleaved
-    names = [l.split("{")[0] for l in text.splitlines() if not l.startswith("#")]
+    names = [ln.split("{")[0] for ln in text.splitlines() if not ln.startswith("#")]
     runs = [n for i, n in enumerate(names) if i == 0 or names[i - 1] != n]
     assert len(runs) == len(set(runs))
-    assert sum(1 for l in text.splitlines() if l.startswith("DCGM_FI_PROF_SM_ACTIVE{")) == 2 * 4
+    assert sum(1 for ln in text.splitlines() if ln.startswith("DCGM_FI_PROF_SM_ACTIVE{")) == 2 * 4
 
 
 def test_openmetrics_exported_convention_hostname_and_subset():
@@ -73,7 +73,7 @@ def test_openmetrics_exported_convention_hostname_and_subset():
         convention="exported_pod", hostname_label="hostname",
         include={Metric.GPU_UTIL, Metric.TENSOR_ACTIVE},
     )
-    line = next(l for l in text.splitlines() if l.startswith("DCGM_FI_DEV_GPU_UTIL{"))
+    line = next(ln for ln in text.splitlines() if ln.startswith("DCGM_FI_DEV_GPU_UTIL{"))
     labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
     assert labels["exported_pod"] == "spin-0" and labels["exported_namespace"] == "team-a"
     assert labels["pod"].startswith("nvidia-dcgm-exporter-") and labels["hostname"] == "node-7"
