@@ -46,6 +46,9 @@ KINDS: dict[str, tuple[str, str, str]] = {
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+#: Kueue's annotation for external controllers to shift a Workload's effective priority (signed
+#: integer added to spec.priority; read only with Kueue's PriorityBoost feature gate on)
+KUEUE_PRIORITY_BOOST = "kueue.x-k8s.io/priority-boost"
 REPORTING_CONTROLLER = "gpu-auditor.io/operator"
 _ANNOTATION_VALUE_MAX = 1024
 
@@ -71,6 +74,16 @@ def _api_path(kind: str, namespace: str, name: str | None = None) -> str:
 def _holds_quota(wl: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "QuotaReserved" and c.get("status") == "True"
                for c in (wl.get("status") or {}).get("conditions") or [])
+
+
+def _priority_boost(wl: Mapping[str, Any]) -> int:
+    """The Workload's current ``kueue.x-k8s.io/priority-boost`` (0 when absent; Kueue's webhook
+    refuses a value that is not a signed integer, so a bad one is read as 0 as Kueue does)."""
+    raw = ((wl.get("metadata") or {}).get("annotations") or {}).get(KUEUE_PRIORITY_BOOST)
+    try:
+        return int(raw) if raw else 0
+    except ValueError:
+        return 0
 
 
 def _clean_value(v: Any) -> str:
@@ -264,7 +277,8 @@ class KubeActions:
                 if c.get("type") == "Finished" and c.get("status") == "True":
                     raise RequeueRefused(f"Workload {ns}/{wl['metadata']['name']} has finished")
             return {"type": "workload", "namespace": ns, "name": wl["metadata"]["name"],
-                    "priority": (wl.get("spec") or {}).get("priority"), "reserved": _holds_quota(wl)}
+                    "priority": (wl.get("spec") or {}).get("priority"), "priority_boost": _priority_boost(wl),
+                    "reserved": _holds_quota(wl)}
         labels = (obj.get("metadata") or {}).get("labels") or {}
         if kind == "Job" and KUEUE_QUEUE_LABEL not in labels:
             return {"type": "job", "namespace": ns, "name": name}
@@ -272,16 +286,26 @@ class KubeActions:
 
     def deactivate(self, target: dict, *, lower_priority_by: int = 0) -> dict:
         """Step 1 of a requeue: Workload ``spec.active=false`` (Kueue evicts and suspends the job),
-        or a plain Job's ``spec.suspend=true``. Optionally lowers ``spec.priority`` at the same time
-        (mutable on a Workload; it takes effect on re-admission)."""
+        or a plain Job's ``spec.suspend=true``.
+
+        ``lower_priority_by`` lowers the Workload's effective priority through Kueue's own
+        ``kueue.x-k8s.io/priority-boost`` annotation (its current value minus the amount), in the
+        same patch. Kueue owns ``spec.priority`` (it re-derives it from the job's priority class when
+        that changes), so a hand-edited one may not last; the boost is Kueue's interface
+        for external controllers and is kept across re-admission."""
         ns, name = target["namespace"], target["name"]
         try:
             if target["type"] == "workload":
-                spec: dict[str, Any] = {"active": False}
-                if lower_priority_by and isinstance(target.get("priority"), int):
-                    spec["priority"] = target["priority"] - lower_priority_by
-                self._call("PATCH", self._workload_path(ns, name), {"spec": spec})
-                return {**target, "active": False, **({"new_priority": spec["priority"]} if "priority" in spec else {})}
+                body: dict[str, Any] = {"spec": {"active": False}}
+                extra: dict[str, Any] = {}
+                if lower_priority_by:
+                    boost = int(target.get("priority_boost") or 0) - lower_priority_by
+                    body["metadata"] = {"annotations": {KUEUE_PRIORITY_BOOST: str(boost)}}
+                    extra["new_priority_boost"] = boost
+                    if isinstance(target.get("priority"), int):
+                        extra["effective_priority"] = target["priority"] + boost
+                self._call("PATCH", self._workload_path(ns, name), body)
+                return {**target, "active": False, **extra}
             self._call("PATCH", _api_path("Job", ns, name), {"spec": {"suspend": True}})
             return {**target, "suspend": True}
         except ApiException as exc:

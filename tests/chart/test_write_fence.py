@@ -3,7 +3,7 @@
 RBAC (files/permissions.yaml) lets the ServiceAccount patch pods and every job kind cluster-wide,
 so that it can annotate them; RBAC cannot say which fields. The fence, installed by default,
 lets this ServiceAccount change only `gpu-auditor.io/` annotations and, with requeue on, a Job's
-`spec.suspend` and a Kueue Workload's `spec.active`/`spec.priority`. Proven on the test bed's
+`spec.suspend` and a Kueue Workload's `spec.active` and `kueue.x-k8s.io/priority-boost`. Proven on the test bed's
 real kube-apiserver (v1.36) by impersonating the ServiceAccount: a pod template, labels, other
 annotations and other spec fields are denied by the policy, while the operator's own writes
 (auditor/actions/kube.py: annotate, requeue deactivate/reactivate with priority lowering) pass.
@@ -16,10 +16,10 @@ import re
 import time
 
 import pytest
+from chartlib import CHART, Chart, Result, ServiceAccount, drop_release, find
 
 from auditor.actions.kube import KubeActions
 from auditor.kube.client import KubeConfig, api_client, call_json, resource_path
-from chartlib import CHART, Chart, Result, ServiceAccount, drop_release, find
 
 pytestmark = pytest.mark.testbed
 
@@ -92,7 +92,7 @@ def test_fence_field_lists_match_the_apiserver_schemas(chart: Chart, kube_admin)
                                               "workloads.kueue.x-k8s.io"))
     (v1beta2,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1beta2"]
     wl_spec = set(v1beta2["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"])
-    assert _spec_fields(spec_rule, "workloads") == wl_spec - {"active", "priority"}
+    assert _spec_fields(spec_rule, "workloads") == wl_spec - {"active"}
 
 
 def _as_sa(sa: ServiceAccount, *args: str) -> Result:
@@ -163,6 +163,9 @@ def test_fence_denies_other_writes_and_passes_the_operators(chart: Chart, namesp
             "a PyTorchJob's image": ("patch", "pytorchjobs.kubeflow.org", "pt", "--type=json", "-p",
                                      '[{"op":"replace","path":"/spec/pytorchReplicaSpecs/Master/template/spec/containers/0/image","value":"evil"}]'),
             "a Workload's queue": ("patch", "workloads.kueue.x-k8s.io", "train-1", *patch, '{"spec":{"queueName":"vip"}}'),
+            "a Workload's spec.priority": ("patch", "workloads.kueue.x-k8s.io", "train-1", *patch, '{"spec":{"priority":1000}}'),
+            "Kueue's priority boost on a Job": ("annotate", "job", "train", "kueue.x-k8s.io/priority-boost=-10"),
+            "another kueue annotation on a Workload": ("annotate", "workloads.kueue.x-k8s.io", "train-1", "kueue.x-k8s.io/x=y"),
             "a pod label": ("label", "pod", "gpu-pod", "-n", other, "app=evil", "--overwrite"),
             "a Job label": ("label", "job", "train", "-n", other, "team=evil"),
             "another annotation": ("annotate", "pod", "gpu-pod", "example.com/x=y"),
@@ -189,8 +192,8 @@ def test_fence_denies_other_writes_and_passes_the_operators(chart: Chart, namesp
         assert kube.annotate({"job": "Job/train", "namespace": other, "pods": ["gpu-pod"]}, ann)["missing"] == []
         for job in ("Deployment/web", "CronJob/nightly", "PyTorchJob/pt"):
             assert kube.annotate({"job": job, "namespace": other, "pods": []}, ann)["annotated"] == [job]
-        wl = {"type": "workload", "namespace": other, "name": "train-1", "priority": 100}
-        assert kube.deactivate(wl, lower_priority_by=10)["new_priority"] == 90
+        wl = {"type": "workload", "namespace": other, "name": "train-1", "priority": 100, "priority_boost": 0}
+        assert kube.deactivate(wl, lower_priority_by=10)["effective_priority"] == 90
         kube.reactivate(wl)
         job = {"type": "job", "namespace": other, "name": "train"}
         kube.reactivate(job)
@@ -209,7 +212,8 @@ def test_fence_denies_other_writes_and_passes_the_operators(chart: Chart, namesp
         assert got["deploy"]["spec"]["template"]["spec"]["containers"][0]["image"] == "busybox"
         assert got["cron"]["spec"]["schedule"] == "0 3 * * *"
         assert got["pt"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["image"] == "busybox"
-        assert (got["wl"]["spec"]["active"], got["wl"]["spec"]["priority"], got["wl"]["spec"]["queueName"]) == (True, 90, "team-a")
+        assert (got["wl"]["spec"]["active"], got["wl"]["spec"]["priority"], got["wl"]["spec"]["queueName"]) == (True, 100, "team-a")
+        assert got["wl"]["metadata"]["annotations"]["kueue.x-k8s.io/priority-boost"] == "-10"
 
         # Only this ServiceAccount is fenced: the admin still changes labels.
         chart.kubectl("label", "pod", "gpu-pod", "-n", other, "app=relabelled", "--overwrite")

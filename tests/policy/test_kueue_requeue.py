@@ -237,7 +237,8 @@ def test_requeue_evicts_suspends_and_kueue_readmits_after_the_backoff(kube_admin
         resumed = timeline.now()
 
         final = call_json(api, resource_path(KV, "workloads", ns, wl["metadata"]["name"]))
-        assert final["spec"]["priority"] == -10  # lowerPriorityBy 10 from Kueue's default 0
+        assert final["spec"].get("priority", 0) == 0  # Kueue's own, untouched
+        assert final["metadata"]["annotations"]["kueue.x-k8s.io/priority-boost"] == "-10"  # lowerPriorityBy 10
         evictions = final["status"].get("schedulingStats", {}).get("evictions", [])
         assert [(e["reason"], e["count"]) for e in evictions] == [("Deactivated", 1)], evictions
         steps = timeline.transitions()
@@ -296,9 +297,11 @@ def test_quota_is_real_and_a_deleted_jobs_workload_releases_it(kube_admin, names
 
 
 def test_a_demoted_job_is_admitted_after_a_competing_one(kube_admin, namespace, quota):
-    """Kueue orders pending Workloads by priority, then age: a requeue that lowers the priority
-    (KubeActions.deactivate's ``lower_priority_by``, as ``requeue.lowerPriorityBy`` does) puts an
-    older job behind a newer one of the class it had."""
+    """Kueue orders pending Workloads by effective priority (spec.priority plus the
+    ``kueue.x-k8s.io/priority-boost`` annotation, PriorityBoost gate on), then age: a requeue that
+    lowers it (KubeActions.deactivate's ``lower_priority_by``, as ``requeue.lowerPriorityBy``
+    does) puts an older job behind a newer one of the class it had, while the Workload's
+    ``spec.priority`` stays what its WorkloadPriorityClass gives."""
     api, ns = kube_admin, namespace
     wpc = f"train-{uuid.uuid4().hex[:8]}"
     workload_priority_class(api, wpc, 100)
@@ -316,9 +319,12 @@ def test_a_demoted_job_is_admitted_after_a_competing_one(kube_admin, namespace, 
         actions = KubeActions(api, "test")
         summary = {"namespace": ns, "job": "Job/older"}
         target = actions.requeue_target(summary)
-        assert actions.deactivate(target, lower_priority_by=10)["new_priority"] == 90
+        demoted = actions.deactivate(target, lower_priority_by=10)
+        assert (demoted["new_priority_boost"], demoted["effective_priority"]) == (-10, 90)
         actions.reactivate(target)
-        assert _workload_now(api, ns, older)["spec"]["priority"] == 90
+        wl = _workload_now(api, ns, older)
+        assert wl["spec"]["priority"] == 100 and wl["spec"]["active"] is True
+        assert wl["metadata"]["annotations"]["kueue.x-k8s.io/priority-boost"] == "-10"
         call_json(api, resource_path("batch/v1", "jobs", ns, "blocker"), method="DELETE",
                   query=[("propagationPolicy", "Background")])
         deadline = time.monotonic() + 60

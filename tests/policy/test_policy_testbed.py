@@ -192,7 +192,8 @@ def test_low_sm_job_escalates_once_and_requeues_through_kueue(kube_admin, namesp
         assert len(warnings) == 1 and warnings[0].type == "Warning"
         assert len(slack.accepted) == 1 and len(hook.accepted) == 1  # exactly one alert over 8 cycles
         w = _wl(kube_admin, ns, wl)
-        assert w["spec"]["active"] is False and w["spec"]["priority"] == 90
+        assert w["spec"]["active"] is False and w["spec"]["priority"] == 100
+        assert w["metadata"]["annotations"]["kueue.x-k8s.io/priority-boost"] == "-10"
         # our backoff: not before 10 minutes, then back to active
         runner.run_cycle(summaries, now=T0 + timedelta(minutes=9), act=True)
         assert _wl(kube_admin, ns, wl)["spec"]["active"] is False
