@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Debian packages the test bed runs (Prometheus + promtool, PostgreSQL) and the report tests use.
 SYSTEM_PACKAGES := prometheus postgresql chromium
 
-.PHONY: install system-deps demo test testbed-up testbed-down clean
+.PHONY: install system-deps demo lint test testbed-up testbed-down clean
 
 install: $(VENV)/.installed
 
@@ -26,7 +26,12 @@ system-deps:
 demo: install
 	$(BIN)/gpu-auditor demo
 
-test: install system-deps
+# The rules the tools hold (config in pyproject.toml): ruff's lint rules, then mypy on auditor/.
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: install system-deps lint
 	$(BIN)/python -m pytest
 
 testbed-up: install system-deps

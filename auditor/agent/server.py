@@ -313,7 +313,7 @@ class Agent:
                 return fams
 
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Once())  # type: ignore[arg-type]
+        registry.register(_Once())
         encoder, ctype = choose_encoder(accept)
         return encoder(registry), ctype
 

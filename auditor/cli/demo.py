@@ -88,8 +88,8 @@ def scenario(now: datetime, *, interval: timedelta = timedelta(seconds=30)) -> S
         TraceJob(own("research", "jupyter-alice", "Pod", "jupyter-alice"), a2[5:6], "notebook_idle_model_loaded", duration=6 * h),
     ]
     micro_jobs = [
-        TraceJob(own("research", "spin-test-x7q", "Job", "spin-test"), a2[6:7], "one_sm_spin", duration=h),
-        TraceJob(own("research", "softmax-bench", "Job", "softmax-bench"), c_mig[0:1], "naive_softmax", duration=2 * h),
+        TraceJob(own("research", "spin-test-x7q", "Job", "spin-test"), tuple(a2[6:7]), "one_sm_spin", duration=h),
+        TraceJob(own("research", "softmax-bench", "Job", "softmax-bench"), tuple(c_mig[0:1]), "naive_softmax", duration=2 * h),
         TraceJob(own("research", "jupyter-bob", "Pod", "jupyter-bob"), c_mig[1:2], "bf16_matmul", duration=90 * timedelta(minutes=1)),
     ]
     # issue 15's recorded workloads: the classes the verdicts used to get wrong

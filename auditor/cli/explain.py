@@ -245,7 +245,7 @@ def _columns(starts: list[datetime], series: dict[datetime, tuple[float, int]], 
     """Mean per column, merging ``per_col`` adjacent buckets (sum/count combine exactly)."""
     out: list[float | None] = []
     for i in range(0, len(starts), per_col):
-        t = c = 0
+        t, c = 0.0, 0
         for s in starts[i : i + per_col]:
             tt, cc = series.get(s, (0.0, 0))
             t += tt

@@ -191,7 +191,7 @@ def _pct(v: float | None) -> str:
 
 def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
     """DESIGN.md's verdict table, in order, first match wins; the first finding says why."""
-    base = {
+    base: dict[str, object] = {
         "busy_signal": ev.busy_metric.value if ev.busy_metric else None,
         "busy": _r(ev.busy),
         "sm_active": _r(ev.sm),
@@ -391,9 +391,11 @@ def _underutilized(ev: Evidence, th: Thresholds, base: dict[str, object]) -> Fin
     """The underutilized finding, its advice chosen by what the SMs do while the GPU is busy:
     well used (``input_stall``: the job waits on its input or host), barely used
     (``launch_bound``: many tiny kernels with gaps), or unknown without SM activity."""
-    head = f"Utilization averages {_pct(ev.busy)}"
+    busy = ev.busy
+    assert busy is not None, "classify() returns metric_missing before an underutilized finding"
+    head = f"Utilization averages {_pct(busy)}"
     head += (
-        f", clearly below full (< {_pct(th.busy_util)})" if ev.busy < th.busy_util else f": the GPU is idle {_pct(1 - ev.busy)} of the time"
+        f", clearly below full (< {_pct(th.busy_util)})" if busy < th.busy_util else f": the GPU is idle {_pct(1 - busy)} of the time"
     )
     ev_out: dict[str, object] = {**base, "threshold": th.busy_util}
     if ev.sm is None or not ev.busy:
@@ -762,7 +764,7 @@ def _job_findings(rows: Sequence[RowView], th: Thresholds, verdict: Verdict, sha
         waiting = [
             r
             for r, b in busy
-            if b >= th.busy_util and r.mean(Metric.SM_ACTIVE) is not None and r.mean(Metric.SM_ACTIVE) < th.low_sm
+            if b >= th.busy_util and (sm := r.mean(Metric.SM_ACTIVE)) is not None and sm < th.low_sm
         ]
         straggler_found = False
         if waiting:

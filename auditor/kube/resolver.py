@@ -332,15 +332,15 @@ class KubeResolver:
                 by_pod[(p.namespace, p.name)] = job.ref
         out: dict[PodRef, JobRef] = {}
         ns_labels = self.namespaces.items()
-        for p in pods:
-            ref = by_pod.get((p.namespace, p.pod))
+        for pr in pods:
+            ref = by_pod.get((pr.namespace, pr.pod))
             if ref is None and self.unresolved_pods == "pod":
                 ref = JobRef(
-                    cluster=self.cluster, namespace=p.namespace, kind="Pod", name=p.pod,
-                    team=self._team(p.namespace, [], {}, None, None, ns_labels),
+                    cluster=self.cluster, namespace=pr.namespace, kind="Pod", name=pr.pod,
+                    team=self._team(pr.namespace, [], {}, None, None, ns_labels),
                 )
             if ref is not None:
-                out[p] = ref
+                out[pr] = ref
         return out
 
     # ------------------------------------------------------------------ the view
@@ -366,7 +366,7 @@ class KubeResolver:
             g["pods"].append(p)
         out: dict[str, JobInfo] = {}
         for (ns, kind, name), g in groups.items():
-            top: OwnerRef = g["top"]
+            top = g["top"]
             job_pods: list[PodInfo] = g["pods"]
             wl = None
             for uid in g["chain"] + [p.uid for p in job_pods]:

@@ -56,7 +56,7 @@ def _iso(t: datetime) -> str:
 
 @dataclass
 class CycleResult:
-    window: Window | None
+    window: Window
     summaries: list[dict] = field(default_factory=list)
     #: what the policies decided on those summaries (auditor.policy.runner.Decision)
     decisions: list = field(default_factory=list)

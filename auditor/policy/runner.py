@@ -364,7 +364,7 @@ class PolicyRunner:
                 did = str(uuid.UUID(hashlib.sha256(key.encode()).hexdigest()[:32]))  # same id on a resume
                 out["webhook"] = WebhookNotifier(route.webhook_url, route.webhook_secret, **kw).send("policy.violation", payload, delivery_id=did).as_dict()
         out["ok"] = all(v.get("ok") for v in out.values() if isinstance(v, dict))
-        errs = [v.get("error") for v in out.values() if isinstance(v, dict) and v.get("error")]
+        errs = [str(v["error"]) for v in out.values() if isinstance(v, dict) and v.get("error")]
         if errs:
             out["error"] = "; ".join(errs)
         return out

@@ -74,10 +74,10 @@ def format_table(summaries: Sequence[dict]) -> str:
 
     out = [line(header)] + [line(r) for r in rows]
     total_h = sum(float(s.get("gpu_hours") or 0.0) for s in summaries)
-    wastes = [s.get("waste_gpu_hours") for s in summaries if s.get("waste_gpu_hours") is not None]
+    wastes = [float(s["waste_gpu_hours"]) for s in summaries if s.get("waste_gpu_hours") is not None]
     footer = f"{len(summaries)} jobs, {total_h:.2f} GPU-hours"
     if wastes:
-        footer += f", {sum(float(w) for w in wastes):.2f} GPU-hours without SM activity (jobs with SM data)"
+        footer += f", {sum(wastes):.2f} GPU-hours without SM activity (jobs with SM data)"
     if any(s.get("gpu_util") is None and s.get("gr_engine_active") is not None for s in summaries):
         footer += "; * = MIG, utilization from GR_ENGINE_ACTIVE"
     if any(s.get("mfu_estimate") is not None for s in summaries):

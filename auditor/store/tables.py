@@ -228,7 +228,7 @@ class PodOwnerRow(SQLModel, table=True):
 
 #: The tables this package owns (for schema comparison in tests and for retention).
 TABLES: tuple[sa.Table, ...] = tuple(
-    m.__table__ for m in (JobRow, BucketRow, SummaryRow, AuditRunRow, AggregateRow, PodOwnerRow)  # type: ignore[attr-defined]
+    m.__table__ for m in (JobRow, BucketRow, SummaryRow, AuditRunRow, AggregateRow, PodOwnerRow)  # type: ignore[union-attr]
 )
 
 # The Core tables behind the models, for bulk SQL (executemany, set-based deletes) without the

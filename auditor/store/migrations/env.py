@@ -9,6 +9,8 @@ to ``sqlalchemy.url`` itself; ``--sql`` prints the DDL for a DBA to apply by han
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import context
 
@@ -18,7 +20,7 @@ config = context.config
 VERSION_TABLE = "gpu_auditor_schema_version"
 
 
-def _configure(**kwargs: object) -> None:
+def _configure(**kwargs: Any) -> None:
     context.configure(
         version_table=VERSION_TABLE,
         render_as_batch=True,  # SQLite can only ALTER through table copies
