@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, Iterator
+
+from kubeobjects import create_pod, iso
 
 from auditor.kube.client import call_json, resource_path
 from auditor.testbed import config
@@ -79,3 +83,61 @@ def delete_cluster_object(api: Any, plural: str, name: str) -> None:
     except ApiException as exc:
         if exc.status != 404:
             raise
+
+
+def has_condition(obj: dict, kind: str, status: str = "True") -> bool:
+    return any(c.get("type") == kind and c.get("status") == status for c in (obj.get("status") or {}).get("conditions") or [])
+
+
+@contextmanager
+def gpu_quota(api: Any, namespace: str, *, gpus: int = 1) -> Iterator[str]:
+    """Real quota: ResourceFlavor → ClusterQueue (all namespaces, ``gpus`` nvidia.com/gpu) →
+    LocalQueue ``lq`` in ``namespace``; yields the ClusterQueue's name once Kueue has it Active."""
+    case = uuid.uuid4().hex[:8]
+    rf, cq = f"rf-{case}", f"cq-{case}"
+    call_json(api, resource_path(KV, "resourceflavors", None), method="POST",
+              body={"apiVersion": KV, "kind": "ResourceFlavor", "metadata": {"name": rf}})
+    call_json(api, resource_path(KV, "clusterqueues", None), method="POST", body={
+        "apiVersion": KV, "kind": "ClusterQueue", "metadata": {"name": cq},
+        "spec": {"namespaceSelector": {}, "resourceGroups": [{
+            "coveredResources": ["nvidia.com/gpu"],
+            "flavors": [{"name": rf, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": str(gpus)}]}]}]}})
+    call_json(api, resource_path(KV, "localqueues", namespace), method="POST", body={
+        "apiVersion": KV, "kind": "LocalQueue", "metadata": {"name": "lq"}, "spec": {"clusterQueue": cq}})
+    try:
+        deadline = time.monotonic() + 30
+        while not has_condition(call_json(api, resource_path(KV, "clusterqueues", None, cq)), "Active"):
+            assert time.monotonic() < deadline, "ClusterQueue never became Active"
+            time.sleep(0.2)
+        yield cq
+    finally:
+        call_json(api, resource_path(KV, "localqueues", namespace, "lq"), method="DELETE")
+        delete_cluster_object(api, "clusterqueues", cq)
+        delete_cluster_object(api, "resourceflavors", rf)
+
+
+def gpu_job(api: Any, ns: str, name: str, priority_class: str | None = None) -> dict:
+    """A one-GPU batch Job queued to LocalQueue ``lq`` (Kueue suspends it and makes its Workload)."""
+    gpu = {"nvidia.com/gpu": "1"}
+    labels = {"kueue.x-k8s.io/queue-name": "lq"}
+    if priority_class:
+        labels["kueue.x-k8s.io/priority-class"] = priority_class
+    return call_json(api, resource_path("batch/v1", "jobs", ns), method="POST", body={
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
+            {"name": "main", "image": "example.invalid/train:1", "resources": {"requests": gpu, "limits": gpu}}]}}}})
+
+
+def job_controller_starts(api: Any, ns: str, job: dict, pod: str, started: datetime) -> None:
+    """What the Job controller does for an unsuspended Job: one running pod, ``status.active: 1``."""
+    create_pod(api, ns, pod, gpus=1, owner=job, node="gpu-node-1", started=started)
+    call_json(api, resource_path("batch/v1", "jobs", ns, job["metadata"]["name"]) + "/status", method="PATCH",
+              body={"status": {"active": 1, "startTime": iso(started)}}, content_type="application/merge-patch+json")
+
+
+def job_controller_stops(api: Any, ns: str, name: str, pod: str) -> None:
+    """What the Job controller does for a suspended Job: its pods deleted, ``status.active: 0``."""
+    call_json(api, resource_path("v1", "pods", ns, pod), method="DELETE", query=[("gracePeriodSeconds", "0")])
+    call_json(api, resource_path("batch/v1", "jobs", ns, name) + "/status", method="PATCH",
+              body={"status": {"active": 0}}, content_type="application/merge-patch+json")

@@ -17,10 +17,10 @@ from datetime import timedelta
 from typing import Any, Callable
 
 import pytest
-from kubeobjects import create_pod, iso
 from kubernetes import client as k8s
 from kubernetes import watch
-from kueue_objects import KV, delete_cluster_object, job_workload, kueue_running, workload_priority_class
+from kueue_objects import (KV, delete_cluster_object, gpu_job, gpu_quota, job_controller_starts, job_controller_stops, job_workload,
+                           kueue_running, workload_priority_class)
 from policy_receivers import Receiver
 from test_policy_testbed import FAST, POLICY, SECRET, T0, _store_job, _summary
 
@@ -108,37 +108,8 @@ def _in_order(seq: list, wanted: list) -> bool:
 @pytest.fixture
 def quota(kube_admin, namespace):
     """One GPU of quota: ResourceFlavor → ClusterQueue (all namespaces) → LocalQueue ``lq``."""
-    api, case = kube_admin, uuid.uuid4().hex[:8]
-    rf, cq = f"rf-{case}", f"cq-{case}"
-    call_json(api, resource_path(KV, "resourceflavors", None), method="POST",
-              body={"apiVersion": KV, "kind": "ResourceFlavor", "metadata": {"name": rf}})
-    call_json(api, resource_path(KV, "clusterqueues", None), method="POST", body={
-        "apiVersion": KV, "kind": "ClusterQueue", "metadata": {"name": cq},
-        "spec": {"namespaceSelector": {}, "resourceGroups": [{
-            "coveredResources": ["nvidia.com/gpu"],
-            "flavors": [{"name": rf, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "1"}]}]}]}})
-    call_json(api, resource_path(KV, "localqueues", namespace), method="POST", body={
-        "apiVersion": KV, "kind": "LocalQueue", "metadata": {"name": "lq"}, "spec": {"clusterQueue": cq}})
-    deadline = time.monotonic() + 30
-    while not _is(call_json(api, resource_path(KV, "clusterqueues", None, cq)), "Active"):
-        assert time.monotonic() < deadline, "ClusterQueue never became Active"
-        time.sleep(0.2)
-    yield cq
-    call_json(api, resource_path(KV, "localqueues", namespace, "lq"), method="DELETE")
-    delete_cluster_object(api, "clusterqueues", cq)
-    delete_cluster_object(api, "resourceflavors", rf)
-
-
-def _gpu_job(api: Any, ns: str, name: str, priority_class: str | None = None) -> dict:
-    gpu = {"nvidia.com/gpu": "1"}
-    labels = {"kueue.x-k8s.io/queue-name": "lq"}
-    if priority_class:
-        labels["kueue.x-k8s.io/priority-class"] = priority_class
-    return call_json(api, resource_path("batch/v1", "jobs", ns), method="POST", body={
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
-            {"name": "main", "image": "example.invalid/train:1", "resources": {"requests": gpu, "limits": gpu}}]}}}})
+    with gpu_quota(kube_admin, namespace) as cq:
+        yield cq
 
 
 def _requeue_row(store: Store, ns: str) -> Any:
@@ -150,23 +121,9 @@ def _job(api: Any, ns: str, name: str) -> dict:
     return call_json(api, resource_path("batch/v1", "jobs", ns, name))
 
 
-def _job_controller_starts(api: Any, ns: str, job: dict, pod: str) -> None:
-    """What the Job controller does for an unsuspended Job: one running pod, ``status.active: 1``."""
-    create_pod(api, ns, pod, gpus=1, owner=job, node="gpu-node-1", started=T0)
-    call_json(api, resource_path("batch/v1", "jobs", ns, job["metadata"]["name"]) + "/status", method="PATCH",
-              body={"status": {"active": 1, "startTime": iso(T0)}}, content_type="application/merge-patch+json")
-
-
-def _job_controller_stops(api: Any, ns: str, name: str, pod: str) -> None:
-    """What the Job controller does for a suspended Job: its pods deleted, ``status.active: 0``."""
-    call_json(api, resource_path("v1", "pods", ns, pod), method="DELETE", query=[("gracePeriodSeconds", "0")])
-    call_json(api, resource_path("batch/v1", "jobs", ns, name) + "/status", method="PATCH",
-              body={"status": {"active": 0}}, content_type="application/merge-patch+json")
-
-
 def test_requeue_evicts_suspends_and_kueue_readmits_after_the_backoff(kube_admin, namespace, tmp_path, quota, capsys):
     api, ns = kube_admin, namespace
-    job = _gpu_job(api, ns, "bad")
+    job = gpu_job(api, ns, "bad")
     assert job["spec"]["suspend"] is True  # Kueue's webhook suspends a queued Job at creation
     wl = job_workload(api, ns, job)
     timeline = Timeline(api, ns, wl["metadata"]["name"])
@@ -181,7 +138,7 @@ def test_requeue_evicts_suspends_and_kueue_readmits_after_the_backoff(kube_admin
         while _job(api, ns, "bad")["spec"]["suspend"]:
             assert time.monotonic() < deadline, "Kueue never unsuspended the admitted Job"
             time.sleep(0.1)
-        _job_controller_starts(api, ns, _job(api, ns, "bad"), "bad-0-abcde")
+        job_controller_starts(api, ns, _job(api, ns, "bad"), "bad-0-abcde", T0)
 
         # 2. the policy runner escalates and requeues (its backoff 10 minutes of its clock)
         _store_job(store, ns, "bad", job["metadata"]["uid"], "bad-0-abcde", 0.97, 0.1)
@@ -212,7 +169,7 @@ def test_requeue_evicts_suspends_and_kueue_readmits_after_the_backoff(kube_admin
         runner.run_cycle([summary], now=T0 + timedelta(minutes=requeued_minute + 1), act=True)
         assert "quota_released_at" not in _requeue_row(store, ns).result
         stopped = timeline.now()
-        _job_controller_stops(api, ns, "bad", "bad-0-abcde")
+        job_controller_stops(api, ns, "bad", "bad-0-abcde")
         released = timeline.wait("quota released", lambda w: _is(w, "QuotaReserved", "False"))
         timeline.wait("Requeued=False/Deactivated", lambda w: _is(w, "Requeued", "False", "Deactivated"))
 
@@ -271,12 +228,12 @@ def test_quota_is_real_and_a_deleted_jobs_workload_releases_it(kube_admin, names
     """One GPU of quota: the second Job waits; deleting the first (the garbage collector removes
     its Workload through the owner reference) lets Kueue admit the second."""
     api, ns = kube_admin, namespace
-    first = _gpu_job(api, ns, "first")
+    first = gpu_job(api, ns, "first")
     deadline = time.monotonic() + 30
     while not _is(_workload_now(api, ns, first), "Admitted"):
         assert time.monotonic() < deadline, "the first Job was never admitted"
         time.sleep(0.1)
-    second = _gpu_job(api, ns, "second")
+    second = gpu_job(api, ns, "second")
     deadline = time.monotonic() + 30
     while not _condition(_workload_now(api, ns, second), "QuotaReserved"):
         assert time.monotonic() < deadline
@@ -306,14 +263,14 @@ def test_a_demoted_job_is_admitted_after_a_competing_one(kube_admin, namespace, 
     wpc = f"train-{uuid.uuid4().hex[:8]}"
     workload_priority_class(api, wpc, 100)
     try:
-        blocker = _gpu_job(api, ns, "blocker")
+        blocker = gpu_job(api, ns, "blocker")
         deadline = time.monotonic() + 30
         while not _is(_workload_now(api, ns, blocker), "Admitted"):
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        older = _gpu_job(api, ns, "older", priority_class=wpc)
+        older = gpu_job(api, ns, "older", priority_class=wpc)
         time.sleep(1.1)  # creation timestamps have one-second resolution
-        newer = _gpu_job(api, ns, "newer", priority_class=wpc)
+        newer = gpu_job(api, ns, "newer", priority_class=wpc)
         for job in (older, newer):
             assert _workload_now(api, ns, job)["spec"]["priority"] == 100
         actions = KubeActions(api, "test")
