@@ -453,7 +453,21 @@ class PolicyRunner:
         due = max(row.due_at, now + backoff)
         res.update(quota_released_at=now.isoformat(), reactivate_at=due.isoformat())
         repo.finish_action(row.dedup_key, WAITING, now, result=res, due_at=due)
+        if due != row.due_at:
+            self._show_reactivate_at(row, due)
         return due, res
+
+    def _show_reactivate_at(self, row: Any, at: datetime) -> None:
+        """Keep the job's ``gpu-auditor.io/reactivate-at`` true when the time moves (a late quota
+        release, a cycle after the due time): users read it to know when their job goes back. A
+        failed write is logged, never fatal: the store's row is what the operator acts on."""
+        assert self.kube is not None
+        try:
+            self.kube.annotate({"job": f"{row.job.kind}/{row.job.name}", "namespace": row.job.namespace, "pods": []},
+                               {"gpu-auditor.io/reactivate-at": at.isoformat().replace("+00:00", "Z")})
+        except AuditorError as exc:
+            log.warning("requeue of %s/%s: cannot update gpu-auditor.io/reactivate-at (%s)",
+                        row.job.namespace, row.job.name, exc)
 
     def _resume(self, now: datetime) -> list[Decision]:
         """Reactivate requeued jobs whose backoff is over; finish steps a crash interrupted."""
@@ -477,6 +491,8 @@ class PolicyRunner:
                 res = self.kube.reactivate(row.result)
                 repo.finish_action(row.dedup_key, DONE, now, result={**row.result, "reactivated": res, "reactivated_at": now.isoformat()})
                 d.results["reactivate"] = {"state": DONE, **res}
+                if now != due and not res.get("gone"):
+                    self._show_reactivate_at(row, now)
             except AuditorError as exc:
                 # put it back: the next cycle tries again (reactivation must not be lost)
                 repo.finish_action(row.dedup_key, WAITING, now, result=row.result, error=str(exc), due_at=row.due_at)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Callable
 
 import pytest
@@ -121,6 +121,10 @@ def _job(api: Any, ns: str, name: str) -> dict:
     return call_json(api, resource_path("batch/v1", "jobs", ns, name))
 
 
+def _reactivate_at(api: Any, ns: str) -> datetime:
+    return datetime.fromisoformat(_job(api, ns, "bad")["metadata"]["annotations"]["gpu-auditor.io/reactivate-at"].replace("Z", "+00:00"))
+
+
 def test_requeue_evicts_suspends_and_kueue_readmits_after_the_backoff(kube_admin, namespace, tmp_path, quota, capsys):
     api, ns = kube_admin, namespace
     job = gpu_job(api, ns, "bad")
@@ -154,6 +158,7 @@ def test_requeue_evicts_suspends_and_kueue_readmits_after_the_backoff(kube_admin
             minute += 1
         requeued_minute = minute - 1
         requeued = timeline.wait("our patch (spec.active false)", lambda w: w["spec"].get("active") is False)
+        assert _reactivate_at(api, ns) == T0 + timedelta(minutes=requeued_minute + 10)  # the earliest time
 
         # 3. Kueue evicts and suspends; the quota stays reserved while the Job still has an active pod
         evicted = timeline.wait("Evicted/Deactivated", lambda w: _is(w, "Evicted", reason="Deactivated"))
@@ -179,10 +184,13 @@ def test_requeue_evicts_suspends_and_kueue_readmits_after_the_backoff(kube_admin
         runner.run_cycle([summary], now=seen, act=True)
         row = _requeue_row(store, ns)
         assert row.result["quota_released_at"] == seen.isoformat() and row.due_at == seen + timedelta(minutes=10)
+        assert _reactivate_at(api, ns) == seen + timedelta(minutes=10)  # the job's annotation follows the late release
         runner.run_cycle([summary], now=seen + timedelta(minutes=9), act=True)  # patch + backoff is past
         assert call_json(api, resource_path(KV, "workloads", ns, wl["metadata"]["name"]))["spec"]["active"] is False
         assert not _is(call_json(api, resource_path(KV, "workloads", ns, wl["metadata"]["name"])), "QuotaReserved")
-        runner.run_cycle([summary], now=seen + timedelta(minutes=10), act=True)
+        back = seen + timedelta(minutes=10, seconds=30)  # the first cycle after the due time
+        runner.run_cycle([summary], now=back, act=True)
+        assert _reactivate_at(api, ns) == back  # when it really went back
         reactivated = timeline.wait("our patch (spec.active true)", lambda w: w["spec"].get("active") is True,
                                     after=released)
         readmitted = timeline.wait("re-admitted", lambda w: _is(w, "Admitted") and _is(w, "Requeued", reason="Reactivated"),
