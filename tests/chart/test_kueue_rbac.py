@@ -17,14 +17,13 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 import pytest
-from kueue_objects import (KV, gpu_job, gpu_quota, has_condition, job_controller_starts, job_controller_stops,
-                           job_workload, kueue_running)
+from chartlib import CHART, Chart, ServiceAccount, drop_release
+from kueue_objects import KV, gpu_job, gpu_quota, has_condition, job_controller_starts, job_controller_stops, job_workload, kueue_running
 
 from auditor.actions.kube import KUEUE_PRIORITY_BOOST, KubeActions
 from auditor.errors import PermanentError
 from auditor.kube.client import KubeConfig, api_client, call_json, resource_path
 from auditor.kube.resolver import KubeResolver
-from chartlib import CHART, Chart, ServiceAccount, drop_release
 
 pytestmark = [pytest.mark.testbed,
               pytest.mark.skipif(not kueue_running(), reason="the bed runs without the Kueue controller (GPU_AUDITOR_TESTBED_KUEUE=0)")]
@@ -100,7 +99,7 @@ def _check(chart: Chart, release: str, namespace: str, other: str, cq: str, admi
     job_controller_starts(admin, other, call_json(admin, resource_path("batch/v1", "jobs", other, "train")), "train-0", STARTED)
 
     # Requeue off: reads only.
-    assert _kueue_grants(sa) == {(v, r) for v, r in ALLOWED_OFF}
+    assert _kueue_grants(sa) == ALLOWED_OFF
     resolver = KubeResolver(as_sa, kueue=True).start()
     try:
         assert resolver.wait_synced(30), "the resolver's informers did not sync as the ServiceAccount"
@@ -146,7 +145,7 @@ def _check(chart: Chart, release: str, namespace: str, other: str, cq: str, admi
 
     # And off again: the patch goes with the value.
     chart.helm("upgrade", release, str(CHART), "-n", namespace, "--reuse-values", "--set", "requeue.enabled=false")
-    assert _kueue_grants(sa) == {(v, r) for v, r in ALLOWED_OFF}
+    assert _kueue_grants(sa) == ALLOWED_OFF
     _until(lambda: _forbidden(kube, target), "the Workload patch is denied again")
 
 

@@ -19,8 +19,17 @@ from typing import Any, Callable
 import pytest
 from kubernetes import client as k8s
 from kubernetes import watch
-from kueue_objects import (KV, delete_cluster_object, gpu_job, gpu_quota, job_controller_starts, job_controller_stops, job_workload,
-                           kueue_running, workload_priority_class)
+from kueue_objects import (
+    KV,
+    delete_cluster_object,
+    gpu_job,
+    gpu_quota,
+    job_controller_starts,
+    job_controller_stops,
+    job_workload,
+    kueue_running,
+    workload_priority_class,
+)
 from policy_receivers import Receiver
 from test_policy_testbed import FAST, POLICY, SECRET, T0, _store_job, _summary
 
