@@ -255,7 +255,7 @@ def _run_audit(
         del result
         runs: list[tuple[PodRef, list]]
         lazy = isinstance(all_buckets, LazyBuckets)
-        if lazy:
+        if isinstance(all_buckets, LazyBuckets):
             runs = all_buckets.by_pod()
             materialize: Callable[[list], list[Bucket]] = LazyBuckets.materialize
             shares = _lazy_shares(all_buckets)

@@ -51,8 +51,9 @@ class Allocation:
 
 
 @functools.lru_cache(maxsize=1)
-def messages() -> tuple[type, type]:
-    """(ListPodResourcesRequest, ListPodResourcesResponse) classes, defined here at runtime.
+def messages() -> tuple[Any, Any]:
+    """(ListPodResourcesRequest, ListPodResourcesResponse) classes, defined here at runtime
+    (so they have no static type: protobuf builds them from the descriptors below).
 
     Field numbers and types follow the kubelet's published v1 API; the descriptors go into a
     private pool so they never clash with a generated module of the same package.

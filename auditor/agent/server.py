@@ -154,7 +154,8 @@ class Agent:
 
         self.server = Server((host, port), Handler)
         self._spawn("http", self.server.serve_forever)
-        return self.server.server_address[:2]
+        bound_host, bound_port = self.server.server_address[:2]
+        return str(bound_host), int(bound_port)
 
     def stop(self) -> None:
         self._stop.set()

@@ -90,7 +90,7 @@ def scenario(now: datetime, *, interval: timedelta = timedelta(seconds=30)) -> S
     micro_jobs = [
         TraceJob(own("research", "spin-test-x7q", "Job", "spin-test"), tuple(a2[6:7]), "one_sm_spin", duration=h),
         TraceJob(own("research", "softmax-bench", "Job", "softmax-bench"), tuple(c_mig[0:1]), "naive_softmax", duration=2 * h),
-        TraceJob(own("research", "jupyter-bob", "Pod", "jupyter-bob"), c_mig[1:2], "bf16_matmul", duration=90 * timedelta(minutes=1)),
+        TraceJob(own("research", "jupyter-bob", "Pod", "jupyter-bob"), tuple(c_mig[1:2]), "bf16_matmul", duration=90 * timedelta(minutes=1)),
     ]
     # issue 15's recorded workloads: the classes the verdicts used to get wrong
     work_jobs = [

@@ -14,7 +14,7 @@ import json
 from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Sequence, SupportsFloat
 
 from auditor.cli.storeopts import add_store_flags
 from auditor.core.metrics import Metric
@@ -136,11 +136,11 @@ def run(args: argparse.Namespace) -> int:
 # -- text --------------------------------------------------------------------------------------------
 
 
-def _pct(v: object) -> str:
+def _pct(v: SupportsFloat | None) -> str:
     return "-" if v is None else f"{float(v) * 100:.1f}%"
 
 
-def _num(v: object, fmt: str = "{:.2f}") -> str:
+def _num(v: SupportsFloat | None, fmt: str = "{:.2f}") -> str:
     return "-" if v is None else fmt.format(float(v))
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, NamedTuple
+from typing import Iterable, NamedTuple, TypedDict
 
 
 class Metric(str, Enum):
@@ -154,7 +154,14 @@ def _names(metric: Metric) -> tuple[str, ...]:
     return tuple(dict.fromkeys(e.name for e in EXPORTED if e.metric is metric))
 
 
-_LIMITS: dict[Metric, dict] = {
+class _Limits(TypedDict, total=False):
+    """The MetricSpec arguments of a metric that is not a 0..1 ratio."""
+
+    high: float
+    is_ratio: bool
+
+
+_LIMITS: dict[Metric, _Limits] = {
     Metric.FB_USED: {"high": 16_777_216.0, "is_ratio": False},
     Metric.POWER: {"high": 5_000.0, "is_ratio": False},
     Metric.SM_CLOCK: {"high": 10_000.0, "is_ratio": False},
@@ -178,7 +185,7 @@ SPECS: dict[Metric, MetricSpec] = {
         _UNITS.get(m, "ratio"),
         scale=next(e.scale for e in EXPORTED if e.metric is m),
         clamp_above=None if m in _NO_CLAMP else 1.05,
-        **_LIMITS.get(m, {}),
+        **_LIMITS.get(m, _Limits()),
     )
     for m in Metric
 }

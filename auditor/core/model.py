@@ -119,7 +119,7 @@ class Bucket(NamedTuple):
     start: datetime
     end: datetime
     total: float
-    count: int
+    count: int  # type: ignore[assignment]  # hides tuple.count(), which no caller wants of a Bucket
     minimum: float
     maximum: float
     dropped: int = 0

@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from kubernetes import client
 from kubernetes import config as kube_config
@@ -86,9 +86,9 @@ def lease_namespace(
         return "default", "the default (no kubeconfig context could be read)"
     chosen = next((c for c in contexts or [] if c.get("name") == context), None) if context else active
     name = (chosen or {}).get("name", "?")
-    ns = ((chosen or {}).get("context") or {}).get("namespace")
-    if ns:
-        return ns, f"the kubeconfig context {name!r}"
+    context_ns = ((chosen or {}).get("context") or {}).get("namespace")
+    if context_ns:
+        return str(context_ns), f"the kubeconfig context {name!r}"
     return "default", f"the kubeconfig context {name!r}, which names no namespace"
 
 
@@ -314,14 +314,15 @@ class LeaderElector:
         return self._won(now)
 
     def _body(self, lease: dict | None, now: datetime, *, transitions: int, acquire: bool, spec: dict | None = None) -> dict:
-        body = {
+        acquired = (spec or {}).get("acquireTime")
+        body: dict[str, Any] = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
             "metadata": {"name": self.name, "namespace": self.namespace},
             "spec": {
                 "holderIdentity": self.identity,
                 "leaseDurationSeconds": max(1, int(round(self.lease_duration))),
-                "acquireTime": _micro(now) if acquire or not (spec or {}).get("acquireTime") else spec["acquireTime"],
+                "acquireTime": _micro(now) if acquire or not acquired else acquired,
                 "renewTime": _micro(now),
                 "leaseTransitions": transitions,
             },

@@ -152,7 +152,7 @@ def _bucket_means(buckets: Iterable[Bucket]) -> dict[datetime, dict[str, tuple[f
         cell[0] += b.total
         cell[1] += b.count
         ends[b.start] = max(ends.get(b.start, b.end), b.end)
-    return {s: {k: (t / c, c) for k, (t, c) in m.items()} for s, m in acc.items()}
+    return {s: {k: (t / c, int(c)) for k, (t, c) in m.items()} for s, m in acc.items()}
 
 
 def evaluate_sustained(

@@ -337,7 +337,7 @@ class PolicyRunner:
         route = self._route(summary.get("team"))
         if not route.slack_url and not route.webhook_url:
             return self._unrouted_alert(str(summary.get("team") or ""), policy)
-        kw = {"retry": self.config.retry}
+        kw: dict[str, Any] = {"retry": self.config.retry}
         if self._sleep is not None:
             kw["sleep"] = self._sleep
         out: dict[str, Any] = {}

@@ -33,7 +33,7 @@ from array import array
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, cast
 
 import requests
 import urllib3
@@ -50,10 +50,15 @@ from auditor.errors import BadInput, QueryRefused, SourceUnavailable
 from auditor.sources import promql
 from auditor.sources.base import SourceReport, SourceResult
 
+_loads: Callable[[bytes | str], Any]
 try:  # several times faster on the multi-megabyte answers of a large cluster
-    from orjson import loads as _loads
+    import orjson
+
+    _loads = orjson.loads
 except ImportError:  # pragma: no cover - the stdlib decoder gives the same result, slower
-    from json import loads as _loads
+    import json
+
+    _loads = json.loads
 
 log = logging.getLogger(__name__)
 
@@ -400,8 +405,12 @@ class PrometheusSource:
         counts: dict[int, int] = {}
         # 1. which pod and GPU each series describes (series order, for the warnings)
         attributed: list[tuple[_Series, PodRef, GpuId]] = []
-        for k in range(len(series)):
-            s, series[k] = series[k], None  # dropped once handled, unless a re-read needs it
+        # one list, emptied as it goes: each series is dropped once handled, unless a re-read needs it
+        pending = cast("list[_Series | None]", series)
+        del series
+        for k in range(len(pending)):
+            s, pending[k] = pending[k], None
+            assert s is not None  # each slot is taken once
             gpu = promql.gpu_of(s.labels)
             if gpu is None:
                 report.warnings.append(f"{s.name} series without a GPU identity skipped: {_short(s.labels)}")
@@ -421,7 +430,7 @@ class PrometheusSource:
                 continue
             stats.attributed.add(gpu.key)
             attributed.append((s, pod_objs.setdefault(pod, pod), gpu))
-        del series
+        del pending
         # 2. clean and dirty buckets of every series, a whole exporter name at a time
         decided = _classify(
             [s for s, _, _ in attributed if "count" in s.aggs], n_ends, first_end, width_ms, counts, naming,
@@ -571,10 +580,11 @@ class PrometheusSource:
                             s = ref[j]
                         else:
                             key = (name, tuple(sorted(labels.items())))
-                            s = by_key.get(key)
-                            if s is None:
+                            found = by_key.get(key)
+                            if found is None:
                                 own = _own_labels(labels, strings)
-                                s = by_key[(name, tuple(sorted(own.items())))] = _Series(name, metric, own)
+                                found = by_key[(name, tuple(sorted(own.items())))] = _Series(name, metric, own)
+                            s = found
                         if mine is not None:
                             mine.append(s)
                         values = s.aggs.get(agg)

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 import sqlalchemy as sa
 
+from auditor.errors import StoreError
 from auditor.policy.escalation import ViolationState
 from auditor.store.store import Store
 from auditor.store.tables import JSONDoc, UTCDateTime
@@ -137,6 +138,14 @@ def _state(r: Any) -> ViolationState:
     return ViolationState(r.id, r.episode, r.opened_at, r.next_step, r.last_step_at)
 
 
+def _new_id(result: sa.CursorResult[Any]) -> int:
+    """The id an INSERT gave its row (SQLAlchemy types the key as optional: a non-INSERT has none)."""
+    key = result.inserted_primary_key
+    if key is None:  # pragma: no cover - every caller passes an INSERT's result
+        raise StoreError("the database returned no id for an inserted row")
+    return int(key[0])
+
+
 class DecisionStore:
     """Repository of violations, decisions and actions on one :class:`Store`."""
 
@@ -160,12 +169,12 @@ class DecisionStore:
                 ).scalar()
                 try:
                     with conn.begin_nested():
-                        vid = conn.execute(
+                        vid = _new_id(conn.execute(
                             violations.insert().values(
                                 **job.cols(), uid=uid, policy=policy, episode=(last or 0) + 1, state="open",
                                 opened_at=now, last_seen_at=now, next_step=0, evidence=evidence,
                             )
-                        ).inserted_primary_key[0]
+                        ))
                 except sa.exc.IntegrityError:
                     continue  # another replica opened it at the same moment: read theirs
                 return ViolationState(vid, (last or 0) + 1, now, 0, None)
@@ -225,13 +234,13 @@ class DecisionStore:
                 ).rowcount
                 if moved != 1:
                     raise _Taken()
-                did = conn.execute(
+                did = _new_id(conn.execute(
                     decisions.insert().values(
                         dedup_key=dedup_key, violation_id=violation.id, **job.cols(), policy=policy, mode=mode,
                         step=step, actions=action_names, decided_at=now, dry_run=dry_run, verdict=verdict,
                         reason=reason, evidence=evidence,
                     )
-                ).inserted_primary_key[0]
+                ))
                 for name, key in zip(action_names, action_keys):
                     conn.execute(
                         actions.insert().values(

@@ -340,10 +340,10 @@ class ReportStore:
         if n <= 0:
             return []
         rank = sa.func.row_number().over(partition_by=_s.team, order_by=(_s.waste_gpu_hours.desc(), _s.job_id))
-        inner = sa.select(_s.job_id, rank.label("rk")).where(
+        ranked = sa.select(_s.job_id, rank.label("rk")).where(
             _s.start >= start, _s.end <= end, _s.end > start, _s.waste_gpu_hours.is_not(None)
         )
-        inner = self._scope(inner, cluster, teams).subquery()
+        inner = self._scope(ranked, cluster, teams).subquery()
         q = sa.select(inner.c.job_id).where(inner.c.rk <= n)
         with self.store._guard("rank the week's jobs by waste"), self.store._connect() as conn:
             return [int(x) for x in conn.execute(q).scalars()]
@@ -444,7 +444,7 @@ class ReportStore:
             claimed_by=holder,
             detail={},
         )
-        ins = ins.on_conflict_do_nothing(index_elements=["dedup_key"]).returning(_d.id)
+        claim = ins.on_conflict_do_nothing(index_elements=["dedup_key"]).returning(_d.id)
         stale = now - claim_timeout
         retake = (
             sa.update(deliveries)
@@ -456,7 +456,7 @@ class ReportStore:
             .values(status="claimed", attempts=_d.attempts + 1, claimed_at=now, claimed_by=holder, error=None)
         )
         with self.store._guard(f"claim report delivery {dedup_key}"), self.store._connect(write=True) as conn:
-            if conn.execute(ins).first() is not None:
+            if conn.execute(claim).first() is not None:
                 return True
             return conn.execute(retake).rowcount == 1
 

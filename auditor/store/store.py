@@ -159,6 +159,8 @@ class Store:
     def _copy_buckets(self, conn: Connection, rows: Iterable[tuple]) -> None:
         """PostgreSQL bulk path (see :meth:`_make_bucket_sql`), on the connection's transaction."""
         dbapi = conn.connection.driver_connection
+        if dbapi is None:  # pragma: no cover - a checked-out connection always has one
+            raise StoreError("the PostgreSQL connection has no driver connection")
         try:
             with dbapi.cursor() as cur:
                 cur.execute(self._pg_load_ddl)
@@ -715,9 +717,10 @@ def _create_engine(url: URL) -> Engine:
 def _create_sqlite_engine(url: URL) -> Engine:
     """SQLite with real transactions: the stdlib driver's implicit BEGIN does not cover DDL,
     so we switch it off and emit BEGIN ourselves (SQLAlchemy's documented recipe)."""
-    memory = url.database in (None, "", ":memory:")
+    database = url.database or ""
+    memory = database in ("", ":memory:")
     if not memory:
-        Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     kwargs: dict[str, Any] = {"connect_args": {"timeout": 30, "check_same_thread": False}}
     if memory:
         kwargs["poolclass"] = sa.pool.StaticPool
@@ -874,8 +877,8 @@ def _bucket_row(job_id: int, b: Bucket, to_db: Any) -> tuple:
         for label, n in (("count", count), ("dropped", dropped)):
             if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= _INT_MAX:
                 raise _Invalid(f"{label} {n!r} is not a count")
-        lo = None if lo is None or lo != lo else float(lo)  # NaN → NULL (SQLite cannot store NaN)
-        hi = None if hi is None or hi != hi else float(hi)
+        low = None if lo is None or lo != lo else float(lo)  # NaN → NULL (SQLite cannot store NaN)
+        high = None if hi is None or hi != hi else float(hi)
         pod, gpu = b.pod, b.gpu
         return (
             job_id,
@@ -893,8 +896,8 @@ def _bucket_row(job_id: int, b: Bucket, to_db: Any) -> tuple:
             to_db(b.end),
             total,
             count,
-            lo,
-            hi,
+            low,
+            high,
             dropped,
         )
     except (_Invalid, TypeError, ValueError, AttributeError) as exc:

@@ -64,10 +64,11 @@ def resolve(url: str | None) -> URL:
 def display_url(url: URL | str) -> str:
     """The URL with its password (in the user part or a ``password=`` query parameter) masked."""
     if isinstance(url, str):
+        raw = url
         try:
-            url = sa.make_url(url)
+            url = sa.make_url(raw)
         except sa.exc.ArgumentError:
-            return _mask_unparsed(url)
+            return _mask_unparsed(raw)
     if "password" in url.query:
         url = url.update_query_dict({"password": "***"})
     return url.render_as_string(hide_password=True)

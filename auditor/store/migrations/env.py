@@ -14,6 +14,8 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import context
 
+from auditor.errors import StoreError
+
 config = context.config
 
 #: The store's own version table, so a database shared with another alembic user stays distinct.
@@ -42,7 +44,10 @@ def run_online() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    engine = sa.create_engine(config.get_main_option("sqlalchemy.url"), poolclass=sa.pool.NullPool)
+    url = config.get_main_option("sqlalchemy.url")
+    if not url:
+        raise StoreError("migrations need a connection or sqlalchemy.url in the alembic config")
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     with engine.connect() as conn:
         _configure(connection=conn)
         with context.begin_transaction():
