@@ -125,7 +125,8 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
         )
     )
     if stats.mig and Metric.GR_ENGINE_ACTIVE not in present:
-        checks.append(Check("MIG busy signal", WARN, "MIG instances found but no GR_ENGINE_ACTIVE (MIG has no GPU_UTIL)", ENABLE_HOW + _csv(Metric.GR_ENGINE_ACTIVE, naming)))
+        checks.append(Check("MIG busy signal", WARN, "MIG instances found but no GR_ENGINE_ACTIVE (MIG has no GPU_UTIL)",
+                            ENABLE_HOW + _csv(Metric.GR_ENGINE_ACTIVE, naming)))
 
     if Metric.SM_ACTIVE in present:
         missing_hosts = sorted(h for h, ms in stats.hosts.items() if Metric.SM_ACTIVE not in ms)

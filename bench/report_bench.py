@@ -125,7 +125,9 @@ def load_buckets(store: Store, crossing: list) -> int:
             gpu = GpuId(uuid=f"GPU-{jid}-{g}", hostname=f"n{jid}", index=str(g), model="NVIDIA H200")
             t = s
             while t < e:
-                for m, v in ((Metric.GPU_UTIL, doc.get("gpu_util") or 0.9), (Metric.SM_ACTIVE, doc.get("sm_active")), (Metric.TENSOR_ACTIVE, doc.get("tensor_active"))):
+                for m, v in (
+                    (Metric.GPU_UTIL, doc.get("gpu_util") or 0.9), (Metric.SM_ACTIVE, doc.get("sm_active")), (Metric.TENSOR_ACTIVE, doc.get("tensor_active"))
+                ):
                     if v is not None:
                         out.append(Bucket(pod, gpu, m, t, t + timedelta(minutes=5), v * 10, 10, v, v))
                 t += timedelta(minutes=5)
@@ -227,7 +229,8 @@ def _measure_all(store: Store, args: argparse.Namespace, results: dict, we: date
 
     measure(f"render weekly outputs ({len(doc['teams'])} teams)", weekly_outputs, results)
     measure(f"{len(doc['teams'])} one-team HTML pages (1 chart each)", lambda: [render_html(team_view(doc, t["team"])) for t in doc["teams"]], results)
-    measure(f"{len(doc['teams'])} one-team HTML pages, no charts", lambda: [render_html(team_view(doc, t["team"]), with_charts=False) for t in doc["teams"]], results)
+    measure(f"{len(doc['teams'])} one-team HTML pages, no charts",
+            lambda: [render_html(team_view(doc, t["team"]), with_charts=False) for t in doc["teams"]], results)
 
     def jobs_csv() -> int:
         buf = io.StringIO()
@@ -235,7 +238,8 @@ def _measure_all(store: Store, args: argparse.Namespace, results: dict, we: date
 
     n = measure("per-job CSV (streamed)", jobs_csv, results)
     assert n == args.jobs
-    results["weekly_reports_all_teams_s"] = round(results["generate (all teams)"]["seconds"] + results[f"render weekly outputs ({len(doc['teams'])} teams)"]["seconds"], 2)
+    rendered = results[f"render weekly outputs ({len(doc['teams'])} teams)"]["seconds"]
+    results["weekly_reports_all_teams_s"] = round(results["generate (all teams)"]["seconds"] + rendered, 2)
     store.close()
     return results
 

@@ -84,11 +84,15 @@ FIELDS: tuple[AgentField, ...] = (
         gpm_id=13, mig=True, profiling=True,
     ),
     AgentField(
-        "DCGM_FI_PROF_PCIE_TX_BYTES", "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.", 1009,
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
+        1009,
         gpm_id=20, gpm_scale=1024.0 * 1024.0, profiling=True,
     ),
     AgentField(
-        "DCGM_FI_PROF_PCIE_RX_BYTES", "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.", 1010,
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
+        1010,
         gpm_id=21, gpm_scale=1024.0 * 1024.0, profiling=True,
     ),
 )

@@ -38,7 +38,10 @@ def simulate(store: Any, policies: Sequence[Policy], *, since: datetime, until: 
     summaries = store.summaries(since=since, until=until)
     result: dict[str, Any] = {"since": since.isoformat(), "until": until.isoformat(), "jobs": len(summaries), "policies": {}}
     for p in policies:
-        result["policies"][p.name] = {"mode": p.spec.mode.value, "hits": [], "alerts": 0, "requeues": 0, "per_day": defaultdict(lambda: {"alerts": 0, "requeues": 0, "hits": 0})}
+        result["policies"][p.name] = {
+            "mode": p.spec.mode.value, "hits": [], "alerts": 0, "requeues": 0,
+            "per_day": defaultdict(lambda: {"alerts": 0, "requeues": 0, "hits": 0}),
+        }
     for s in summaries:
         end = parse_rfc3339(str(s.get("end"))) or until
         start = parse_rfc3339(str(s.get("start"))) or end
@@ -59,7 +62,8 @@ def simulate(store: Any, policies: Sequence[Policy], *, since: datetime, until: 
                 acts = [a for a in acts if a != ActionKind.REQUEUE.value]
             elif p.spec.mode.value == "audit":
                 acts = []
-            pol["hits"].append({"job": f"{s.get('cluster')}/{s.get('namespace')}/{s.get('job')}", "reason": ev.reason, "actions": acts, "opened": opened.isoformat()})
+            job = f"{s.get('cluster')}/{s.get('namespace')}/{s.get('job')}"
+            pol["hits"].append({"job": job, "reason": ev.reason, "actions": acts, "opened": opened.isoformat()})
             pol["per_day"][min(opened, end).date().isoformat()]["hits"] += 1
             for t, names in steps:
                 day = pol["per_day"][t.date().isoformat()]

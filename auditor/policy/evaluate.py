@@ -219,7 +219,10 @@ def evaluate(
     """Decide whether ``policy`` fires on the job of ``summary`` (pure)."""
     name = policy.name
     verdict = summary.get("verdict")
-    figures = {k: summary.get(k) for k in ("verdict", "gpu_util", "sm_active", "tensor_active", "dram_active", "coverage", "gpu_hours", "waste_gpu_hours", "gpus", "gpu_model")}
+    figures = {
+        k: summary.get(k)
+        for k in ("verdict", "gpu_util", "sm_active", "tensor_active", "dram_active", "coverage", "gpu_hours", "waste_gpu_hours", "gpus", "gpu_model")
+    }
     if verdict in (None, "insufficient_data"):
         return Evaluation(name, False, "insufficient data: no judgement", figures, judged=False)
     why_not = selected(policy, summary, facts)

@@ -419,7 +419,8 @@ class PolicyRunner:
         )
         self.kube.event(
             summary, key=key + "#stop", reason="GpuAuditorRequeue", action="requeue", now=now,
-            note=f"gpu-auditor stopped this job to requeue it (policy {policy.name}: {reason}); it goes back to its queue after {policy.spec.requeue.backoff}. It restarts from its last checkpoint.",
+            note=f"gpu-auditor stopped this job to requeue it (policy {policy.name}: {reason}); "
+            f"it goes back to its queue after {policy.spec.requeue.backoff}. It restarts from its last checkpoint.",
         )
         return {"state": WAITING, **result}
 
@@ -486,7 +487,8 @@ class PolicyRunner:
             if not repo.take_action(row.dedup_key, WAITING, "reactivating", now):
                 continue  # another replica is on it
             key = f"{row.job.cluster}/{row.job.namespace}/{row.job.kind}/{row.job.name}"
-            d = Decision(row.policy, "enforce", key, None, "requeue backoff over: reactivate", {}, dry_run=False, dedup_key=row.dedup_key, actions=["reactivate"])
+            d = Decision(row.policy, "enforce", key, None, "requeue backoff over: reactivate", {},
+                         dry_run=False, dedup_key=row.dedup_key, actions=["reactivate"])
             try:
                 res = self.kube.reactivate(row.result)
                 repo.finish_action(row.dedup_key, DONE, now, result={**row.result, "reactivated": res, "reactivated_at": now.isoformat()})
@@ -533,7 +535,10 @@ def slack_message(policy: Policy, summary: Mapping[str, Any], reason: str) -> tu
     text = f"gpu-auditor: {slack_escape(job)} breaks policy {slack_escape(policy.name)}"
     blocks = [
         header(f"GPU policy {policy.name}: {summary.get('verdict')}"),
-        section(f"*Job* `{slack_escape(job)}` (team {slack_escape(summary.get('team'))}, {slack_escape(summary.get('gpus'))} × {slack_escape(summary.get('gpu_model'))})\n{slack_escape(reason)}"),
+        section(
+            f"*Job* `{slack_escape(job)}` (team {slack_escape(summary.get('team'))}, "
+            f"{slack_escape(summary.get('gpus'))} × {slack_escape(summary.get('gpu_model'))})\n{slack_escape(reason)}"
+        ),
         fields(
             [
                 ("GPU util", pct(summary.get("gpu_util"))),

@@ -55,7 +55,9 @@ def team_message(report: Mapping[str, Any], team: Mapping[str, Any]) -> tuple[st
             )
         blocks.append(section("*Most wasteful jobs*\n" + "\n".join(lines)))
     blocks.append(context(slack_escape(_trend_text(team["trend"]))))
-    blocks.append(context(f"ISO week {slack_escape(report['week'])}: {slack_escape(report['start'])} – {slack_escape(report['end'])} ({slack_escape(report['timezone'])})"))
+    blocks.append(context(
+        f"ISO week {slack_escape(report['week'])}: {slack_escape(report['start'])} – {slack_escape(report['end'])} ({slack_escape(report['timezone'])})"
+    ))
     return text, blocks
 
 

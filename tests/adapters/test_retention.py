@@ -150,7 +150,9 @@ def _counts(store_url: str) -> dict[str, dict[str, int]]:
             c = {"c": cluster}
             out[cluster] = {
                 "gpu_buckets": conn.execute(sa.text("SELECT count(*) FROM gpu_buckets b JOIN jobs j ON j.id = b.job_id WHERE j.cluster = :c"), c).scalar_one(),
-                "job_aggregates": conn.execute(sa.text("SELECT count(*) FROM job_aggregates a JOIN jobs j ON j.id = a.job_id WHERE j.cluster = :c"), c).scalar_one(),
+                "job_aggregates": conn.execute(
+                    sa.text("SELECT count(*) FROM job_aggregates a JOIN jobs j ON j.id = a.job_id WHERE j.cluster = :c"), c
+                ).scalar_one(),
                 **{t: conn.execute(sa.text(f"SELECT count(*) FROM {t} WHERE cluster = :c"), c).scalar_one()
                    for t in ("gpu_pod_owners", "job_summaries", "jobs", "policy_actions", "policy_decisions", "policy_violations", "report_deliveries")},
                 "audit_runs": sum(1 for (d,) in conn.execute(sa.text("SELECT detail FROM audit_runs"))

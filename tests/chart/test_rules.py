@@ -113,7 +113,8 @@ def test_promtool_unit_tests(chart: Chart, testbed, tmp_path: Path, convention: 
                  "exp_samples": [{"labels": '{namespace="team-a", pod="healthy", container="c", UUID="GPU-1", modelName="NVIDIA H200"}', "value": 0.75}]},
                 # Garbage clamped: first 5 minutes (the reading at 0 in (−5m, 0]) = 1.0.
                 {"expr": 'pod_gpu:dcgm_gpu_util:sum5m{pod="garbage"}', "eval_time": "0m",
-                 "exp_samples": [{"labels": 'pod_gpu:dcgm_gpu_util:sum5m{namespace="team-c", pod="garbage", container="c", UUID="GPU-8", modelName="NVIDIA H200"}', "value": 1}]},
+                 "exp_samples": [{"labels": 'pod_gpu:dcgm_gpu_util:sum5m{namespace="team-c", pod="garbage", container="c", '
+                                            'UUID="GPU-8", modelName="NVIDIA H200"}', "value": 1}]},
             ],
             "alert_rule_test": [
                 {"eval_time": "70m", "alertname": "GpuAuditorLowSmEfficiency", "exp_alerts": [{

@@ -298,7 +298,9 @@ def test_malformed_policy_rejected_with_line_while_loaded_ones_keep_running(kube
     (d / "low-sm.yaml").write_text(POLICY.replace("mode: enforce", "mode: warn"))
     reg = PolicyRegistry()
     assert reg.reload_dir(d) == []
-    broken = POLICY.replace("mode: enforce", "mode: warn").replace("    - {field: sm_active, op: \"<=\", value: 0.3}\n  sustained", "    - {field: sm_activ, op: \"<=\", value: 0.3}\n  sustained")
+    broken = POLICY.replace("mode: enforce", "mode: warn").replace(
+        "    - {field: sm_active, op: \"<=\", value: 0.3}\n  sustained", "    - {field: sm_activ, op: \"<=\", value: 0.3}\n  sustained"
+    )
     (d / "low-sm.yaml").write_text(broken)
     problems = reg.reload_dir(d)
     line = broken.splitlines().index('    - {field: sm_activ, op: "<=", value: 0.3}') + 1
