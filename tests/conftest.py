@@ -12,12 +12,15 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 from auditor.testbed import Testbed, TestbedError, attach, down, up
+
+if TYPE_CHECKING:
+    import kubernetes.client
 
 SERVER_FIXTURES = {"testbed", "prometheus", "postgres_url", "kube_admin", "namespace"}
 
@@ -126,7 +129,7 @@ def postgres_url(testbed: Testbed) -> Iterator[str]:
 
 
 @pytest.fixture
-def kube_admin(testbed: Testbed) -> Iterator["kubernetes.client.ApiClient"]:  # type: ignore[name-defined] # noqa: F821
+def kube_admin(testbed: Testbed) -> Iterator[kubernetes.client.ApiClient]:
     """A ``kubernetes.client.ApiClient`` for the admin user (``system:masters``)."""
     from kubernetes import config as kube_config
 
@@ -138,7 +141,7 @@ def kube_admin(testbed: Testbed) -> Iterator["kubernetes.client.ApiClient"]:  # 
 
 
 @pytest.fixture
-def namespace(kube_admin: "kubernetes.client.ApiClient") -> Iterator[str]:  # type: ignore[name-defined] # noqa: F821
+def namespace(kube_admin: kubernetes.client.ApiClient) -> Iterator[str]:
     """A fresh namespace for this test; deleted afterwards (the namespace controller finalizes it)."""
     from kubernetes import client as k8s
     from kubernetes.client.exceptions import ApiException
