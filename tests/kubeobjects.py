@@ -6,7 +6,7 @@ create the owner objects and their pods (with ownerReferences) themselves and pa
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from auditor.kube.client import call_json, resource_path
@@ -81,3 +81,24 @@ def batch_job(api: Any, namespace: str, name: str, *, labels: dict | None = None
         "metadata": {"name": name, "labels": dict(labels or {})},
         "spec": {"suspend": suspend, "template": tpl},
     })
+
+
+def replayed_job_pods(api: Any, prometheus: Any, namespace: str, job: dict, *, case: str, phase: str,
+                      end: datetime, duration: timedelta, interval: timedelta, pods: int = 2, gpus: int = 4,
+                      labels: dict | None = None) -> None:
+    """``pods`` pods of ``job`` (``<job>-<k>-abcde``, each on its own node ``<case>-node<k>``,
+    ``gpus`` GPUs each) whose DCGM history is the demo trace's ``phase`` over ``[end - duration,
+    end)``, backfilled into Prometheus under the label ``case`` (tests share one TSDB)."""
+    import re
+
+    from auditor import traces
+    from auditor.core.model import PodRef
+
+    trace = traces.load_trace("h200-demo-cluster")
+    tjs = []
+    for k in range(pods):
+        pod = f"{job['metadata']['name']}-{k}-abcde"
+        create_pod(api, namespace, pod, gpus=gpus, owner=job, labels=labels, node=f"{case}-node{k}", started=end - duration)
+        tjs.append(traces.TraceJob(PodRef(namespace, pod, "main"), traces.make_gpus(gpus, f"{case}-node{k}"), phase, duration=duration))
+    text = traces.trace_to_openmetrics(trace, tjs, end=end, duration=duration, interval=interval)
+    prometheus.backfill(re.sub(r"^([A-Za-z_:][A-Za-z0-9_:]*)\{", rf'\1{{case="{case}",', text, flags=re.M))

@@ -10,16 +10,14 @@ the identity the API resolved.
 from __future__ import annotations
 
 import math
-import re
 import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from kubeobjects import batch_job, create_pod
+from kubeobjects import batch_job, replayed_job_pods
 
 from auditor import traces
 from auditor.cli.main import main
-from auditor.core.model import PodRef
 from auditor.store import Store
 from auditor.store.reports import ReportStore
 
@@ -49,15 +47,8 @@ def test_kubeconfig_and_no_kube_audits_of_one_window_count_it_once(
     duration = cycle * math.ceil(timedelta(minutes=30) / cycle)
     end = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(minutes=1)  # backfill wants the past
     job = batch_job(kube_admin, namespace, "train", labels={"team": "research"})
-    tjs = []
-    for k in range(2):
-        pod = f"train-{k}-abcde"
-        create_pod(kube_admin, namespace, pod, gpus=4, owner=job, labels={"team": "research"},
-                   node=f"{case}-node{k}", started=end - duration)
-        tjs.append(traces.TraceJob(PodRef(namespace, pod, "main"), traces.make_gpus(4, f"{case}-node{k}"),
-                                   "resnet50_bf16_training", duration=duration))
-    text = traces.trace_to_openmetrics(trace, tjs, end=end, duration=duration, interval=INTERVAL)
-    prometheus.backfill(re.sub(r"^([A-Za-z_:][A-Za-z0-9_:]*)\{", rf'\1{{case="{case}",', text, flags=re.M))
+    replayed_job_pods(kube_admin, prometheus, namespace, job, case=case, phase="resnet50_bf16_training",
+                      end=end, duration=duration, interval=INTERVAL, labels={"team": "research"})
     db = f"sqlite:///{tmp_path}/store.db"
     start = end - duration - timedelta(minutes=5)
     common = ["audit", "--prometheus", prometheus.url, "--match", f"case={case}", "--start", start.isoformat(),

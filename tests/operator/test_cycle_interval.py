@@ -7,15 +7,12 @@ the pods to their Job, Prometheus holds the samples, PostgreSQL the store) runs 
 
 from __future__ import annotations
 
-import re
 import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from kubeobjects import batch_job, create_pod
+from kubeobjects import batch_job, replayed_job_pods
 
-from auditor import traces
-from auditor.core.model import PodRef
 from auditor.kube.client import KubeConfig, api_client
 from auditor.kube.resolver import KubeResolver
 from auditor.operator_loop.cycle import CycleRunner
@@ -28,21 +25,13 @@ INTERVAL = timedelta(seconds=15)
 
 def test_two_cycles_8s_apart_after_the_data_ended_mid_bucket(testbed, kube_admin, namespace, prometheus, postgres_url) -> None:
     case = f"ci{uuid.uuid4().hex[:8]}"
-    trace = traces.load_trace("h200-demo-cluster")
     # samples end 75 s into a bucket, two hours back (Prometheus's backfill wants the past)
     now = datetime.now(timezone.utc).replace(second=0, microsecond=0)
     end = now.replace(minute=now.minute // 5 * 5) - timedelta(hours=2) + timedelta(seconds=75)
     duration = timedelta(minutes=40)
     job = batch_job(kube_admin, namespace, "train", labels={"team": "research"})
-    tjs = []
-    for k in range(2):
-        pod = f"train-{k}-abcde"
-        create_pod(kube_admin, namespace, pod, gpus=4, owner=job, labels={"team": "research"},
-                   node=f"{case}-node{k}", started=end - duration)
-        tjs.append(traces.TraceJob(PodRef(namespace, pod, "main"), traces.make_gpus(4, f"{case}-node{k}"),
-                                   "resnet50_bf16_training", duration=duration))
-    text = traces.trace_to_openmetrics(trace, tjs, end=end, duration=duration, interval=INTERVAL)
-    prometheus.backfill(re.sub(r"^([A-Za-z_:][A-Za-z0-9_:]*)\{", rf'\1{{case="{case}",', text, flags=re.M))
+    replayed_job_pods(kube_admin, prometheus, namespace, job, case=case, phase="resnet50_bf16_training",
+                      end=end, duration=duration, interval=INTERVAL, labels={"team": "research"})
 
     resolver = KubeResolver(api_client(KubeConfig(kubeconfig=testbed.kubeconfig)), cluster=case).start()
     try:
