@@ -30,11 +30,12 @@ class ReportStage:
         self.trigger = build_trigger(settings.reports.weekly_schedule, self.options.timezone) if self.enabled else None
         self.destinations = Destinations.from_settings(settings.notifications)
 
-    def schedule(self, scheduler: Any, is_leader: Callable[[], bool]) -> None:
+    def schedule(self, scheduler: Any, is_leader: Callable[[], bool], clock: Callable[[], datetime]) -> None:
+        """Register the cron job; it sends what is due at ``clock()`` (the operator's clock)."""
         from auditor.reports import add_report_job
 
         if self.enabled:
-            add_report_job(scheduler, self.trigger, lambda: self.send() if is_leader() else None)
+            add_report_job(scheduler, self.trigger, lambda: self.send(clock()) if is_leader() else None)
 
     def send(self, now: datetime | None = None) -> None:
         """Send what is due at ``now`` (the operator's clock; the wall clock when omitted); a

@@ -288,7 +288,7 @@ class Operator:
             next_run_time=self.clock() if self.elector is None else None,
         )
         if not self.dry_run:
-            self.reports.schedule(self.scheduler, self.is_leader)
+            self.reports.schedule(self.scheduler, self.is_leader, self.clock)
             self.retention.schedule(self.scheduler, self.prune, start=self.clock())
         self.scheduler.start()
         if self.elector is not None:
