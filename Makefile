@@ -26,9 +26,10 @@ system-deps:
 demo: install
 	$(BIN)/gpu-auditor demo
 
-# The rules the tools hold (config in pyproject.toml): ruff's lint rules, then mypy on auditor/.
+# The rules the tools hold (config in pyproject.toml): ruff lint and format, then mypy on auditor/.
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 test: install system-deps lint

@@ -68,7 +68,9 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
         info = client.buildinfo()
         client.query("vector(1)")
     except AuditorError as exc:
-        checks.append(Check("Prometheus reachable", FAIL, str(exc), "check the URL, the network path and the credentials", True))
+        checks.append(
+            Check("Prometheus reachable", FAIL, str(exc), "check the URL, the network path and the credentials", True)
+        )
         return checks
     version = info.get("version") or "version not reported"
     checks.append(Check("Prometheus reachable", OK, f"{source.url} ({version})", required=True))
@@ -90,7 +92,7 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
                 FAIL,
                 f"no DCGM_FI_* series in the last {hours:g} h",
                 "is dcgm-exporter running on the GPU nodes and scraped? Check its ServiceMonitor/PodMonitor "
-                "(or scrape config) and `up{job=~\".*dcgm.*\"}`; with --match, check the matcher",
+                '(or scrape config) and `up{job=~".*dcgm.*"}`; with --match, check the matcher',
                 True,
             )
         )
@@ -100,7 +102,9 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
     spelled = {m: [n for n in SPECS[m].names if n in stats.names] for m in SPECS}
     if any(len(v) > 1 for v in spelled.values()):
         style += "; some metrics under two names (exporters of two versions, or a rename inside the window)"
-    checks.append(Check("DCGM series present", OK, f"{len(stats.names)} names ({style}): {', '.join(stats.names)}", required=True))
+    checks.append(
+        Check("DCGM series present", OK, f"{len(stats.names)} names ({style}): {', '.join(stats.names)}", required=True)
+    )
     if "cannot tell" in (stats.naming_why or ""):
         checks.append(
             Check(
@@ -125,8 +129,14 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
         )
     )
     if stats.mig and Metric.GR_ENGINE_ACTIVE not in present:
-        checks.append(Check("MIG busy signal", WARN, "MIG instances found but no GR_ENGINE_ACTIVE (MIG has no GPU_UTIL)",
-                            ENABLE_HOW + _csv(Metric.GR_ENGINE_ACTIVE, naming)))
+        checks.append(
+            Check(
+                "MIG busy signal",
+                WARN,
+                "MIG instances found but no GR_ENGINE_ACTIVE (MIG has no GPU_UTIL)",
+                ENABLE_HOW + _csv(Metric.GR_ENGINE_ACTIVE, naming),
+            )
+        )
 
     if Metric.SM_ACTIVE in present:
         missing_hosts = sorted(h for h, ms in stats.hosts.items() if Metric.SM_ACTIVE not in ms)
@@ -138,12 +148,15 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
                     f"present, but not on {len(missing_hosts)} node(s): {', '.join(missing_hosts[:10])}"
                     + (" ..." if len(missing_hosts) > 10 else ""),
                     "those nodes' exporters lack the SM_ACTIVE line or profiling (SYS_ADMIN, Volta+ datacenter GPU); "
-                    + ENABLE_HOW + _csv(Metric.SM_ACTIVE, naming),
+                    + ENABLE_HOW
+                    + _csv(Metric.SM_ACTIVE, naming),
                     True,
                 )
             )
         else:
-            checks.append(Check("profiling: SM activity", OK, f"{_names(Metric.SM_ACTIVE, stats.names)} present", required=True))
+            checks.append(
+                Check("profiling: SM activity", OK, f"{_names(Metric.SM_ACTIVE, stats.names)} present", required=True)
+            )
     else:
         checks.append(
             Check(
@@ -151,7 +164,10 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
                 FAIL,
                 "DCGM_FI_PROF_SM_ACTIVE absent: it is commented out in every shipped dcgm-exporter CSV, "
                 "so audits can only say idle/underutilized, and SM-based verdicts become insufficient_data",
-                ENABLE_HOW + _csv(Metric.SM_ACTIVE, naming) + "\n" + _csv(Metric.SM_OCCUPANCY, naming)
+                ENABLE_HOW
+                + _csv(Metric.SM_ACTIVE, naming)
+                + "\n"
+                + _csv(Metric.SM_OCCUPANCY, naming)
                 + "\n(profiling also needs the SYS_ADMIN capability and a Volta or newer datacenter GPU; "
                 "look for 'Skipping line ... metric not enabled' in the exporter log)",
                 True,
@@ -194,7 +210,13 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
             )
         )
     else:
-        checks.append(Check("label convention", OK, f"workload pods in {labels.get('pod', 'pod')}/{labels.get('namespace', 'namespace')}"))
+        checks.append(
+            Check(
+                "label convention",
+                OK,
+                f"workload pods in {labels.get('pod', 'pod')}/{labels.get('namespace', 'namespace')}",
+            )
+        )
     checks.append(
         Check(
             "device labels",
@@ -227,15 +249,26 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
             )
         )
     else:
-        checks.append(Check("pod attribution", OK, f"{attributed} of {total} GPUs ({share:.0%}) attributed to pods"
-                + (f"; {total - attributed} had no pod label (not in use, or not attributed)" if attributed < total else "")))
+        checks.append(
+            Check(
+                "pod attribution",
+                OK,
+                f"{attributed} of {total} GPUs ({share:.0%}) attributed to pods"
+                + (
+                    f"; {total - attributed} had no pod label (not in use, or not attributed)"
+                    if attributed < total
+                    else ""
+                ),
+            )
+        )
 
     if report.dropped:
         checks.append(
             Check(
                 "garbage values",
                 WARN,
-                "dropped: " + ", ".join(f"{m.value} {n}" for m, n in sorted(report.dropped.items(), key=lambda kv: kv[0].value)),
+                "dropped: "
+                + ", ".join(f"{m.value} {n}" for m, n in sorted(report.dropped.items(), key=lambda kv: kv[0].value)),
                 "values like GPU_UTIL 4294967295 or NaN come from driver/DCGM bugs (DCGM #199); the audit drops them",
             )
         )
@@ -245,8 +278,11 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
                 "sample interval",
                 INFO,
                 f"about {report.scrape_interval:g} s between samples"
-                + (" (faster than dcgm-exporter's 30 s default collect interval: each value is stored more than once)"
-                   if report.scrape_interval < 30 else ""),
+                + (
+                    " (faster than dcgm-exporter's 30 s default collect interval: each value is stored more than once)"
+                    if report.scrape_interval < 30
+                    else ""
+                ),
             )
         )
     for w in client.warnings:
@@ -255,8 +291,15 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
     try:
         ksm = client.label_values(
             "__name__",
-            [promql.selector("", source.matchers, {"__name__": "kube_pod_owner|kube_pod_info|kube_pod_container_resource_requests"})],
-            int((now - lookback).timestamp() * 1000), int(now.timestamp() * 1000),
+            [
+                promql.selector(
+                    "",
+                    source.matchers,
+                    {"__name__": "kube_pod_owner|kube_pod_info|kube_pod_container_resource_requests"},
+                )
+            ],
+            int((now - lookback).timestamp() * 1000),
+            int(now.timestamp() * 1000),
         )
     except AuditorError as exc:
         ksm = []
@@ -305,7 +348,8 @@ def format_checks(checks: list[Check]) -> str:
     failed = [c for c in checks if c.failed]
     lines.append("")
     lines.append(
-        f"{len(failed)} required check(s) failed: {', '.join(c.name for c in failed)}" if failed
+        f"{len(failed)} required check(s) failed: {', '.join(c.name for c in failed)}"
+        if failed
         else "all required checks passed"
     )
     return "\n".join(lines)

@@ -224,8 +224,15 @@ def run_audit(
     """
     with gc_paused():
         return _run_audit(
-            source, resolver, store, window, now=now, thresholds=thresholds, width=width,
-            cumulative=cumulative, progress=progress,
+            source,
+            resolver,
+            store,
+            window,
+            now=now,
+            thresholds=thresholds,
+            width=width,
+            cumulative=cumulative,
+            progress=progress,
         )
 
 
@@ -293,7 +300,9 @@ def _run_audit(
         for key in sorted(by_job):
             job, buckets = jobs[key], materialize(by_job.pop(key))
             if store is None:
-                summary = summarize_job(job, buckets, window=window, now=now, interval=interval, thresholds=th, shares=shares)
+                summary = summarize_job(
+                    job, buckets, window=window, now=now, interval=interval, thresholds=th, shares=shares
+                )
                 summaries.append(summary)
                 continue
             first = max(window.start, min(b.start for b in buckets))
@@ -307,17 +316,25 @@ def _run_audit(
                     if not buckets:
                         continue
             if cumulative:
-                agg = _fold_cumulative(store, job_id, buckets, shares, freeze_to=freeze_to, interval=interval or 0.0, now=now)
+                agg = _fold_cumulative(
+                    store, job_id, buckets, shares, freeze_to=freeze_to, interval=interval or 0.0, now=now
+                )
                 earliest = agg.earliest or window.start
                 # the job's whole history tells its interval, not this cycle's window (which may
                 # hold one partial bucket): the summary stays the same while the data does
                 summary = summarize_aggregate(
-                    job, agg, window=Window(min(window.start, earliest), window.end), now=now,
-                    interval=agg.interval_for(agg.interval), thresholds=th,
+                    job,
+                    agg,
+                    window=Window(min(window.start, earliest), window.end),
+                    now=now,
+                    interval=agg.interval_for(agg.interval),
+                    thresholds=th,
                 )
             else:
                 buckets = store.buckets(job_id, window)
-                summary = summarize_job(job, buckets, window=window, now=now, interval=interval, thresholds=th, shares=shares)
+                summary = summarize_job(
+                    job, buckets, window=window, now=now, interval=interval, thresholds=th, shares=shares
+                )
             store.save_summary(job_id, summary)
             summaries.append(summary)
         summaries = sort_summaries(summaries)

@@ -225,7 +225,9 @@ class HttpSettings(_Section):
     host: str = "0.0.0.0"
 
 
-_TEAM_SOURCE = re.compile(r"^(podLabel|jobLabel|namespaceLabel):[A-Za-z0-9._/-]+$|^(kueueQueue|kueueLocalQueue|kueueClusterQueue|namespace)$")
+_TEAM_SOURCE = re.compile(
+    r"^(podLabel|jobLabel|namespaceLabel):[A-Za-z0-9._/-]+$|^(kueueQueue|kueueLocalQueue|kueueClusterQueue|namespace)$"
+)
 
 
 class Settings(_Section):
@@ -338,7 +340,7 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX):
             continue
-        rest = name[len(ENV_PREFIX):].lower()
+        rest = name[len(ENV_PREFIX) :].lower()
         if name == "GPU_AUDITOR_PROMETHEUS_URL":
             out.setdefault("prometheus", {})["url"] = value
             continue
@@ -427,7 +429,9 @@ def load_settings(
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
-            raise BadInput(f"settings file {path}: the top level must be a mapping of keys, got {type(loaded).__name__}")
+            raise BadInput(
+                f"settings file {path}: the top level must be a mapping of keys, got {type(loaded).__name__}"
+            )
         data = loaded
     try:
         Settings.model_validate(data)  # the file alone first: its errors name the file

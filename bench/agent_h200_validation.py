@@ -81,8 +81,20 @@ class AgentProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
         self.log = tempfile.NamedTemporaryFile(prefix="agent-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "auditor.agent", "-v", "--listen", f"127.0.0.1:{self.port}", "--node-name", "validation", *args],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "auditor.agent",
+                "-v",
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                "--node-name",
+                "validation",
+                *args,
+            ],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.time() + 60
@@ -140,12 +152,15 @@ def make_workloads() -> list[tuple[str, object]]:
 
     torch.cuda.set_device(0)
     cp.cuda.Device(0).use()
-    spin = cp.RawKernel(r'''
+    spin = cp.RawKernel(
+        r"""
     extern "C" __global__ void spin(float* out, long long cycles) {
         long long start = clock64(); float x = threadIdx.x;
         while (clock64() - start < cycles) { x = x * 1.0000001f + 0.5f; }
         out[threadIdx.x] = x;
-    }''', "spin")
+    }""",
+        "spin",
+    )
     out = cp.zeros(1024, dtype=cp.float32)
 
     def one_block() -> None:  # one thread block on one SM, ~0.25 s per launch
@@ -223,11 +238,16 @@ def start_pod_resources(uuid: str):
     c = pod.containers.add(name="main")
     c.devices.add(resource_name="nvidia.com/gpu", device_ids=[uuid])
     service, method = LIST_METHOD.strip("/").split("/")
-    handler = grpc.method_handlers_generic_handler(service, {
-        method: grpc.unary_unary_rpc_method_handler(
-            lambda req, ctx: resp, request_deserializer=request_cls.FromString, response_serializer=response_cls.SerializeToString
-        )
-    })
+    handler = grpc.method_handlers_generic_handler(
+        service,
+        {
+            method: grpc.unary_unary_rpc_method_handler(
+                lambda req, ctx: resp,
+                request_deserializer=request_cls.FromString,
+                response_serializer=response_cls.SerializeToString,
+            )
+        },
+    )
     d = tempfile.mkdtemp(prefix="podres-", dir="/tmp")
     path = os.path.join(d, "kubelet.sock")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=(handler,))
@@ -252,11 +272,21 @@ def main() -> int:
     pynvml.nvmlShutdown()
     result: dict = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "gpu": name, "gpu_count": n_gpus, "gpu0_uuid": uuid, "driver": driver,
-        "nvidia_smi": sh(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm", "--format=csv,noheader"]) if shutil.which("nvidia-smi") else None,
-        "python": platform.python_version(), "nvidia_ml_py": _version("nvidia-ml-py"),
-        "prometheus_client": _version("prometheus-client"), "grpcio": _version("grpcio"), "protobuf": _version("protobuf"),
-        "phases": {}, "checks": {}, "notes": [],
+        "gpu": name,
+        "gpu_count": n_gpus,
+        "gpu0_uuid": uuid,
+        "driver": driver,
+        "nvidia_smi": sh(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm", "--format=csv,noheader"])
+        if shutil.which("nvidia-smi")
+        else None,
+        "python": platform.python_version(),
+        "nvidia_ml_py": _version("nvidia-ml-py"),
+        "prometheus_client": _version("prometheus-client"),
+        "grpcio": _version("grpcio"),
+        "protobuf": _version("protobuf"),
+        "phases": {},
+        "checks": {},
+        "notes": [],
     }
     log(f"{name} x{n_gpus}, driver {driver}")
 
@@ -280,9 +310,9 @@ def main() -> int:
         try:
             time.sleep(3)
             fs = fallback.scrape("validation-fallback")
-            result["checks"]["nvml_fallback_serves_no_profiling_series"] = (
-                not any(n.startswith("DCGM_FI_PROF_") for n, _, _ in fs) and any(n == "DCGM_FI_DEV_GPU_UTIL" for n, _, _ in fs)
-            )
+            result["checks"]["nvml_fallback_serves_no_profiling_series"] = not any(
+                n.startswith("DCGM_FI_PROF_") for n, _, _ in fs
+            ) and any(n == "DCGM_FI_DEV_GPU_UTIL" for n, _, _ in fs)
         finally:
             fallback.stop()
 
@@ -296,17 +326,22 @@ def main() -> int:
         devices = self_metric(series, "gpu_auditor_agent_devices")
         if cpu is not None and samples and devices:
             result["cost"] = {
-                "samples": samples, "devices": devices, "sampling_cpu_seconds": round(cpu, 4),
+                "samples": samples,
+                "devices": devices,
+                "sampling_cpu_seconds": round(cpu, 4),
                 "cpu_ms_per_gpu_per_sample": round(1000.0 * cpu / samples / devices, 4),
                 "agent_process_cpu_seconds": _proc_cpu(agent.proc.pid),
                 "agent_rss_mib": _rss_mib(agent.proc.pid),
             }
-        pods = {labels.get("pod") for n, labels, _ in series if n == "DCGM_FI_DEV_GPU_UTIL" and labels.get("UUID") == uuid}
+        pods = {
+            labels.get("pod") for n, labels, _ in series if n == "DCGM_FI_DEV_GPU_UTIL" and labels.get("UUID") == uuid
+        }
         if pod_server is not None:
             result["checks"]["gpu0_attributed_to_pod"] = pods == {"validation-pod"}
         result["example_series"] = sorted(
             f"{n}{{{','.join(f'{k}={v!r}' for k, v in sorted(lab.items()))}}} {v}"
-            for n, lab, v in series if n in (NAMES["sm_active"], NAMES["gpu_util"]) and lab.get("UUID") == uuid
+            for n, lab, v in series
+            if n in (NAMES["sm_active"], NAMES["gpu_util"]) and lab.get("UUID") == uuid
         )
         result["checks"]["all_series_carry_source_label"] = all(
             labels.get("source") == "gpu-auditor-agent" for n, labels, _ in series if n.startswith("DCGM_FI_")
@@ -320,20 +355,26 @@ def main() -> int:
 
     p = {k: v["mean"] for k, v in result["phases"].items()}
     spin, mm, cp_ = p.get("one_block_spin", {}), p.get("bf16_matmul", {}), p.get("d2d_copy", {})
-    result["checks"].update({
-        "one_block: gpu_util >= 0.95": spin.get("gpu_util", 0) >= 0.95,
-        "one_block: sm_active <= 0.02": spin.get("sm_active", 1) <= 0.02,
-        "matmul: tensor_active >= 0.5": mm.get("tensor_active", 0) >= 0.5,
-        "copy: dram_active >= 0.5": cp_.get("dram_active", 0) >= 0.5,
-        "copy: tensor_active < 0.05": cp_.get("tensor_active", 1) < 0.05,
-        "backend is gpm or dcgm": result.get("agent_backend") in ("gpm", "dcgm"),
-    })
+    result["checks"].update(
+        {
+            "one_block: gpu_util >= 0.95": spin.get("gpu_util", 0) >= 0.95,
+            "one_block: sm_active <= 0.02": spin.get("sm_active", 1) <= 0.02,
+            "matmul: tensor_active >= 0.5": mm.get("tensor_active", 0) >= 0.5,
+            "copy: dram_active >= 0.5": cp_.get("dram_active", 0) >= 0.5,
+            "copy: tensor_active < 0.05": cp_.get("tensor_active", 1) < 0.05,
+            "backend is gpm or dcgm": result.get("agent_backend") in ("gpm", "dcgm"),
+        }
+    )
     result["passed"] = all(result["checks"].values())
     result["seconds"] = round(time.time() - t_start, 1)
     out_dir = Path(os.environ.get("OUT") or ".")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "agent_validation.json").write_text(json.dumps(result, indent=2, default=str))
-    print(json.dumps({k: result[k] for k in ("gpu", "driver", "agent_backend", "checks", "passed") if k in result}, indent=2))
+    print(
+        json.dumps(
+            {k: result[k] for k in ("gpu", "driver", "agent_backend", "checks", "passed") if k in result}, indent=2
+        )
+    )
     print(json.dumps({k: v["mean"] for k, v in result["phases"].items()}, indent=2))
     print(json.dumps(result.get("cost"), indent=2))
     log(f"wrote {out_dir / 'agent_validation.json'}; {'PASS' if result['passed'] else 'FAIL'}")

@@ -113,8 +113,15 @@ def main() -> int:
         end = int(time.time()) // 300 * 300 - 300  # aligned, safely in the past
         log(f"N={n}: writing {n * GPUS} GPUs x {HISTORY} at {INTERVAL_S}s into a TSDB block")
         t = time.perf_counter()
-        write_history(data, jobs=n, gpus=GPUS, end=end, seconds=int(HISTORY.total_seconds()),
-                      interval=INTERVAL_S, namespace="bench")
+        write_history(
+            data,
+            jobs=n,
+            gpus=GPUS,
+            end=end,
+            seconds=int(HISTORY.total_seconds()),
+            interval=INTERVAL_S,
+            namespace="bench",
+        )
         log(f"N={n}: block written in {time.perf_counter() - t:.1f} s; starting Prometheus")
         prom = PrivatePrometheus(data)
         try:

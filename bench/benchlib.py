@@ -48,13 +48,29 @@ def tsdbgen() -> Path:
 
 
 def write_history(
-    out: Path, *, jobs: int, pods_per_job: int = 1, gpus: int, end: int, seconds: int, interval: int,
+    out: Path,
+    *,
+    jobs: int,
+    pods_per_job: int = 1,
+    gpus: int,
+    end: int,
+    seconds: int,
+    interval: int,
     namespace: str,
 ) -> None:
     """Write one block of synthetic dcgm-exporter history (pods ``job-NNNNN-P``) into ``out``."""
     subprocess.run(
-        [str(tsdbgen()), f"-out={out}", f"-jobs={jobs}", f"-pods-per-job={pods_per_job}", f"-gpus={gpus}",
-         f"-end={end}", f"-duration={seconds}s", f"-interval={interval}s", f"-namespace={namespace}"],
+        [
+            str(tsdbgen()),
+            f"-out={out}",
+            f"-jobs={jobs}",
+            f"-pods-per-job={pods_per_job}",
+            f"-gpus={gpus}",
+            f"-end={end}",
+            f"-duration={seconds}s",
+            f"-interval={interval}s",
+            f"-namespace={namespace}",
+        ],
         check=True,
         stdout=subprocess.DEVNULL,
     )

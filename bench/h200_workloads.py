@@ -83,8 +83,16 @@ class Recorder:
             self.rows.append(row)
 
 
-def timed(rec: Recorder, name: str, step, seconds: float, warmup: int = 3, flops_per_step: float = 0.0,
-          precision: str | None = None, extra: dict | None = None) -> dict:
+def timed(
+    rec: Recorder,
+    name: str,
+    step,
+    seconds: float,
+    warmup: int = 3,
+    flops_per_step: float = 0.0,
+    precision: str | None = None,
+    extra: dict | None = None,
+) -> dict:
     """Warm ``step`` up, run it for ``seconds`` under phase ``name``; FLOPs/time → MFU."""
     import torch
 
@@ -106,8 +114,14 @@ def timed(rec: Recorder, name: str, step, seconds: float, warmup: int = 3, flops
     out: dict = {"steps": n, "wall_s": round(wall, 2), **(extra or {})}
     if flops_per_step and precision:
         tflops = flops_per_step * n / wall / 1e12
-        out.update({"precision": precision, "achieved_tflops": round(tflops, 1),
-                    "peak_tflops": PEAK_TFLOPS[precision], "mfu": round(tflops / PEAK_TFLOPS[precision], 4)})
+        out.update(
+            {
+                "precision": precision,
+                "achieved_tflops": round(tflops, 1),
+                "peak_tflops": PEAK_TFLOPS[precision],
+                "mfu": round(tflops / PEAK_TFLOPS[precision], 4),
+            }
+        )
     log(f"{name}: {out}")
     time.sleep(2.0)
     return out
@@ -223,8 +237,15 @@ def run_core(rec: Recorder, seconds: float) -> dict:
             fwd, opt, model = transformer(d, heads, layers, attn, bf16)
             step = train_step_fn(fwd, opt, b, s, d, bf16)
             name = f"transformer_{attn}_bf16_s{s}"
-            res[name] = timed(rec, name, step, seconds, flops_per_step=transformer_flops(b, s, d, layers),
-                              precision="bf16", extra={"batch": b, "seq": s, "d_model": d, "heads": heads, "layers": layers})
+            res[name] = timed(
+                rec,
+                name,
+                step,
+                seconds,
+                flops_per_step=transformer_flops(b, s, d, layers),
+                precision="bf16",
+                extra={"batch": b, "seq": s, "d_model": d, "heads": heads, "layers": layers},
+            )
             del fwd, opt, model, step
             torch.cuda.empty_cache()
 
@@ -233,9 +254,15 @@ def run_core(rec: Recorder, seconds: float) -> dict:
     torch.backends.cudnn.allow_tf32 = True
     fwd, opt, model = transformer(d, heads, layers, "sdpa", torch.float32)
     step = train_step_fn(fwd, opt, 32, 1024, d, torch.float32)
-    res["transformer_sdpa_tf32_s1024"] = timed(rec, "transformer_sdpa_tf32_s1024", step, seconds,
-                                               flops_per_step=transformer_flops(32, 1024, d, layers), precision="tf32",
-                                               extra={"batch": 32, "seq": 1024, "d_model": d, "heads": heads, "layers": layers})
+    res["transformer_sdpa_tf32_s1024"] = timed(
+        rec,
+        "transformer_sdpa_tf32_s1024",
+        step,
+        seconds,
+        flops_per_step=transformer_flops(32, 1024, d, layers),
+        precision="tf32",
+        extra={"batch": 32, "seq": 1024, "d_model": d, "heads": heads, "layers": layers},
+    )
     del fwd, opt, model, step
     torch.cuda.empty_cache()
 
@@ -243,11 +270,27 @@ def run_core(rec: Recorder, seconds: float) -> dict:
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=bf16)
     bm = torch.randn(n, n, device="cuda", dtype=bf16)
-    res["bf16_matmul"] = timed(rec, "bf16_matmul", lambda a=a, bm=bm: torch.mm(a, bm), seconds, warmup=10,
-                               flops_per_step=2.0 * n**3, precision="bf16", extra={"n": n})
+    res["bf16_matmul"] = timed(
+        rec,
+        "bf16_matmul",
+        lambda a=a, bm=bm: torch.mm(a, bm),
+        seconds,
+        warmup=10,
+        flops_per_step=2.0 * n**3,
+        precision="bf16",
+        extra={"n": n},
+    )
     af, bf = a.float(), bm.float()
-    res["tf32_matmul"] = timed(rec, "tf32_matmul", lambda af=af, bf=bf: torch.mm(af, bf), seconds, warmup=10,
-                               flops_per_step=2.0 * n**3, precision="tf32", extra={"n": n})
+    res["tf32_matmul"] = timed(
+        rec,
+        "tf32_matmul",
+        lambda af=af, bf=bf: torch.mm(af, bf),
+        seconds,
+        warmup=10,
+        flops_per_step=2.0 * n**3,
+        precision="tf32",
+        extra={"n": n},
+    )
     del af, bf
     try:
         a8 = a.to(torch.float8_e4m3fn)
@@ -258,8 +301,9 @@ def run_core(rec: Recorder, seconds: float) -> dict:
             torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=bf16)
 
         fp8()
-        res["fp8_scaled_mm"] = timed(rec, "fp8_scaled_mm", fp8, seconds, warmup=10,
-                                     flops_per_step=2.0 * n**3, precision="fp8", extra={"n": n})
+        res["fp8_scaled_mm"] = timed(
+            rec, "fp8_scaled_mm", fp8, seconds, warmup=10, flops_per_step=2.0 * n**3, precision="fp8", extra={"n": n}
+        )
     except Exception as exc:  # noqa: BLE001
         log(f"fp8 unsupported: {exc!r}")
         res["fp8_scaled_mm"] = {"error": repr(exc)}
@@ -274,8 +318,16 @@ def run_core(rec: Recorder, seconds: float) -> dict:
         pause = t_step * (1 - f) / f
         stalled = stalled_step(step, pause)
         name = f"dataloader_stall_busy{int(f * 100)}"
-        res[name] = timed(rec, name, stalled, seconds, warmup=1, flops_per_step=transformer_flops(32, 1024, d, layers),
-                          precision="bf16", extra={"target_busy": f, "gpu_step_s": round(t_step, 4), "sleep_s": round(pause, 4)})
+        res[name] = timed(
+            rec,
+            name,
+            stalled,
+            seconds,
+            warmup=1,
+            flops_per_step=transformer_flops(32, 1024, d, layers),
+            precision="bf16",
+            extra={"target_busy": f, "gpu_step_s": round(t_step, 4), "sleep_s": round(pause, 4)},
+        )
     del fwd, opt, model, step
     torch.cuda.empty_cache()
 
@@ -314,8 +366,14 @@ def run_extra(rec: Recorder, seconds: float) -> dict:
     torch.cuda.synchronize()
     log(f"compile took {time.perf_counter() - t0:.1f} s")
     res["transformer_sdpa_bf16_s1024_compiled"] = timed(
-        rec, "transformer_sdpa_bf16_s1024_compiled", step, seconds, flops_per_step=transformer_flops(32, 1024, d, layers),
-        precision="bf16", extra={"batch": 32, "seq": 1024, "d_model": d, "heads": heads, "layers": layers})
+        rec,
+        "transformer_sdpa_bf16_s1024_compiled",
+        step,
+        seconds,
+        flops_per_step=transformer_flops(32, 1024, d, layers),
+        precision="bf16",
+        extra={"batch": 32, "seq": 1024, "d_model": d, "heads": heads, "layers": layers},
+    )
     del fwd, opt, model, step
     torch.cuda.empty_cache()
 
@@ -326,8 +384,15 @@ def run_extra(rec: Recorder, seconds: float) -> dict:
     pause = t_step * 0.35 / 0.65
     stalled = stalled_step(step, pause)
     res["dataloader_stall_busy65_batch4"] = timed(
-        rec, "dataloader_stall_busy65_batch4", stalled, seconds, warmup=1, flops_per_step=transformer_flops(4, 1024, d, layers),
-        precision="bf16", extra={"target_busy": 0.65, "gpu_step_s": round(t_step, 4), "sleep_s": round(pause, 4), "batch": 4})
+        rec,
+        "dataloader_stall_busy65_batch4",
+        stalled,
+        seconds,
+        warmup=1,
+        flops_per_step=transformer_flops(4, 1024, d, layers),
+        precision="bf16",
+        extra={"target_busy": 0.65, "gpu_step_s": round(t_step, 4), "sleep_s": round(pause, 4), "batch": 4},
+    )
     del fwd, opt, model, step
     torch.cuda.empty_cache()
 
@@ -343,16 +408,30 @@ def run_extra(rec: Recorder, seconds: float) -> dict:
         torch.cuda.synchronize()
         np.linalg.inv(host)
 
-    res["host_compute_between_bursts"] = timed(rec, "host_compute_between_bursts", bursty, seconds, warmup=1,
-                                               flops_per_step=20 * 2.0 * 8192**3, precision="bf16")
+    res["host_compute_between_bursts"] = timed(
+        rec,
+        "host_compute_between_bursts",
+        bursty,
+        seconds,
+        warmup=1,
+        flops_per_step=20 * 2.0 * 8192**3,
+        precision="bf16",
+    )
     del a
     torch.cuda.empty_cache()
 
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
-                          num_key_value_heads=16, vocab_size=32000, max_position_embeddings=4096)
+        cfg = LlamaConfig(
+            hidden_size=2048,
+            intermediate_size=5632,
+            num_hidden_layers=16,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            vocab_size=32000,
+            max_position_embeddings=4096,
+        )
         llm = LlamaForCausalLM(cfg).to("cuda", bf16).eval()
         params = sum(p.numel() for p in llm.parameters())
         for bsz in (1, 64):
@@ -365,8 +444,16 @@ def run_extra(rec: Recorder, seconds: float) -> dict:
 
             # decode FLOPs ≈ 2 × params per generated token (attention over ≤384 positions is small)
             name = f"llm_decode_bf16_batch{bsz}"
-            res[name] = timed(rec, name, gen, seconds, warmup=1, flops_per_step=2.0 * params * bsz * new,
-                              precision="bf16", extra={"params": params, "batch": bsz, "new_tokens": new})
+            res[name] = timed(
+                rec,
+                name,
+                gen,
+                seconds,
+                warmup=1,
+                flops_per_step=2.0 * params * bsz * new,
+                precision="bf16",
+                extra={"params": params, "batch": bsz, "new_tokens": new},
+            )
     except Exception as exc:  # noqa: BLE001
         log(f"decoding skipped: {exc!r}")
         res["llm_decode"] = {"error": repr(exc)}
@@ -384,15 +471,28 @@ def run_extra2(rec: Recorder, seconds: float) -> dict:
         fwd, opt, model = transformer(d, heads, layers, "sdpa", bf16)
         step = train_step_fn(fwd, opt, b, 1024, d, bf16)
         name = f"transformer_sdpa_bf16_s1024_batch{b}"
-        res[name] = timed(rec, name, step, seconds, flops_per_step=transformer_flops(b, 1024, d, layers),
-                          precision="bf16", extra={"batch": b, "seq": 1024})
+        res[name] = timed(
+            rec,
+            name,
+            step,
+            seconds,
+            flops_per_step=transformer_flops(b, 1024, d, layers),
+            precision="bf16",
+            extra={"batch": b, "seq": 1024},
+        )
         if b == 4:
             t_step = step_seconds(step, warm=3, n=40)
             stalled = stalled_step(step, t_step * 0.25)
             res["transformer_sdpa_bf16_s1024_batch4_stall"] = timed(
-                rec, "transformer_sdpa_bf16_s1024_batch4_stall", stalled, seconds, warmup=1,
-                flops_per_step=transformer_flops(b, 1024, d, layers), precision="bf16",
-                extra={"batch": b, "gpu_step_s": round(t_step, 4), "sleep_s": round(t_step * 0.25, 4)})
+                rec,
+                "transformer_sdpa_bf16_s1024_batch4_stall",
+                stalled,
+                seconds,
+                warmup=1,
+                flops_per_step=transformer_flops(b, 1024, d, layers),
+                precision="bf16",
+                extra={"batch": b, "gpu_step_s": round(t_step, 4), "sleep_s": round(t_step * 0.25, 4)},
+            )
         del fwd, opt, model, step
         torch.cuda.empty_cache()
 
@@ -416,9 +516,15 @@ def run_extra2(rec: Recorder, seconds: float) -> dict:
         counter = FlopCounterMode(display=False)
         with counter:
             cnn()
-        res["resnet50_channels_last_bf16"] = timed(rec, "resnet50_channels_last_bf16", cnn, seconds,
-                                                   flops_per_step=float(counter.get_total_flops()), precision="bf16",
-                                                   extra={"batch": 256, "flops_per_step": counter.get_total_flops()})
+        res["resnet50_channels_last_bf16"] = timed(
+            rec,
+            "resnet50_channels_last_bf16",
+            cnn,
+            seconds,
+            flops_per_step=float(counter.get_total_flops()),
+            precision="bf16",
+            extra={"batch": 256, "flops_per_step": counter.get_total_flops()},
+        )
         del net, sgd, x, y
         torch.cuda.empty_cache()
     except Exception as exc:  # noqa: BLE001
@@ -433,8 +539,16 @@ def run_extra2(rec: Recorder, seconds: float) -> dict:
         for _ in range(50):
             torch.mm(a, bm)
 
-    res["few_sm_small_matmuls"] = timed(rec, "few_sm_small_matmuls", few, seconds, warmup=5,
-                                        flops_per_step=50 * 2.0 * 512**3, precision="bf16", extra={"n": 512})
+    res["few_sm_small_matmuls"] = timed(
+        rec,
+        "few_sm_small_matmuls",
+        few,
+        seconds,
+        warmup=5,
+        flops_per_step=50 * 2.0 * 512**3,
+        precision="bf16",
+        extra={"n": 512},
+    )
     return res
 
 
@@ -484,7 +598,11 @@ def main() -> int:
         rows = [r for r in rec.rows if r["phase"] == ph][1:]
         if not rows:
             continue
-        m = {c: round(statistics.fmean(float(r[c]) for r in rows if c in r), 2) for c in COLUMNS[2:] if any(c in r for r in rows)}
+        m = {
+            c: round(statistics.fmean(float(r[c]) for r in rows if c in r), 2)
+            for c in COLUMNS[2:]
+            if any(c in r for r in rows)
+        }
         print(ph, len(rows), json.dumps(m), flush=True)
     return 0
 

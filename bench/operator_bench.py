@@ -51,25 +51,62 @@ def create_jobs(api, namespace: str, jobs: int, pods: int, started: datetime) ->
     container = {"name": "main", "image": "example.invalid/train:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
     for j in range(jobs):
         name = f"job-{j:05d}"
-        job = post("batch/v1", "jobs", {
-            "metadata": {"name": name},
-            "spec": {"suspend": True, "completions": pods, "parallelism": pods, "template": {
-                "metadata": {"labels": {"app": "bench"}},
-                "spec": {"restartPolicy": "Never", "containers": [container]}}},
-        })
-        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job["metadata"]["uid"],
-                 "controller": True, "blockOwnerDeletion": True}
+        job = post(
+            "batch/v1",
+            "jobs",
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "suspend": True,
+                    "completions": pods,
+                    "parallelism": pods,
+                    "template": {
+                        "metadata": {"labels": {"app": "bench"}},
+                        "spec": {"restartPolicy": "Never", "containers": [container]},
+                    },
+                },
+            },
+        )
+        owner = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": name,
+            "uid": job["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
         for p in range(pods):
             pod = f"{name}-{p}"
-            post("v1", "pods", {
-                "metadata": {"name": pod, "ownerReferences": [owner], "labels": {"app": "bench"}},
-                "spec": {"restartPolicy": "Never", "nodeName": f"node-{j:04d}-{p}", "containers": [container]},
-            })
-            call_json(api, resource_path("v1", "pods", namespace, pod) + "/status", method="PATCH",
-                      body={"status": {"phase": "Running", "startTime": _iso(started), "containerStatuses": [
-                          {"name": "main", "image": container["image"], "imageID": "", "ready": True,
-                           "restartCount": 0, "state": {"running": {"startedAt": _iso(started)}}}]}},
-                      content_type="application/merge-patch+json")
+            post(
+                "v1",
+                "pods",
+                {
+                    "metadata": {"name": pod, "ownerReferences": [owner], "labels": {"app": "bench"}},
+                    "spec": {"restartPolicy": "Never", "nodeName": f"node-{j:04d}-{p}", "containers": [container]},
+                },
+            )
+            call_json(
+                api,
+                resource_path("v1", "pods", namespace, pod) + "/status",
+                method="PATCH",
+                body={
+                    "status": {
+                        "phase": "Running",
+                        "startTime": _iso(started),
+                        "containerStatuses": [
+                            {
+                                "name": "main",
+                                "image": container["image"],
+                                "imageID": "",
+                                "ready": True,
+                                "restartCount": 0,
+                                "state": {"running": {"startedAt": _iso(started)}},
+                            }
+                        ],
+                    }
+                },
+                content_type="application/merge-patch+json",
+            )
         if j % 50 == 49:
             log(f"  {j + 1}/{jobs} jobs created")
     return time.perf_counter() - t0
@@ -100,11 +137,17 @@ def child(settings_path: str, t_end: float) -> None:
             prof.dump_stats(profile)
         else:
             result = op.runner.run(now=now)
-        cycles.append({
-            "cycle": label, "wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0,
-            "queries": query_requests(url) - q0, "kube_requests": op.resolver.api_requests - k0,
-            "window_s": result.window.seconds if result.window else 0, "jobs": len(result.summaries),
-        })
+        cycles.append(
+            {
+                "cycle": label,
+                "wall_s": time.perf_counter() - w0,
+                "cpu_s": time.process_time() - c0,
+                "queries": query_requests(url) - q0,
+                "kube_requests": op.resolver.api_requests - k0,
+                "window_s": result.window.seconds if result.window else 0,
+                "jobs": len(result.summaries),
+            }
+        )
     op.shutdown()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"sync": sync, "cycles": cycles, "peak_rss_mb": peak}))
@@ -119,8 +162,12 @@ def main() -> int:
     ap.add_argument("--pods", type=int, default=10, help="pods per job (1 GPU each)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--ages", default="1h,24h", help=f"comma-separated, of {', '.join(AGES)}")
-    ap.add_argument("--store", choices=("sqlite", "postgresql"), default="sqlite",
-                    help="the operator's store: a SQLite file, or a fresh database in the test bed's PostgreSQL")
+    ap.add_argument(
+        "--store",
+        choices=("sqlite", "postgresql"),
+        default="sqlite",
+        help="the operator's store: a SQLite file, or a fresh database in the test bed's PostgreSQL",
+    )
     args = ap.parse_args()
 
     from auditor.kube.client import KubeConfig, api_client
@@ -139,29 +186,48 @@ def main() -> int:
             t_end = time.time() // 300 * 300
             namespace = f"bench-op-{label}-{uuid.uuid4().hex[:6]}"
             log(f"age {label}: creating {args.jobs} jobs x {args.pods} GPU pods in {namespace}")
-            created = create_jobs(api, namespace, args.jobs, args.pods, datetime.fromtimestamp(t_end - age_s, timezone.utc))
+            created = create_jobs(
+                api, namespace, args.jobs, args.pods, datetime.fromtimestamp(t_end - age_s, timezone.utc)
+            )
             work = Path(tempfile.mkdtemp(prefix=f"gpa-opbench-{label}-"))
             (work / "data").mkdir()
             log(f"age {label}: writing {age_s // INTERVAL_S} samples x 9 metrics for {args.jobs * args.pods} GPUs")
-            write_history(work / "data", jobs=args.jobs, pods_per_job=args.pods, gpus=1, end=int(t_end),
-                          seconds=age_s, interval=INTERVAL_S, namespace=namespace)
+            write_history(
+                work / "data",
+                jobs=args.jobs,
+                pods_per_job=args.pods,
+                gpus=1,
+                end=int(t_end),
+                seconds=age_s,
+                interval=INTERVAL_S,
+                namespace=namespace,
+            )
             prom = PrivatePrometheus(work / "data")
             database = f"opbench_{uuid.uuid4().hex[:12]}"
-            store_url = f"sqlite:///{work / 'store.db'}" if args.store == "sqlite" else _database(bed.postgres_admin_url, database, create=True)
+            store_url = (
+                f"sqlite:///{work / 'store.db'}"
+                if args.store == "sqlite"
+                else _database(bed.postgres_admin_url, database, create=True)
+            )
             try:
                 settings = work / "settings.yaml"
-                settings.write_text(json.dumps({
-                    "cluster": f"bench-{label}",
-                    "kubernetes": {"kubeconfig": bed.kubeconfig},
-                    "prometheus": {"url": prom.url, "label_convention": "pod"},
-                    "store": {"url": store_url},
-                    "leader_election": {"enabled": False},
-                    "features": {"annotate": False, "events": False, "kueue": True, "requeue": False},
-                    "max_lookback": "2d",
-                }))
+                settings.write_text(
+                    json.dumps(
+                        {
+                            "cluster": f"bench-{label}",
+                            "kubernetes": {"kubeconfig": bed.kubeconfig},
+                            "prometheus": {"url": prom.url, "label_convention": "pod"},
+                            "store": {"url": store_url},
+                            "leader_election": {"enabled": False},
+                            "features": {"annotate": False, "events": False, "kueue": True, "requeue": False},
+                            "max_lookback": "2d",
+                        }
+                    )
+                )
                 log(f"age {label}: running the operator")
-                out = subprocess.run([sys.executable, __file__, "--child", str(settings), str(t_end)],
-                                     capture_output=True, text=True)
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", str(settings), str(t_end)], capture_output=True, text=True
+                )
                 if out.returncode != 0:
                     raise RuntimeError(f"operator failed:\n{out.stderr[-4000:]}")
                 res = json.loads(out.stdout.strip().splitlines()[-1])

@@ -67,7 +67,16 @@ def templates() -> dict[str, dict]:
         return store_jobs(s, [GenJob("t", p, ws, 2, 1, p) for p in PROFILES], now=ws + timedelta(days=8))
 
 
-def rows_for(n: int, start: datetime, span: timedelta, teams: int, first_id: int, rng: random.Random, tpl: dict[str, dict], cross: float = 0.0):
+def rows_for(
+    n: int,
+    start: datetime,
+    span: timedelta,
+    teams: int,
+    first_id: int,
+    rng: random.Random,
+    tpl: dict[str, dict],
+    cross: float = 0.0,
+):
     """(job rows, summary rows, crossing job ids) for ``n`` jobs starting in ``[start, start+span)``."""
     we = start + span
     jobs, sums, crossing = [], [], []
@@ -89,15 +98,48 @@ def rows_for(n: int, start: datetime, span: timedelta, teams: int, first_id: int
         sm = doc.get("sm_active")
         waste = None if doc.get("waste_gpu_hours") is None else round(gh * (1 - (sm or 0)), 6)
         doc.update(
-            job=f"Job/job-{jid}", namespace=f"ns-{team}", team=team, cluster="bench", uid=f"u{jid}",
-            start=s.isoformat().replace("+00:00", "Z"), end=e.isoformat().replace("+00:00", "Z"),
-            gpus=gpus, gpu_hours=gh, waste_gpu_hours=waste,
+            job=f"Job/job-{jid}",
+            namespace=f"ns-{team}",
+            team=team,
+            cluster="bench",
+            uid=f"u{jid}",
+            start=s.isoformat().replace("+00:00", "Z"),
+            end=e.isoformat().replace("+00:00", "Z"),
+            gpus=gpus,
+            gpu_hours=gh,
+            waste_gpu_hours=waste,
         )
-        jobs.append({"id": jid, "cluster": "bench", "namespace": f"ns-{team}", "kind": "Job", "name": f"job-{jid}", "uid": f"u{jid}",
-                     "team": team, "queue": None, "first_seen": s, "last_seen": e, "ended_at": e})
-        sums.append({"job_id": jid, "cluster": "bench", "namespace": f"ns-{team}", "team": team, "verdict": doc["verdict"],
-                     "start": s, "end": e, "gpu_hours": gh, "waste_gpu_hours": waste, "computed_at": e, "data": doc,
-                     **summary_columns(doc)})  # what Store.save_summary writes beside the document
+        jobs.append(
+            {
+                "id": jid,
+                "cluster": "bench",
+                "namespace": f"ns-{team}",
+                "kind": "Job",
+                "name": f"job-{jid}",
+                "uid": f"u{jid}",
+                "team": team,
+                "queue": None,
+                "first_seen": s,
+                "last_seen": e,
+                "ended_at": e,
+            }
+        )
+        sums.append(
+            {
+                "job_id": jid,
+                "cluster": "bench",
+                "namespace": f"ns-{team}",
+                "team": team,
+                "verdict": doc["verdict"],
+                "start": s,
+                "end": e,
+                "gpu_hours": gh,
+                "waste_gpu_hours": waste,
+                "computed_at": e,
+                "data": doc,
+                **summary_columns(doc),
+            }
+        )  # what Store.save_summary writes beside the document
         if is_cross:
             crossing.append((jid, s, e, gpus, doc))
     return jobs, sums, crossing
@@ -126,14 +168,22 @@ def load_buckets(store: Store, crossing: list) -> int:
             t = s
             while t < e:
                 for m, v in (
-                    (Metric.GPU_UTIL, doc.get("gpu_util") or 0.9), (Metric.SM_ACTIVE, doc.get("sm_active")), (Metric.TENSOR_ACTIVE, doc.get("tensor_active"))
+                    (Metric.GPU_UTIL, doc.get("gpu_util") or 0.9),
+                    (Metric.SM_ACTIVE, doc.get("sm_active")),
+                    (Metric.TENSOR_ACTIVE, doc.get("tensor_active")),
                 ):
                     if v is not None:
                         out.append(Bucket(pod, gpu, m, t, t + timedelta(minutes=5), v * 10, 10, v, v))
                 t += timedelta(minutes=5)
         # the summary's busy sample count must match its buckets (the split's denominator)
         doc.setdefault("stats", {})
-        doc["stats"] = {**doc["stats"], "gpu_util": {**doc["stats"].get("gpu_util", {}), "samples": 10 * len([b for b in out if b.metric is Metric.GPU_UTIL])}}
+        doc["stats"] = {
+            **doc["stats"],
+            "gpu_util": {
+                **doc["stats"].get("gpu_util", {}),
+                "samples": 10 * len([b for b in out if b.metric is Metric.GPU_UTIL]),
+            },
+        }
         doc["busy_signal"] = "gpu_util"
         store.replace_buckets(jid, out)
         store.save_summary(jid, doc)
@@ -169,7 +219,11 @@ def measure(label: str, fn: Callable[[], Any], results: dict) -> Any:
     stop.set()
     th.join()
     peak[0] = max(peak[0], _rss_mib())
-    results[label] = {"seconds": round(dt, 3), "peak_rss_mib": round(peak[0], 1), "rss_growth_mib": round(peak[0] - base, 1)}
+    results[label] = {
+        "seconds": round(dt, 3),
+        "peak_rss_mib": round(peak[0], 1),
+        "rss_growth_mib": round(peak[0] - base, 1),
+    }
     print(f"  {label:<40} {dt:8.2f} s   peak RSS {peak[0]:7.1f} MiB (+{peak[0] - base:.1f})", flush=True)
     return value
 
@@ -207,7 +261,10 @@ def run_one(url: str, args: argparse.Namespace, tpl: dict[str, dict]) -> dict:
     results["load_seconds"] = round(time.perf_counter() - t0, 1)
     results["crossing_jobs"] = len(crossing)
     results["bucket_rows"] = nb
-    print(f"  loaded {args.jobs} + {args.year_jobs} summaries, {len(crossing)} crossing jobs, {nb} buckets in {results['load_seconds']} s", flush=True)
+    print(
+        f"  loaded {args.jobs} + {args.year_jobs} summaries, {len(crossing)} crossing jobs, {nb} buckets in {results['load_seconds']} s",
+        flush=True,
+    )
     return _measure_all(store, args, results, we)
 
 
@@ -228,9 +285,16 @@ def _measure_all(store: Store, args: argparse.Namespace, results: dict, we: date
         return size
 
     measure(f"render weekly outputs ({len(doc['teams'])} teams)", weekly_outputs, results)
-    measure(f"{len(doc['teams'])} one-team HTML pages (1 chart each)", lambda: [render_html(team_view(doc, t["team"])) for t in doc["teams"]], results)
-    measure(f"{len(doc['teams'])} one-team HTML pages, no charts",
-            lambda: [render_html(team_view(doc, t["team"]), with_charts=False) for t in doc["teams"]], results)
+    measure(
+        f"{len(doc['teams'])} one-team HTML pages (1 chart each)",
+        lambda: [render_html(team_view(doc, t["team"])) for t in doc["teams"]],
+        results,
+    )
+    measure(
+        f"{len(doc['teams'])} one-team HTML pages, no charts",
+        lambda: [render_html(team_view(doc, t["team"]), with_charts=False) for t in doc["teams"]],
+        results,
+    )
 
     def jobs_csv() -> int:
         buf = io.StringIO()
@@ -252,12 +316,20 @@ def main() -> int:
     ap.add_argument("--pg", metavar="URL", help="PostgreSQL server URL (a database report_bench is created there)")
     ap.add_argument("--sqlite-dir", default="/tmp", help="where the SQLite file goes")
     ap.add_argument("--only", choices=("sqlite", "postgresql"))
-    ap.add_argument("--reuse", action="store_true", help="keep a database already holding the same numbers of rows (no reload)")
+    ap.add_argument(
+        "--reuse", action="store_true", help="keep a database already holding the same numbers of rows (no reload)"
+    )
     ap.add_argument("--out", metavar="FILE.md", help="append the results as Markdown")
     args = ap.parse_args()
     tpl = templates()
-    out: dict[str, Any] = {"jobs": args.jobs, "year_jobs": args.year_jobs, "teams": args.teams, "python": platform.python_version(),
-                           "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs", "date": datetime.now(UTC).isoformat(timespec="seconds")}
+    out: dict[str, Any] = {
+        "jobs": args.jobs,
+        "year_jobs": args.year_jobs,
+        "teams": args.teams,
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
     if args.only != "postgresql":
         db = Path(args.sqlite_dir) / "report_bench.sqlite"
         if not args.reuse:

@@ -157,5 +157,3 @@ def namespace(kube_admin: kubernetes.client.ApiClient) -> Iterator[str]:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-
-

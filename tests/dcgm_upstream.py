@@ -67,7 +67,11 @@ def load() -> Upstream:
         for ln in (FIXTURES / "dcp-metrics-included.csv").read_text().splitlines()
         if (m := _CSV.match(ln))
     }
-    notes = "\n".join(ln for ln in (FIXTURES / "dcgm-exporter-4.9.0-release-notes.txt").read_text().splitlines() if not ln.startswith("#"))
+    notes = "\n".join(
+        ln
+        for ln in (FIXTURES / "dcgm-exporter-4.9.0-release-notes.txt").read_text().splitlines()
+        if not ln.startswith("#")
+    )
     if not (aliases and defined and base_units and counters and notes):
         raise AssertionError(f"a fixture in {FIXTURES} parsed to nothing")
     return Upstream(aliases, defined, base_units, counters, notes)

@@ -22,8 +22,12 @@ def create(api: Any, api_version: str, plural: str, namespace: str | None, body:
 
 def owner_ref(obj: dict) -> dict:
     return {
-        "apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
-        "uid": obj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True,
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": obj["metadata"]["name"],
+        "uid": obj["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
     }
 
 
@@ -42,12 +46,22 @@ def pod_template(gpus: float = 0, *, mig: str | None = None, labels: dict | None
     }
 
 
-def create_pod(api: Any, namespace: str, name: str, *, gpus: float = 0, owner: dict | None = None,
-               labels: dict | None = None, node: str = "gpu-node-1", started: datetime | None = None,
-               phase: str = "Running") -> dict:
+def create_pod(
+    api: Any,
+    namespace: str,
+    name: str,
+    *,
+    gpus: float = 0,
+    owner: dict | None = None,
+    labels: dict | None = None,
+    node: str = "gpu-node-1",
+    started: datetime | None = None,
+    phase: str = "Running",
+) -> dict:
     tpl = pod_template(gpus, labels=labels)
     body = {
-        "apiVersion": "v1", "kind": "Pod",
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "labels": tpl["metadata"]["labels"]},
         "spec": {**tpl["spec"], "nodeName": node},
     }
@@ -59,33 +73,73 @@ def create_pod(api: Any, namespace: str, name: str, *, gpus: float = 0, owner: d
     return pod
 
 
-def set_pod_status(api: Any, namespace: str, name: str, *, phase: str, started: datetime,
-                   finished: datetime | None = None) -> None:
+def set_pod_status(
+    api: Any, namespace: str, name: str, *, phase: str, started: datetime, finished: datetime | None = None
+) -> None:
     state: dict = {"running": {"startedAt": iso(started)}}
     if finished is not None:
-        state = {"terminated": {"exitCode": 0 if phase == "Succeeded" else 1, "reason": "Completed",
-                                "startedAt": iso(started), "finishedAt": iso(finished)}}
+        state = {
+            "terminated": {
+                "exitCode": 0 if phase == "Succeeded" else 1,
+                "reason": "Completed",
+                "startedAt": iso(started),
+                "finishedAt": iso(finished),
+            }
+        }
     status = {
-        "phase": phase, "startTime": iso(started),
-        "containerStatuses": [{"name": "main", "image": "example.invalid/train:1", "imageID": "", "ready": phase == "Running",
-                               "restartCount": 0, "state": state}],
+        "phase": phase,
+        "startTime": iso(started),
+        "containerStatuses": [
+            {
+                "name": "main",
+                "image": "example.invalid/train:1",
+                "imageID": "",
+                "ready": phase == "Running",
+                "restartCount": 0,
+                "state": state,
+            }
+        ],
     }
-    call_json(api, resource_path("v1", "pods", namespace, name) + "/status", method="PATCH",
-              body={"status": status}, content_type="application/merge-patch+json")
+    call_json(
+        api,
+        resource_path("v1", "pods", namespace, name) + "/status",
+        method="PATCH",
+        body={"status": status},
+        content_type="application/merge-patch+json",
+    )
 
 
 def batch_job(api: Any, namespace: str, name: str, *, labels: dict | None = None, suspend: bool = False) -> dict:
     tpl = pod_template(0)
-    return create(api, "batch/v1", "jobs", namespace, {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "labels": dict(labels or {})},
-        "spec": {"suspend": suspend, "template": tpl},
-    })
+    return create(
+        api,
+        "batch/v1",
+        "jobs",
+        namespace,
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "labels": dict(labels or {})},
+            "spec": {"suspend": suspend, "template": tpl},
+        },
+    )
 
 
-def replayed_job_pods(api: Any, prometheus: Any, namespace: str, job: dict, *, case: str, phase: str,
-                      end: datetime, duration: timedelta, interval: timedelta, pods: int = 2, gpus: int = 4,
-                      labels: dict | None = None) -> None:
+def replayed_job_pods(
+    api: Any,
+    prometheus: Any,
+    namespace: str,
+    job: dict,
+    *,
+    case: str,
+    phase: str,
+    end: datetime,
+    duration: timedelta,
+    interval: timedelta,
+    pods: int = 2,
+    gpus: int = 4,
+    labels: dict | None = None,
+) -> None:
     """``pods`` pods of ``job`` (``<job>-<k>-abcde``, each on its own node ``<case>-node<k>``,
     ``gpus`` GPUs each) whose DCGM history is the demo trace's ``phase`` over ``[end - duration,
     end)``, backfilled into Prometheus under the label ``case`` (tests share one TSDB)."""
@@ -98,7 +152,13 @@ def replayed_job_pods(api: Any, prometheus: Any, namespace: str, job: dict, *, c
     tjs = []
     for k in range(pods):
         pod = f"{job['metadata']['name']}-{k}-abcde"
-        create_pod(api, namespace, pod, gpus=gpus, owner=job, labels=labels, node=f"{case}-node{k}", started=end - duration)
-        tjs.append(traces.TraceJob(PodRef(namespace, pod, "main"), traces.make_gpus(gpus, f"{case}-node{k}"), phase, duration=duration))
+        create_pod(
+            api, namespace, pod, gpus=gpus, owner=job, labels=labels, node=f"{case}-node{k}", started=end - duration
+        )
+        tjs.append(
+            traces.TraceJob(
+                PodRef(namespace, pod, "main"), traces.make_gpus(gpus, f"{case}-node{k}"), phase, duration=duration
+            )
+        )
     text = traces.trace_to_openmetrics(trace, tjs, end=end, duration=duration, interval=interval)
     prometheus.backfill(re.sub(r"^([A-Za-z_:][A-Za-z0-9_:]*)\{", rf'\1{{case="{case}",', text, flags=re.M))

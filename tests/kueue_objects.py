@@ -46,33 +46,77 @@ def job_workload(api: Any, namespace: str, job: dict, *, timeout: float = 30.0) 
         if not kueue_running():
             break
         if time.monotonic() > deadline:
-            raise AssertionError(f"Kueue made no Workload for Job {namespace}/{job['metadata']['name']} in {timeout:.0f} s")
+            raise AssertionError(
+                f"Kueue made no Workload for Job {namespace}/{job['metadata']['name']} in {timeout:.0f} s"
+            )
         time.sleep(0.2)
     meta = job["metadata"]
     tpl = job["spec"]["template"]
     labels = meta.get("labels") or {}
     priority: dict[str, Any] = {}
     if "kueue.x-k8s.io/priority-class" in labels:
-        wpc = call_json(api, resource_path(KV, "workloadpriorityclasses", None, labels["kueue.x-k8s.io/priority-class"]))
-        priority = {"priority": wpc["value"], "priorityClassRef": {
-            "group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": wpc["metadata"]["name"]}}
-    return call_json(api, path, method="POST", body={
-        "apiVersion": KV, "kind": "Workload",
-        "metadata": {"name": f"job-{meta['name']}-{uuid.uuid4().hex[:5]}", "labels": {JOB_UID: uid},
-                     "ownerReferences": [{"apiVersion": job.get("apiVersion", "batch/v1"), "kind": job.get("kind", "Job"),
-                                          "name": meta["name"], "uid": uid, "controller": True,
-                                          "blockOwnerDeletion": True}]},
-        "spec": {"queueName": labels.get("kueue.x-k8s.io/queue-name", ""), "active": True, **priority,
-                 "podSets": [{"name": "main", "count": int(job["spec"].get("parallelism") or 1),
-                              "template": {"spec": tpl["spec"]}}]},
-    })
+        wpc = call_json(
+            api, resource_path(KV, "workloadpriorityclasses", None, labels["kueue.x-k8s.io/priority-class"])
+        )
+        priority = {
+            "priority": wpc["value"],
+            "priorityClassRef": {
+                "group": "kueue.x-k8s.io",
+                "kind": "WorkloadPriorityClass",
+                "name": wpc["metadata"]["name"],
+            },
+        }
+    return call_json(
+        api,
+        path,
+        method="POST",
+        body={
+            "apiVersion": KV,
+            "kind": "Workload",
+            "metadata": {
+                "name": f"job-{meta['name']}-{uuid.uuid4().hex[:5]}",
+                "labels": {JOB_UID: uid},
+                "ownerReferences": [
+                    {
+                        "apiVersion": job.get("apiVersion", "batch/v1"),
+                        "kind": job.get("kind", "Job"),
+                        "name": meta["name"],
+                        "uid": uid,
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {
+                "queueName": labels.get("kueue.x-k8s.io/queue-name", ""),
+                "active": True,
+                **priority,
+                "podSets": [
+                    {
+                        "name": "main",
+                        "count": int(job["spec"].get("parallelism") or 1),
+                        "template": {"spec": tpl["spec"]},
+                    }
+                ],
+            },
+        },
+    )
 
 
 def workload_priority_class(api: Any, name: str, value: int) -> dict:
     """A cluster-scoped WorkloadPriorityClass (Kueue's own priority mechanism for jobs)."""
-    return call_json(api, resource_path(KV, "workloadpriorityclasses", None), method="POST", body={
-        "apiVersion": KV, "kind": "WorkloadPriorityClass", "metadata": {"name": name}, "value": value,
-        "description": "gpu-auditor test"})
+    return call_json(
+        api,
+        resource_path(KV, "workloadpriorityclasses", None),
+        method="POST",
+        body={
+            "apiVersion": KV,
+            "kind": "WorkloadPriorityClass",
+            "metadata": {"name": name},
+            "value": value,
+            "description": "gpu-auditor test",
+        },
+    )
 
 
 def delete_cluster_object(api: Any, plural: str, name: str) -> None:
@@ -86,7 +130,9 @@ def delete_cluster_object(api: Any, plural: str, name: str) -> None:
 
 
 def has_condition(obj: dict, kind: str, status: str = "True") -> bool:
-    return any(c.get("type") == kind and c.get("status") == status for c in (obj.get("status") or {}).get("conditions") or [])
+    return any(
+        c.get("type") == kind and c.get("status") == status for c in (obj.get("status") or {}).get("conditions") or []
+    )
 
 
 @contextmanager
@@ -95,15 +141,37 @@ def gpu_quota(api: Any, namespace: str, *, gpus: int = 1) -> Iterator[str]:
     LocalQueue ``lq`` in ``namespace``; yields the ClusterQueue's name once Kueue has it Active."""
     case = uuid.uuid4().hex[:8]
     rf, cq = f"rf-{case}", f"cq-{case}"
-    call_json(api, resource_path(KV, "resourceflavors", None), method="POST",
-              body={"apiVersion": KV, "kind": "ResourceFlavor", "metadata": {"name": rf}})
-    call_json(api, resource_path(KV, "clusterqueues", None), method="POST", body={
-        "apiVersion": KV, "kind": "ClusterQueue", "metadata": {"name": cq},
-        "spec": {"namespaceSelector": {}, "resourceGroups": [{
-            "coveredResources": ["nvidia.com/gpu"],
-            "flavors": [{"name": rf, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": str(gpus)}]}]}]}})
-    call_json(api, resource_path(KV, "localqueues", namespace), method="POST", body={
-        "apiVersion": KV, "kind": "LocalQueue", "metadata": {"name": "lq"}, "spec": {"clusterQueue": cq}})
+    call_json(
+        api,
+        resource_path(KV, "resourceflavors", None),
+        method="POST",
+        body={"apiVersion": KV, "kind": "ResourceFlavor", "metadata": {"name": rf}},
+    )
+    call_json(
+        api,
+        resource_path(KV, "clusterqueues", None),
+        method="POST",
+        body={
+            "apiVersion": KV,
+            "kind": "ClusterQueue",
+            "metadata": {"name": cq},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["nvidia.com/gpu"],
+                        "flavors": [{"name": rf, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": str(gpus)}]}],
+                    }
+                ],
+            },
+        },
+    )
+    call_json(
+        api,
+        resource_path(KV, "localqueues", namespace),
+        method="POST",
+        body={"apiVersion": KV, "kind": "LocalQueue", "metadata": {"name": "lq"}, "spec": {"clusterQueue": cq}},
+    )
     try:
         deadline = time.monotonic() + 30
         while not has_condition(call_json(api, resource_path(KV, "clusterqueues", None, cq)), "Active"):
@@ -122,22 +190,51 @@ def gpu_job(api: Any, ns: str, name: str, priority_class: str | None = None) -> 
     labels = {"kueue.x-k8s.io/queue-name": "lq"}
     if priority_class:
         labels["kueue.x-k8s.io/priority-class"] = priority_class
-    return call_json(api, resource_path("batch/v1", "jobs", ns), method="POST", body={
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
-            {"name": "main", "image": "example.invalid/train:1", "resources": {"requests": gpu, "limits": gpu}}]}}}})
+    return call_json(
+        api,
+        resource_path("batch/v1", "jobs", ns),
+        method="POST",
+        body={
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": "example.invalid/train:1",
+                                "resources": {"requests": gpu, "limits": gpu},
+                            }
+                        ],
+                    }
+                }
+            },
+        },
+    )
 
 
 def job_controller_starts(api: Any, ns: str, job: dict, pod: str, started: datetime) -> None:
     """What the Job controller does for an unsuspended Job: one running pod, ``status.active: 1``."""
     create_pod(api, ns, pod, gpus=1, owner=job, node="gpu-node-1", started=started)
-    call_json(api, resource_path("batch/v1", "jobs", ns, job["metadata"]["name"]) + "/status", method="PATCH",
-              body={"status": {"active": 1, "startTime": iso(started)}}, content_type="application/merge-patch+json")
+    call_json(
+        api,
+        resource_path("batch/v1", "jobs", ns, job["metadata"]["name"]) + "/status",
+        method="PATCH",
+        body={"status": {"active": 1, "startTime": iso(started)}},
+        content_type="application/merge-patch+json",
+    )
 
 
 def job_controller_stops(api: Any, ns: str, name: str, pod: str) -> None:
     """What the Job controller does for a suspended Job: its pods deleted, ``status.active: 0``."""
     call_json(api, resource_path("v1", "pods", ns, pod), method="DELETE", query=[("gracePeriodSeconds", "0")])
-    call_json(api, resource_path("batch/v1", "jobs", ns, name) + "/status", method="PATCH",
-              body={"status": {"active": 0}}, content_type="application/merge-patch+json")
+    call_json(
+        api,
+        resource_path("batch/v1", "jobs", ns, name) + "/status",
+        method="PATCH",
+        body={"status": {"active": 0}},
+        content_type="application/merge-patch+json",
+    )

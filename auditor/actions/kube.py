@@ -72,8 +72,10 @@ def _api_path(kind: str, namespace: str, name: str | None = None) -> str:
 
 
 def _holds_quota(wl: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "QuotaReserved" and c.get("status") == "True"
-               for c in (wl.get("status") or {}).get("conditions") or [])
+    return any(
+        c.get("type") == "QuotaReserved" and c.get("status") == "True"
+        for c in (wl.get("status") or {}).get("conditions") or []
+    )
 
 
 def _priority_boost(wl: Mapping[str, Any]) -> int:
@@ -105,10 +107,14 @@ class KubeActions:
 
     # ------------------------------------------------------------------ raw calls
 
-    def _call(self, method: str, path: str, body: Any = None, *, patch: str = "merge", query: list | None = None) -> Any:
+    def _call(
+        self, method: str, path: str, body: Any = None, *, patch: str = "merge", query: list | None = None
+    ) -> Any:
         headers = {"Accept": "application/json"}
         if method == "PATCH":
-            headers["Content-Type"] = {"merge": "application/merge-patch+json", "json": "application/json-patch+json"}[patch]
+            headers["Content-Type"] = {"merge": "application/merge-patch+json", "json": "application/json-patch+json"}[
+                patch
+            ]
         elif body is not None:
             headers["Content-Type"] = "application/json"
         params = self.api.param_serialize(
@@ -163,7 +169,9 @@ class KubeActions:
         ns = str(summary.get("namespace"))
         done: list[str] = []
         missing: list[str] = []
-        targets = [(kind, name)] + [("Pod", p) for p in (summary.get("pods") or []) if not (kind == "Pod" and p == name)]
+        targets = [(kind, name)] + [
+            ("Pod", p) for p in (summary.get("pods") or []) if not (kind == "Pod" and p == name)
+        ]
         for k, n in targets:
             if k not in KINDS:
                 missing.append(f"{k}/{n} (unknown kind)")
@@ -181,7 +189,15 @@ class KubeActions:
     # ------------------------------------------------------------------ events
 
     def event(
-        self, summary: Mapping[str, Any], *, key: str, reason: str, note: str, action: str, now: datetime, type_: str = "Warning"
+        self,
+        summary: Mapping[str, Any],
+        *,
+        key: str,
+        reason: str,
+        note: str,
+        action: str,
+        now: datetime,
+        type_: str = "Warning",
     ) -> dict:
         """Create one events.k8s.io/v1 Event on the job, named after ``key`` (dedup: 409 = done)."""
         kind, _, name = str(summary.get("job") or "").partition("/")
@@ -239,7 +255,10 @@ class KubeActions:
             return None  # Kueue not installed
         try:
             if job_uid:
-                items = self._call("GET", path, query=[("labelSelector", f"{KUEUE_JOB_UID_LABEL}={job_uid}")]).get("items") or []
+                items = (
+                    self._call("GET", path, query=[("labelSelector", f"{KUEUE_JOB_UID_LABEL}={job_uid}")]).get("items")
+                    or []
+                )
                 if items:
                     return items[0]
             for wl in self._call("GET", path).get("items") or []:
@@ -276,9 +295,14 @@ class KubeActions:
             for c in (wl.get("status") or {}).get("conditions") or []:
                 if c.get("type") == "Finished" and c.get("status") == "True":
                     raise RequeueRefused(f"Workload {ns}/{wl['metadata']['name']} has finished")
-            return {"type": "workload", "namespace": ns, "name": wl["metadata"]["name"],
-                    "priority": (wl.get("spec") or {}).get("priority"), "priority_boost": _priority_boost(wl),
-                    "reserved": _holds_quota(wl)}
+            return {
+                "type": "workload",
+                "namespace": ns,
+                "name": wl["metadata"]["name"],
+                "priority": (wl.get("spec") or {}).get("priority"),
+                "priority_boost": _priority_boost(wl),
+                "reserved": _holds_quota(wl),
+            }
         labels = (obj.get("metadata") or {}).get("labels") or {}
         if kind == "Job" and KUEUE_QUEUE_LABEL not in labels:
             return {"type": "job", "namespace": ns, "name": name}

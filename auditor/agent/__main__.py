@@ -18,7 +18,9 @@ from auditor.errors import AuditorError, BadInput
 def main(argv: Sequence[str] | None = None) -> int:
     from auditor.cli import agent as cli
 
-    parser = argparse.ArgumentParser(prog="python -m auditor.agent", description="gpu-auditor node agent (see docs/agent.md)")
+    parser = argparse.ArgumentParser(
+        prog="python -m auditor.agent", description="gpu-auditor node agent (see docs/agent.md)"
+    )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     cli.add_arguments(parser)
     args = parser.parse_args(argv)

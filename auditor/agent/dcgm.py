@@ -80,7 +80,10 @@ class DcgmSampler:
                 attrs = system.discovery.GetGpuAttributes(gid)
                 ident = attrs.identifiers
                 self._devices[gid] = Device(
-                    index=int(gid), uuid=_text(ident.uuid), model=_text(ident.deviceName), pci_bus_id=_text(ident.pciBusId)
+                    index=int(gid),
+                    uuid=_text(ident.uuid),
+                    model=_text(ident.deviceName),
+                    pci_bus_id=_text(ident.pciBusId),
                 )
             name = f"gpu-auditor-{os.getpid()}"
             self._group = system.GetGroupWithGpuIds(name, gpu_ids)

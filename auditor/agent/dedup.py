@@ -100,7 +100,9 @@ def prefer_one_source(
     return kept, dropped
 
 
-def promql_prefer_agent(agent_selector: str, other_selector: str, agg: str, range_ms: int, on: Sequence[str] = ("UUID", "GPU_I_ID")) -> str:
+def promql_prefer_agent(
+    agent_selector: str, other_selector: str, agg: str, range_ms: int, on: Sequence[str] = ("UUID", "GPU_I_ID")
+) -> str:
     """One bucket query that prefers the agent's series per GPU at every step.
 
     ``agent_selector``/``other_selector`` are the same selector with ``source="gpu-auditor-agent"``

@@ -75,7 +75,11 @@ class NvmlSampler:
             self.close()
             raise SourceUnavailable("no GPU supports NVML GPM (needs Hopper or newer and a recent driver)")
         if gpm and n_gpm < len(self._devs):
-            log.warning("GPM unsupported on %d of %d devices: their profiling series are absent", len(self._devs) - n_gpm, len(self._devs))
+            log.warning(
+                "GPM unsupported on %d of %d devices: their profiling series are absent",
+                len(self._devs) - n_gpm,
+                len(self._devs),
+            )
         self.name = "gpm" if gpm else "nvml"
         self._gpm_ids = [f.gpm_id for f in GPM_FIELDS]
         try:
@@ -238,4 +242,3 @@ class NvmlSampler:
                     values[f.name] = m.value * f.gpm_scale
         d.prev, d.cur = d.cur, d.prev
         d.has_prev = True
-

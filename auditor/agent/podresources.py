@@ -61,7 +61,9 @@ def messages() -> tuple[Any, Any]:
     from google.protobuf import descriptor_pb2, descriptor_pool
 
     F = descriptor_pb2.FieldDescriptorProto
-    fdp = descriptor_pb2.FileDescriptorProto(name="gpu_auditor/podresources_v1_subset.proto", package="v1", syntax="proto3")
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name="gpu_auditor/podresources_v1_subset.proto", package="v1", syntax="proto3"
+    )
 
     def message(name: str, *fields: tuple[str, int, int, int, str]) -> None:
         m = fdp.message_type.add(name=name)
@@ -124,7 +126,9 @@ def wanted(resource: str, extra: Sequence[str] = ()) -> bool:
     return resource in DEFAULT_RESOURCES or bool(_MIG_RESOURCE.match(resource)) or resource in extra
 
 
-def attribute(allocs: Iterable[Allocation], devices: Sequence[Device], extra_resources: Sequence[str] = ()) -> tuple[dict[str, PodRef], list[str]]:
+def attribute(
+    allocs: Iterable[Allocation], devices: Sequence[Device], extra_resources: Sequence[str] = ()
+) -> tuple[dict[str, PodRef], list[str]]:
     """Device key → the pod (and container) holding it, plus warnings.
 
     A device ID may be a GPU UUID, a ``MIG-…`` UUID or a GPU index, optionally with a ``::<n>``
@@ -158,7 +162,9 @@ def attribute(allocs: Iterable[Allocation], devices: Sequence[Device], extra_res
         out[key] = chosen
         if len(pods) > 1:
             others = ", ".join(f"{p.namespace}/{p.pod}" for p in sorted(pods) if p != chosen)
-            warnings.append(f"GPU {key} is shared (time-slicing?): attributed to {chosen.namespace}/{chosen.pod}, not {others}")
+            warnings.append(
+                f"GPU {key} is shared (time-slicing?): attributed to {chosen.namespace}/{chosen.pod}, not {others}"
+            )
     return out, warnings
 
 

@@ -44,7 +44,9 @@ class RecordedSampler:
 
     name = "recorded"
 
-    def __init__(self, devices: Sequence[Device], rows: Mapping[str, Sequence[Mapping[str, float]]] | None = None) -> None:
+    def __init__(
+        self, devices: Sequence[Device], rows: Mapping[str, Sequence[Mapping[str, float]]] | None = None
+    ) -> None:
         self._devices = list(devices)
         self._lock = threading.Lock()
         self._rows: dict[str, list[dict[str, float]]] = {}

@@ -273,7 +273,8 @@ class Agent:
                     fam.samples.append(_sample(name, labels, mean.value))
         out: list[Any] = [f for f in fams.values() if f.samples]
         info = GaugeMetricFamily(
-            "gpu_auditor_agent_info", "The node agent: its GPU backend and version.",
+            "gpu_auditor_agent_info",
+            "The node agent: its GPU backend and version.",
             labels=["backend", "version", "Hostname"],
         )
         info.add_metric([self.sampler.name, __version__, self.node_name], 1.0)
@@ -290,7 +291,9 @@ class Agent:
         gpus.add_metric([], float(len(self.devices)))
         window = GaugeMetricFamily("gpu_auditor_agent_window_samples", "Samples averaged into this scrape's values.")
         window.add_metric([], float(n_ticks))
-        attr_err = CounterMetricFamily("gpu_auditor_agent_pod_resources_errors", "Failed kubelet pod-resources List calls.")
+        attr_err = CounterMetricFamily(
+            "gpu_auditor_agent_pod_resources_errors", "Failed kubelet pod-resources List calls."
+        )
         attr_err.add_metric([], float(self.attribution_errors))
         out += [info, samples, errors, cpu, gpus, window, attr_err]
         if self.attribution_ok_at:

@@ -26,8 +26,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="list the policy actions recorded in the store (done, skipped, failed, waiting)",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    p.add_argument("--since", default="7d", metavar="T",
-                   help="from this time on: a duration back from now (7d, default), now-6h or RFC 3339")
+    p.add_argument(
+        "--since",
+        default="7d",
+        metavar="T",
+        help="from this time on: a duration back from now (7d, default), now-6h or RFC 3339",
+    )
     p.add_argument("--state", action="append", choices=STATES, help="only actions in this state (repeatable)")
     p.add_argument("--cluster", metavar="NAME", help="only this cluster, where several share one store")
     p.add_argument("--output", "-o", choices=("table", "json"), default="table", help="table (default) or JSON")

@@ -21,24 +21,50 @@ DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--listen", metavar="HOST:PORT", default="0.0.0.0:9400", help="where to serve /metrics (default 0.0.0.0:9400)")
-    p.add_argument("--interval", metavar="DURATION", default="1s", help="sampling interval (default 1s); values served are means of these samples")
     p.add_argument(
-        "--pod-resources-socket", metavar="PATH", default=None,
+        "--listen", metavar="HOST:PORT", default="0.0.0.0:9400", help="where to serve /metrics (default 0.0.0.0:9400)"
+    )
+    p.add_argument(
+        "--interval",
+        metavar="DURATION",
+        default="1s",
+        help="sampling interval (default 1s); values served are means of these samples",
+    )
+    p.add_argument(
+        "--pod-resources-socket",
+        metavar="PATH",
+        default=None,
         help=f"kubelet pod-resources socket for pod attribution (default {DEFAULT_SOCKET} when it exists; '' turns attribution off)",
     )
     p.add_argument(
-        "--source", choices=("auto", "dcgm", "gpm", "nvml"), default="auto",
+        "--source",
+        choices=("auto", "dcgm", "gpm", "nvml"),
+        default="auto",
         help="GPU source: auto (default) = pydcgm if present, else NVML GPM (Hopper+), else NVML utilization only",
     )
-    p.add_argument("--node-name", metavar="NAME", default=None, help="value of the Hostname label (default: $NODE_NAME, else the host name)")
     p.add_argument(
-        "--first-window", metavar="DURATION", default="15s",
+        "--node-name",
+        metavar="NAME",
+        default=None,
+        help="value of the Hostname label (default: $NODE_NAME, else the host name)",
+    )
+    p.add_argument(
+        "--first-window",
+        metavar="DURATION",
+        default="15s",
         help="what a scraper's first scrape averages over (default 15s); later scrapes average since the previous one",
     )
-    p.add_argument("--refresh", metavar="DURATION", default="5s", help="how often to ask the kubelet for pod attribution (default 5s)")
     p.add_argument(
-        "--resource-name", metavar="NAME", action="append", default=[],
+        "--refresh",
+        metavar="DURATION",
+        default="5s",
+        help="how often to ask the kubelet for pod attribution (default 5s)",
+    )
+    p.add_argument(
+        "--resource-name",
+        metavar="NAME",
+        action="append",
+        default=[],
         help="extra device-plugin resource to attribute (nvidia.com/gpu and nvidia.com/mig-* always are); repeatable",
     )
 
@@ -49,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="node agent: per-GPU profiling metrics (DCGM, else NVML GPM) under dcgm-exporter's names",
         description=(
             "Sample every GPU of this node every second (pydcgm, else NVML GPM, else NVML utilization only) and "
-            "serve /metrics with dcgm-exporter's names, units and labels plus source=\"gpu-auditor-agent\"; each "
+            'serve /metrics with dcgm-exporter\'s names, units and labels plus source="gpu-auditor-agent"; each '
             "value is the mean of the samples since the scraper's previous scrape. GPUs are attributed to pods "
             "through the kubelet's pod-resources API. See docs/agent.md."
         ),
@@ -70,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
     if socket_path is None:
         socket_path = DEFAULT_SOCKET if os.path.exists(DEFAULT_SOCKET) else ""
     elif socket_path and not os.path.exists(socket_path):
-        log.warning("pod-resources socket %s does not exist (yet); GPUs stay unattributed until it answers", socket_path)
+        log.warning(
+            "pod-resources socket %s does not exist (yet); GPUs stay unattributed until it answers", socket_path
+        )
 
     client = None
     if socket_path:
@@ -82,8 +110,13 @@ def run(args: argparse.Namespace) -> int:
 
     sampler = open_sampler(args.source)
     agent = Agent(
-        sampler, node_name=args.node_name, interval=interval, pod_resources=client,
-        refresh=refresh, first_window=first_window, extra_resources=tuple(args.resource_name),
+        sampler,
+        node_name=args.node_name,
+        interval=interval,
+        pod_resources=client,
+        refresh=refresh,
+        first_window=first_window,
+        extra_resources=tuple(args.resource_name),
     )
     agent.start()
     try:
@@ -93,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput(f"--listen {args.listen}: {exc.strerror or exc}") from None
     print(
         f"gpu-auditor agent: {len(agent.devices)} device(s) via {sampler.name}, serving http://{bound[0]}:{bound[1]}/metrics",
-        file=sys.stderr, flush=True,
+        file=sys.stderr,
+        flush=True,
     )
 
     def _stop(signum: int, _frame: object) -> None:

@@ -38,12 +38,24 @@ def add_prometheus_flags(parser: argparse.ArgumentParser, *, required: bool = Tr
         help=f"Prometheus (or Thanos/Mimir/VictoriaMetrics) query URL, e.g. http://prometheus:9090 (env {ENV_URL})",
     )
     g.add_argument("--prometheus-token-file", metavar="FILE", help=f"file holding a bearer token (or env {ENV_TOKEN})")
-    g.add_argument("--prometheus-user", metavar="USER", help=f"basic-auth user; password from --prometheus-password-file or env {ENV_PASSWORD}")
+    g.add_argument(
+        "--prometheus-user",
+        metavar="USER",
+        help=f"basic-auth user; password from --prometheus-password-file or env {ENV_PASSWORD}",
+    )
     g.add_argument("--prometheus-password-file", metavar="FILE", help="file holding the basic-auth password")
     g.add_argument("--prometheus-ca-file", metavar="FILE", help="CA bundle to verify the server's TLS certificate")
     g.add_argument("--prometheus-insecure", action="store_true", help="do not verify TLS certificates (testing only)")
-    g.add_argument("--prometheus-timeout", metavar="SECONDS", type=float, default=60.0, help="per-query timeout (default 60)")
-    g.add_argument("--prometheus-retries", metavar="N", type=int, default=2, help="retries on connection errors, 429 and 5xx (default 2)")
+    g.add_argument(
+        "--prometheus-timeout", metavar="SECONDS", type=float, default=60.0, help="per-query timeout (default 60)"
+    )
+    g.add_argument(
+        "--prometheus-retries",
+        metavar="N",
+        type=int,
+        default=2,
+        help="retries on connection errors, 429 and 5xx (default 2)",
+    )
     g.add_argument(
         "--match",
         metavar="LABEL=VALUE",
@@ -131,16 +143,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_prometheus_flags(p)
     kube = p.add_mutually_exclusive_group()
-    kube.add_argument("--kubeconfig", metavar="PATH", help="find jobs through the Kubernetes API: owners up to the top-level job, Kueue queues, teams")
+    kube.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help="find jobs through the Kubernetes API: owners up to the top-level job, Kueue queues, teams",
+    )
     kube.add_argument("--in-cluster", action="store_true", help="as --kubeconfig, with the pod's service account")
-    kube.add_argument("--no-kube", action="store_true", help="jobs from metric labels alone: each pod is a job Pod/<name>, its team is its namespace")
+    kube.add_argument(
+        "--no-kube",
+        action="store_true",
+        help="jobs from metric labels alone: each pod is a job Pod/<name>, its team is its namespace",
+    )
     p.add_argument("--start", required=True, metavar="T", help="start of the range: RFC 3339 or now-<duration>")
     p.add_argument("--end", default="now", metavar="T", help="end of the range (default: now)")
     add_store_flags(p)
-    p.add_argument("--policies", metavar="DIR", help="evaluate the policies in DIR and report their decisions (dry run)")
+    p.add_argument(
+        "--policies", metavar="DIR", help="evaluate the policies in DIR and report their decisions (dry run)"
+    )
     p.add_argument("--act", action="store_true", help="with --policies: carry out the decided actions")
     p.add_argument("--output", choices=("table", "json"), default="table", help="table (default) or the audit JSON")
-    p.add_argument("--cluster", metavar="NAME", default="default", help="cluster name recorded on each job (default: default)")
+    p.add_argument(
+        "--cluster", metavar="NAME", default="default", help="cluster name recorded on each job (default: default)"
+    )
     p.add_argument("--bucket", metavar="DURATION", default="5m", help="rollup bucket width (default 5m)")
     p.set_defaults(handler=run)
 
@@ -198,8 +222,16 @@ def run(args: argparse.Namespace) -> int:
         try:
             store = open_store(settings)
             try:
-                result = run_audit(source, resolver, store, window, now=now, width=width, progress=log.info,
-                                   thresholds=settings.thresholds)
+                result = run_audit(
+                    source,
+                    resolver,
+                    store,
+                    window,
+                    now=now,
+                    width=width,
+                    progress=log.info,
+                    thresholds=settings.thresholds,
+                )
                 decisions = []
                 if policies is not None:
                     from auditor.policy.runner import PolicyRunner
@@ -243,7 +275,9 @@ def run(args: argparse.Namespace) -> int:
         f"from {source.url} in {report.queries} queries"
     )
     if report.dropped:
-        note += "; garbage samples dropped: " + ", ".join(f"{m.value} {n}" for m, n in sorted(report.dropped.items(), key=lambda kv: kv[0].value))
+        note += "; garbage samples dropped: " + ", ".join(
+            f"{m.value} {n}" for m, n in sorted(report.dropped.items(), key=lambda kv: kv[0].value)
+        )
     print(note, file=sys.stderr)
     for w in report.warnings:
         print(f"warning: {w}", file=sys.stderr)

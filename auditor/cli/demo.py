@@ -42,7 +42,12 @@ class Scenario:
 
 def _mig(host: str, index: int, instance: int, profile: str) -> GpuId:
     return GpuId(
-        uuid=fake_uuid(host, index), instance=str(instance), hostname=host, index=str(index), model=H200, mig_profile=profile
+        uuid=fake_uuid(host, index),
+        instance=str(instance),
+        hostname=host,
+        index=str(index),
+        model=H200,
+        mig_profile=profile,
     )
 
 
@@ -57,7 +62,12 @@ def scenario(now: datetime, *, interval: timedelta = timedelta(seconds=30)) -> S
     def own(ns: str, pod: str, kind: str, name: str, team: str | None = None) -> PodRef:
         ref = PodRef(ns, pod, "main")
         table[(ns, pod)] = JobRef(
-            cluster=CLUSTER, namespace=ns, kind=kind, name=name, uid=fake_uuid(ns, f"{kind}/{name}")[4:], team=team or ns
+            cluster=CLUSTER,
+            namespace=ns,
+            kind=kind,
+            name=name,
+            uid=fake_uuid(ns, f"{kind}/{name}")[4:],
+            team=team or ns,
         )
         return ref
 
@@ -67,11 +77,32 @@ def scenario(now: datetime, *, interval: timedelta = timedelta(seconds=30)) -> S
     no_sm = frozenset({Metric.SM_ACTIVE, Metric.SM_OCCUPANCY})
     demo_jobs = [
         # vision
-        TraceJob(own("vision", "resnet50-train-worker-0", "PyTorchJob", "resnet50-train"), a1[0:4], "resnet50_bf16_training", duration=5 * h),
-        TraceJob(own("vision", "mlp-baseline", "Pod", "mlp-baseline"), a1[4:5], "mlp_fp32_training_no_tf32", duration=3 * h, end_offset=h),
+        TraceJob(
+            own("vision", "resnet50-train-worker-0", "PyTorchJob", "resnet50-train"),
+            a1[0:4],
+            "resnet50_bf16_training",
+            duration=5 * h,
+        ),
+        TraceJob(
+            own("vision", "mlp-baseline", "Pod", "mlp-baseline"),
+            a1[4:5],
+            "mlp_fp32_training_no_tf32",
+            duration=3 * h,
+            end_offset=h,
+        ),
         # llm
-        TraceJob(own("llm", "llm-serve-7d9f8-x2k4p", "Deployment", "llm-serve"), a2[0:1], "llm_batched_inference_bf16", duration=6 * h),
-        TraceJob(own("llm", "llm-serve-7d9f8-q8zvn", "Deployment", "llm-serve"), a2[1:2], "llm_batched_inference_bf16", duration=6 * h),
+        TraceJob(
+            own("llm", "llm-serve-7d9f8-x2k4p", "Deployment", "llm-serve"),
+            a2[0:1],
+            "llm_batched_inference_bf16",
+            duration=6 * h,
+        ),
+        TraceJob(
+            own("llm", "llm-serve-7d9f8-q8zvn", "Deployment", "llm-serve"),
+            a2[1:2],
+            "llm_batched_inference_bf16",
+            duration=6 * h,
+        ),
         TraceJob(
             own("llm", "llm-finetune-worker-0", "PyTorchJob", "llm-finetune"),
             b1[0:4],
@@ -79,24 +110,60 @@ def scenario(now: datetime, *, interval: timedelta = timedelta(seconds=30)) -> S
             gpu_phases=("kernel_spin_waiting_4_blocks",) * 3 + ("cpu_bound_preprocessing",),
             duration=4 * h,
         ),
-        TraceJob(own("llm", "kernel-debug", "Job", "kernel-debug"), b1[4:5], "kernel_spin_waiting_4_blocks", duration=2 * h),
+        TraceJob(
+            own("llm", "kernel-debug", "Job", "kernel-debug"), b1[4:5], "kernel_spin_waiting_4_blocks", duration=2 * h
+        ),
         # recsys
-        TraceJob(own("recsys", "embedding-train-0", "Job", "embedding-train"), a2[2:4], "embedding_gather", duration=2 * h),
-        TraceJob(own("recsys", "feature-prep-ab12c", "Job", "feature-prep"), a2[4:5], "cpu_bound_preprocessing", duration=3 * h),
-        TraceJob(own("recsys", "legacy-ranker-0", "Job", "legacy-ranker"), d1[0:1], "resnet50_bf16_training", duration=2 * h, exclude=no_sm),
+        TraceJob(
+            own("recsys", "embedding-train-0", "Job", "embedding-train"), a2[2:4], "embedding_gather", duration=2 * h
+        ),
+        TraceJob(
+            own("recsys", "feature-prep-ab12c", "Job", "feature-prep"),
+            a2[4:5],
+            "cpu_bound_preprocessing",
+            duration=3 * h,
+        ),
+        TraceJob(
+            own("recsys", "legacy-ranker-0", "Job", "legacy-ranker"),
+            d1[0:1],
+            "resnet50_bf16_training",
+            duration=2 * h,
+            exclude=no_sm,
+        ),
         # research
-        TraceJob(own("research", "jupyter-alice", "Pod", "jupyter-alice"), a2[5:6], "notebook_idle_model_loaded", duration=6 * h),
+        TraceJob(
+            own("research", "jupyter-alice", "Pod", "jupyter-alice"),
+            a2[5:6],
+            "notebook_idle_model_loaded",
+            duration=6 * h,
+        ),
     ]
     micro_jobs = [
         TraceJob(own("research", "spin-test-x7q", "Job", "spin-test"), tuple(a2[6:7]), "one_sm_spin", duration=h),
-        TraceJob(own("research", "softmax-bench", "Job", "softmax-bench"), tuple(c_mig[0:1]), "naive_softmax", duration=2 * h),
-        TraceJob(own("research", "jupyter-bob", "Pod", "jupyter-bob"), tuple(c_mig[1:2]), "bf16_matmul", duration=90 * timedelta(minutes=1)),
+        TraceJob(
+            own("research", "softmax-bench", "Job", "softmax-bench"), tuple(c_mig[0:1]), "naive_softmax", duration=2 * h
+        ),
+        TraceJob(
+            own("research", "jupyter-bob", "Pod", "jupyter-bob"),
+            tuple(c_mig[1:2]),
+            "bf16_matmul",
+            duration=90 * timedelta(minutes=1),
+        ),
     ]
     # issue 15's recorded workloads: the classes the verdicts used to get wrong
     work_jobs = [
-        TraceJob(own("llm", "llm-pretrain-naive-attn-0", "PyTorchJob", "llm-pretrain-naive-attn"), a1[5:6],
-                 "transformer_materialized_bf16_s4096", duration=3 * h),
-        TraceJob(own("vision", "detector-train-0", "Job", "detector-train"), a1[6:7], "dataloader_stall_busy50", duration=4 * h),
+        TraceJob(
+            own("llm", "llm-pretrain-naive-attn-0", "PyTorchJob", "llm-pretrain-naive-attn"),
+            a1[5:6],
+            "transformer_materialized_bf16_s4096",
+            duration=3 * h,
+        ),
+        TraceJob(
+            own("vision", "detector-train-0", "Job", "detector-train"),
+            a1[6:7],
+            "dataloader_stall_busy50",
+            duration=4 * h,
+        ),
         TraceJob(own("recsys", "shard-loader-0", "Job", "shard-loader"), a1[7:8], "h2d_copy_pinned", duration=h),
     ]
     window = Window(now - 6 * h, now)
@@ -109,8 +176,14 @@ def scenario(now: datetime, *, interval: timedelta = timedelta(seconds=30)) -> S
     )
 
 
-def run_demo(out_dir: Path, *, now: datetime | None = None, html: bool = True, progress=None,
-             thresholds: "Thresholds | None" = None) -> list[dict]:
+def run_demo(
+    out_dir: Path,
+    *,
+    now: datetime | None = None,
+    html: bool = True,
+    progress=None,
+    thresholds: "Thresholds | None" = None,
+) -> list[dict]:
     """Replay, audit, store, and write the page; returns the summaries (most waste first).
 
     ``thresholds`` are the verdict thresholds (default: the built-in ones), so that a tuning can
@@ -181,7 +254,10 @@ def _handle(args: argparse.Namespace) -> int:
     say("replaying the bundled H200 traces as a small cluster (13 pods, 12 jobs, 4 teams)")
     summaries = run_demo(out, html=not args.no_html, progress=say, thresholds=thresholds)
     sys.stdout.write(format_table(summaries))
-    say(f"wrote {out / 'demo.sqlite'}, {out / 'summaries.json'}" + ("" if args.no_html else f", {out / 'index.html'}, {out / 'weekly-report.html'}"))
+    say(
+        f"wrote {out / 'demo.sqlite'}, {out / 'summaries.json'}"
+        + ("" if args.no_html else f", {out / 'index.html'}, {out / 'weekly-report.html'}")
+    )
     say(f"done in {time.monotonic() - t0:.1f} s")
     return 0
 
@@ -194,7 +270,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", default="demo-out", metavar="DIR", help="output directory (default: ./demo-out)")
     p.add_argument("--no-html", action="store_true", help="skip the HTML page (faster)")
-    p.add_argument("--config", metavar="FILE",
-                   help="settings file whose thresholds: section the verdicts use (default: $GPU_AUDITOR_CONFIG, "
-                        "else /etc/gpu-auditor/settings.yaml when it exists; GPU_AUDITOR_THRESHOLDS__* apply too)")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="settings file whose thresholds: section the verdicts use (default: $GPU_AUDITOR_CONFIG, "
+        "else /etc/gpu-auditor/settings.yaml when it exists; GPU_AUDITOR_THRESHOLDS__* apply too)",
+    )
     p.set_defaults(handler=_handle)

@@ -51,7 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_store_flags(p)
     p.add_argument("--cluster", metavar="NAME", help="the job's cluster, where several share one store")
     p.add_argument("--png", metavar="FILE", help="also draw the time series into a PNG file")
-    p.add_argument("--output", choices=("text", "json"), default="text", help="text (default), or the summary and buckets as JSON")
+    p.add_argument(
+        "--output", choices=("text", "json"), default="text", help="text (default), or the summary and buckets as JSON"
+    )
     p.set_defaults(handler=run)
 
 
@@ -98,8 +100,11 @@ def run(args: argparse.Namespace) -> int:
             found = _owner_of_pod(store, namespace, name, args.cluster)
             if found is not None:
                 owner = found[1]
-                print(f"gpu-auditor: pod {namespace}/{name} belongs to the audited job {_ref(owner)} "
-                      f"(cluster {owner.cluster}): explaining that job", file=sys.stderr)
+                print(
+                    f"gpu-auditor: pod {namespace}/{name} belongs to the audited job {_ref(owner)} "
+                    f"(cluster {owner.cluster}): explaining that job",
+                    file=sys.stderr,
+                )
         if found is None:
             print(
                 f"gpu-auditor: no audited job {namespace}/{kind}/{name} in store {store.display_url}"
@@ -110,11 +115,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         job_id, job = found
         summary = next(
-            (
-                s
-                for s in store.summaries(cluster=job.cluster, namespace=namespace)
-                if s.get("job") == job.job
-            ),
+            (s for s in store.summaries(cluster=job.cluster, namespace=namespace) if s.get("job") == job.job),
             None,
         )
         buckets = store.buckets(job_id)
@@ -164,7 +165,15 @@ def render(summary: dict, buckets: Sequence[Bucket]) -> str:
         "means: "
         + "   ".join(
             f"{k} {_pct(summary.get(k))}"
-            for k in ("gpu_util", "gr_engine_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active", "fp32_active")
+            for k in (
+                "gpu_util",
+                "gr_engine_active",
+                "sm_active",
+                "sm_occupancy",
+                "tensor_active",
+                "dram_active",
+                "fp32_active",
+            )
             if k in summary
         )
         + f"   MFU~ {_pct(summary.get('mfu_estimate'))}"
@@ -192,7 +201,9 @@ def render(summary: dict, buckets: Sequence[Bucket]) -> str:
     if per_gpu:
         out.append("")
         out.append("per GPU:")
-        out.append(f"  {'pod':<24}{'host':<14}{'gpu':<8}{'util':>8}{'SM':>8}{'tensor':>8}{'DRAM':>8}{'cov':>7}  verdict")
+        out.append(
+            f"  {'pod':<24}{'host':<14}{'gpu':<8}{'util':>8}{'SM':>8}{'tensor':>8}{'DRAM':>8}{'cov':>7}  verdict"
+        )
         for g in per_gpu:
             gpu = str(g.get("gpu") or "") + (f"/{g['mig_instance']}" if g.get("mig_instance") else "")
             util = g.get("gpu_util") if g.get("gpu_util") is not None else g.get("gr_engine_active")
@@ -218,7 +229,9 @@ def _short(v: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _series(buckets: Sequence[Bucket]) -> tuple[list[datetime], dict[tuple[str, str], dict[Metric, dict[datetime, tuple[float, int]]]]]:
+def _series(
+    buckets: Sequence[Bucket],
+) -> tuple[list[datetime], dict[tuple[str, str], dict[Metric, dict[datetime, tuple[float, int]]]]]:
     """Bucket starts, and per (pod, GPU) per metric: start → (total, count)."""
     starts = sorted({b.start for b in buckets})
     per: dict[tuple[str, str], dict[Metric, dict[datetime, tuple[float, int]]]] = defaultdict(lambda: defaultdict(dict))

@@ -27,14 +27,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("policy", help="validate policies, or backtest them over stored history")
     sub = p.add_subparsers(dest="policy_command", metavar="COMMAND", required=True)
     v = sub.add_parser("validate", help="check policy files (exit 2 with file:line on an error)")
-    v.add_argument("path", metavar="FILE|DIR", help="a policy file, or a directory of policy YAML files (searched recursively)")
+    v.add_argument(
+        "path", metavar="FILE|DIR", help="a policy file, or a directory of policy YAML files (searched recursively)"
+    )
     v.add_argument("--no-suites", action="store_true", help="do not run the example suites (suite.yaml)")
     v.set_defaults(handler=validate)
-    s = sub.add_parser("simulate", help="backtest: which jobs each policy would have hit, with which actions (no side effects)")
+    s = sub.add_parser(
+        "simulate", help="backtest: which jobs each policy would have hit, with which actions (no side effects)"
+    )
     s.add_argument("--since", default="7d", metavar="DURATION", help="how far back (default 7d)")
     add_store_flags(s)
-    s.add_argument("--policies", metavar="DIR",
-                   help="policies to try (default: the operator's, from the settings: the shipped ones and policies.dir)")
+    s.add_argument(
+        "--policies",
+        metavar="DIR",
+        help="policies to try (default: the operator's, from the settings: the shipped ones and policies.dir)",
+    )
     s.add_argument("--output", choices=("text", "json"), default="text")
     s.set_defaults(handler=simulate)
 
@@ -87,9 +94,13 @@ def simulate(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps(result, indent=2, default=str))
         return 0
-    print(f"backtest over {result['jobs']} stored job(s) since {result['since']} in store {result['store']} (no side effects)")
+    print(
+        f"backtest over {result['jobs']} stored job(s) since {result['since']} in store {result['store']} (no side effects)"
+    )
     for name, pol in result["policies"].items():
-        print(f"\n{name} (mode {pol['mode']}): {len(pol['hits'])} job(s) hit, {pol['alerts']} alert(s), {pol['requeues']} requeue(s)")
+        print(
+            f"\n{name} (mode {pol['mode']}): {len(pol['hits'])} job(s) hit, {pol['alerts']} alert(s), {pol['requeues']} requeue(s)"
+        )
         for day, c in sorted(pol["per_day"].items()):
             print(f"  {day}: {c['alerts']} alert(s), {c['requeues']} requeue(s), {c['hits']} job(s)")
         for h in pol["hits"][:20]:

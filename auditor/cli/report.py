@@ -142,13 +142,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--week", required=True, metavar="YYYY-Www", help="ISO week, e.g. 2026-W48")
     p.add_argument("--team", metavar="T", help="only this team (default: every team, and the cluster total)")
-    p.add_argument("--format", default="html", metavar="FMT", help="html (default), csv, md, json; comma-separated for several")
+    p.add_argument(
+        "--format", default="html", metavar="FMT", help="html (default), csv, md, json; comma-separated for several"
+    )
     p.add_argument("--out", default=".", metavar="DIR", help="output directory (default: .)")
     add_store_flags(p)
     p.add_argument("--cluster", metavar="NAME", help="only this cluster, where several share one store")
-    p.add_argument("--timezone", metavar="TZ", help="the week's time zone (IANA name; default: settings reports.timezone, UTC)")
-    p.add_argument("--price", action="append", metavar="MODEL=PRICE",
-                   help="price per GPU-hour of a GPU model; default=PRICE for the rest (repeatable; default: settings reports.prices)")
+    p.add_argument(
+        "--timezone", metavar="TZ", help="the week's time zone (IANA name; default: settings reports.timezone, UTC)"
+    )
+    p.add_argument(
+        "--price",
+        action="append",
+        metavar="MODEL=PRICE",
+        help="price per GPU-hour of a GPU model; default=PRICE for the rest (repeatable; default: settings reports.prices)",
+    )
     p.add_argument("--currency", help="currency of the prices (default: settings reports.currency, USD)")
-    p.add_argument("--top", type=int, metavar="N", help="most wasteful jobs listed per team (default: settings reports.top_n, 10)")
+    p.add_argument(
+        "--top", type=int, metavar="N", help="most wasteful jobs listed per team (default: settings reports.top_n, 10)"
+    )
     p.set_defaults(handler=_handle)

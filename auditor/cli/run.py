@@ -35,16 +35,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", metavar="FILE", help=f"{CONFIG_HELP}; docs/operator.md lists the keys")
     p.add_argument("--once", action="store_true", help="run one cycle (taking the Lease) and exit")
-    p.add_argument("--dry-run", action="store_true",
-                   help="decide and record the would-do decisions in the store, but write nothing to the cluster "
-                        "(no Lease, annotation, Event or requeue) and send no notification or report")
-    p.add_argument("--no-leader-election", action="store_true",
-                   help="run without the Lease (settings: leader_election.enabled: false); for one operator only")
-    p.add_argument("--lease-namespace", metavar="NS",
-                   help="namespace of the Lease (settings: leader_election.namespace; default: $POD_NAMESPACE "
-                        "in a pod, else the kubeconfig context's namespace)")
-    p.add_argument("--output", choices=("table", "json"), default="table",
-                   help="with --once: print the touched jobs as a table (default) or as audit JSON")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="decide and record the would-do decisions in the store, but write nothing to the cluster "
+        "(no Lease, annotation, Event or requeue) and send no notification or report",
+    )
+    p.add_argument(
+        "--no-leader-election",
+        action="store_true",
+        help="run without the Lease (settings: leader_election.enabled: false); for one operator only",
+    )
+    p.add_argument(
+        "--lease-namespace",
+        metavar="NS",
+        help="namespace of the Lease (settings: leader_election.namespace; default: $POD_NAMESPACE "
+        "in a pod, else the kubeconfig context's namespace)",
+    )
+    p.add_argument(
+        "--output",
+        choices=("table", "json"),
+        default="table",
+        help="with --once: print the touched jobs as a table (default) or as audit JSON",
+    )
     add_prometheus_flags(p, required=False)
     kube = p.add_mutually_exclusive_group()
     kube.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
@@ -111,8 +124,9 @@ def run(args: argparse.Namespace) -> int:
     from auditor.settings import load_cli_settings
 
     settings = load_cli_settings(args.config, overrides=overrides_from_args(args))
-    logging.getLogger().setLevel(min(logging.getLogger().level or logging.WARNING,
-                                     getattr(logging, settings.log_level.upper())))
+    logging.getLogger().setLevel(
+        min(logging.getLogger().level or logging.WARNING, getattr(logging, settings.log_level.upper()))
+    )
     token = None
     if args.prometheus_token_file:
         from auditor.cli.audit import _read_secret
@@ -147,8 +161,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     if args.dry_run:
-        log.warning("dry run: no Lease, nothing written to the cluster, no notification or report; "
-                    "would-do decisions are recorded in the store")
+        log.warning(
+            "dry run: no Lease, nothing written to the cluster, no notification or report; "
+            "would-do decisions are recorded in the store"
+        )
 
     def _stop(signum: int, _frame: Any) -> None:
         log.info("signal %d: shutting down%s", signum, " (releasing the Lease)" if op.elector is not None else "")
@@ -175,5 +191,8 @@ def _print_dry_run(decisions: list, *, policies: bool) -> None:
     if policies:
         print_decisions(decisions, act=True, file=sys.stderr)  # each line says "dry-run"
     due = sum(1 for d in decisions if d.step is not None)
-    print(f"dry run: nothing was written to the cluster and nothing was sent; {due} would-do decision(s) "
-          "recorded in the store", file=sys.stderr)
+    print(
+        f"dry run: nothing was written to the cluster and nothing was sent; {due} would-do decision(s) "
+        "recorded in the store",
+        file=sys.stderr,
+    )

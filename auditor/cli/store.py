@@ -36,12 +36,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_store_flags(prune)
     scope = prune.add_mutually_exclusive_group()
-    scope.add_argument("--cluster", metavar="NAME", help="the cluster whose rows are pruned (default: settings' cluster)")
+    scope.add_argument(
+        "--cluster", metavar="NAME", help="the cluster whose rows are pruned (default: settings' cluster)"
+    )
     scope.add_argument("--all-clusters", action="store_true", help="prune the rows of every cluster in the store")
     prune.add_argument("--dry-run", action="store_true", help="count what would be deleted; delete nothing")
-    prune.add_argument("--as-of", metavar="T", default="now",
-                       help="prune as at this time (RFC 3339 or now±DURATION; default now), e.g. to preview a later prune")
-    prune.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format (default table)")
+    prune.add_argument(
+        "--as-of",
+        metavar="T",
+        default="now",
+        help="prune as at this time (RFC 3339 or now±DURATION; default now), e.g. to preview a later prune",
+    )
+    prune.add_argument(
+        "-o", "--output", choices=("table", "json"), default="table", help="output format (default table)"
+    )
     prune.set_defaults(handler=_prune)
     p.set_defaults(handler=lambda _args: _usage(p))
 
@@ -69,8 +77,10 @@ def _prune(args: argparse.Namespace) -> int:
         return 0
     verb = "would delete" if result.dry_run else "deleted"
     scope = "every cluster" if cluster is None else f"cluster {cluster}"
-    print(f"{scope}, as of {now.isoformat()}: buckets ended before {(now - retention.buckets).isoformat()}, "
-          f"the rest before {(now - retention.summaries).isoformat()}")
+    print(
+        f"{scope}, as of {now.isoformat()}: buckets ended before {(now - retention.buckets).isoformat()}, "
+        f"the rest before {(now - retention.summaries).isoformat()}"
+    )
     width = max(len(t) for t in result.deleted)
     print(f"{'TABLE':<{width}}  {verb.upper()}")
     for table, n in result.deleted.items():

@@ -65,8 +65,12 @@ def open_store(settings: "Settings", *, existing: bool = False) -> "Store":
     url = settings.database_url()
     if existing:
         sa_url = resolve(url)
-        if sa_url.get_backend_name() == "sqlite" and sa_url.database and sa_url.database != ":memory:" \
-                and not Path(sa_url.database).exists():
+        if (
+            sa_url.get_backend_name() == "sqlite"
+            and sa_url.database
+            and sa_url.database != ":memory:"
+            and not Path(sa_url.database).exists()
+        ):
             raise PermanentError(f"store {display_url(sa_url)}: no such file, so no audited jobs. {ELSEWHERE}")
     store = Store.open(url)
     print(f"gpu-auditor: reading store {store.display_url}", file=sys.stderr)

@@ -55,9 +55,7 @@ def _to_openmetrics(args: argparse.Namespace) -> int:
         include = (include if include is not None else set(Metric)) - _metrics(args.drop, "--drop")
     specs: list[tuple[PodRef, tuple[str, ...]]] = [parse_job_spec(s, args.gpus) for s in args.job or []]
     if args.all_phases:
-        specs += [
-            (PodRef(args.all_phases, p.replace("_", "-"), "main"), (p,) * args.gpus) for p in trace.phases()
-        ]
+        specs += [(PodRef(args.all_phases, p.replace("_", "-"), "main"), (p,) * args.gpus) for p in trace.phases()]
     if not specs:
         raise BadInput("give at least one --job NAMESPACE/POD=PHASE or --all-phases NAMESPACE")
     jobs: list[TraceJob] = []
@@ -133,8 +131,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     om.add_argument("--convention", choices=CONVENTIONS, default="pod", help="pod labels as pod=… or exported_pod=…")
     om.add_argument("--hostname-label", choices=("Hostname", "hostname"), default="Hostname")
     om.add_argument("--dcgm46-names", action="store_true", help="use DCGM 4.6 *_RATIO metric names")
-    om.add_argument("--naming", choices=[n.value for n in Naming],
-                    help="exporter names and units: classic (default), dcgm-4.6 or exporter-4.9 (GPU_UTIL a ratio, clocks in Hz)")
+    om.add_argument(
+        "--naming",
+        choices=[n.value for n in Naming],
+        help="exporter names and units: classic (default), dcgm-4.6 or exporter-4.9 (GPU_UTIL a ratio, clocks in Hz)",
+    )
     om.add_argument("--drop", metavar="M,M", help="metrics to leave out, e.g. fp32_active,sm_active")
     om.add_argument("--only", metavar="M,M", help="only these metrics")
     om.add_argument("--out", default="-", metavar="FILE", help="output file (default: stdout)")

@@ -112,15 +112,26 @@ class Stat:
         for v, w in self.points:
             flat += (v, w)
         has = self.count > 0
-        return [self.total, self.count, self.dropped, self.minimum if has else None, self.maximum if has else None, flat]
+        return [
+            self.total,
+            self.count,
+            self.dropped,
+            self.minimum if has else None,
+            self.maximum if has else None,
+            flat,
+        ]
 
     @classmethod
     def from_json(cls, doc: Sequence[Any]) -> "Stat":
         total, count, dropped, lo, hi, flat = doc
         pts = list(zip(flat[0::2], flat[1::2]))  # JSON numbers: floats and ints already
         return cls(
-            float(total), int(count), int(dropped),
-            float("inf") if lo is None else float(lo), float("-inf") if hi is None else float(hi), pts,
+            float(total),
+            int(count),
+            int(dropped),
+            float("inf") if lo is None else float(lo),
+            float("-inf") if hi is None else float(hi),
+            pts,
         )
 
 
@@ -431,7 +442,14 @@ class RowAggregate:
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "pod": [self.pod.namespace, self.pod.pod, self.pod.container],
-            "gpu": [self.gpu.uuid, self.gpu.instance, self.gpu.hostname, self.gpu.index, self.gpu.model, self.gpu.mig_profile],
+            "gpu": [
+                self.gpu.uuid,
+                self.gpu.instance,
+                self.gpu.hostname,
+                self.gpu.index,
+                self.gpu.model,
+                self.gpu.mig_profile,
+            ],
             "stats": {m.value: s.to_json() for m, s in self.stats.items()},
         }
         for name in _ROW_SCALARS:
@@ -453,8 +471,21 @@ class RowAggregate:
 
 _ROW_TIMES = ("first_any", "first", "first_end", "last")
 _ROW_SCALARS = (
-    "first_any", "width", "first", "first_end", "first_scraped", "first_share", "last", "last_scraped",
-    "last_share", "inner_s", "inner_gpu_s", "inner_shared_s", "max_share", "last_follows", "most",
+    "first_any",
+    "width",
+    "first",
+    "first_end",
+    "first_scraped",
+    "first_share",
+    "last",
+    "last_scraped",
+    "last_share",
+    "inner_s",
+    "inner_gpu_s",
+    "inner_shared_s",
+    "max_share",
+    "last_follows",
+    "most",
 )
 
 
@@ -497,7 +528,6 @@ def interval_of(spacings: Iterable[tuple[float, int]]) -> float | None:
         if rank < seen:
             return round(iv, 3)
     return None
-
 
 
 @dataclass

@@ -171,11 +171,21 @@ _LIMITS: dict[Metric, _Limits] = {
     Metric.PCIE_TX: {"high": 1e12, "is_ratio": False},
 }
 _UNITS = {
-    Metric.FB_USED: "MiB", Metric.POWER: "W", Metric.SM_CLOCK: "MHz", Metric.MAX_SM_CLOCK: "MHz",
-    Metric.PCIE_RX: "B/s", Metric.PCIE_TX: "B/s",
+    Metric.FB_USED: "MiB",
+    Metric.POWER: "W",
+    Metric.SM_CLOCK: "MHz",
+    Metric.MAX_SM_CLOCK: "MHz",
+    Metric.PCIE_RX: "B/s",
+    Metric.PCIE_TX: "B/s",
 }
 _NO_CLAMP = {
-    Metric.GPU_UTIL, Metric.FB_USED, Metric.POWER, Metric.SM_CLOCK, Metric.MAX_SM_CLOCK, Metric.PCIE_RX, Metric.PCIE_TX,
+    Metric.GPU_UTIL,
+    Metric.FB_USED,
+    Metric.POWER,
+    Metric.SM_CLOCK,
+    Metric.MAX_SM_CLOCK,
+    Metric.PCIE_RX,
+    Metric.PCIE_TX,
 }
 
 SPECS: dict[Metric, MetricSpec] = {

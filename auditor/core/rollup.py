@@ -107,8 +107,16 @@ class BucketRun:
     __slots__ = ("pod", "gpu", "metric", "scale", "spans", "sums", "counts", "mins", "maxs", "idx")
 
     def __init__(
-        self, pod: PodRef, gpu: GpuId, metric: Metric, scale: float, spans: Sequence[tuple[datetime, datetime]],
-        sums: Sequence[float], counts: Sequence[float], mins: Sequence[float], maxs: Sequence[float],
+        self,
+        pod: PodRef,
+        gpu: GpuId,
+        metric: Metric,
+        scale: float,
+        spans: Sequence[tuple[datetime, datetime]],
+        sums: Sequence[float],
+        counts: Sequence[float],
+        mins: Sequence[float],
+        maxs: Sequence[float],
         idx: Sequence[int],
     ) -> None:
         self.pod, self.gpu, self.metric, self.scale, self.spans = pod, gpu, metric, scale, spans

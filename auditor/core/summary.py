@@ -395,11 +395,15 @@ def _underutilized(ev: Evidence, th: Thresholds, base: dict[str, object]) -> Fin
     assert busy is not None, "classify() returns metric_missing before an underutilized finding"
     head = f"Utilization averages {_pct(busy)}"
     head += (
-        f", clearly below full (< {_pct(th.busy_util)})" if busy < th.busy_util else f": the GPU is idle {_pct(1 - busy)} of the time"
+        f", clearly below full (< {_pct(th.busy_util)})"
+        if busy < th.busy_util
+        else f": the GPU is idle {_pct(1 - busy)} of the time"
     )
     ev_out: dict[str, object] = {**base, "threshold": th.busy_util}
     if ev.sm is None or not ev.busy:
-        return Finding("underutilized", f"{head}: the GPU often has no kernel to run. {_ADVICE[Verdict.UNDERUTILIZED]}", ev_out)
+        return Finding(
+            "underutilized", f"{head}: the GPU often has no kernel to run. {_ADVICE[Verdict.UNDERUTILIZED]}", ev_out
+        )
     per_busy = min(1.0, ev.sm / ev.busy)
     ev_out["sm_per_busy"] = _r(per_busy)
     if per_busy >= th.low_sm:
@@ -423,11 +427,7 @@ def _no_kernel(ev: Evidence, th: Thresholds) -> bool:
     """Busy with no kernel at all: GR_ENGINE_ACTIVE (any running kernel keeps it active) idle while
     the busy signal is high — copies keep GPU_UTIL up without a kernel. Needs GR_ENGINE_ACTIVE
     apart from the busy signal (on MIG it *is* the busy signal)."""
-    return (
-        ev.gr_engine is not None
-        and ev.busy_metric is Metric.GPU_UTIL
-        and ev.gr_engine < th.idle_util
-    )
+    return ev.gr_engine is not None and ev.busy_metric is Metric.GPU_UTIL and ev.gr_engine < th.idle_util
 
 
 def _copy_only(ev: Evidence, th: Thresholds, base: dict[str, object]) -> list[Finding]:
@@ -762,9 +762,7 @@ def _job_findings(rows: Sequence[RowView], th: Thresholds, verdict: Verdict, sha
                 )
             )
         waiting = [
-            r
-            for r, b in busy
-            if b >= th.busy_util and (sm := r.mean(Metric.SM_ACTIVE)) is not None and sm < th.low_sm
+            r for r, b in busy if b >= th.busy_util and (sm := r.mean(Metric.SM_ACTIVE)) is not None and sm < th.low_sm
         ]
         straggler_found = False
         if waiting:

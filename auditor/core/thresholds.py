@@ -133,7 +133,9 @@ class Thresholds:
                 raise ThresholdError(key, f"unknown threshold (known: {', '.join(sorted(UNITS))})", where)
             if key in _TABLES:
                 if not isinstance(raw, Mapping):
-                    raise ThresholdError(key, f"expected a mapping of GPU model → {UNITS[key].unit}, got {raw!r}", where)
+                    raise ThresholdError(
+                        key, f"expected a mapping of GPU model → {UNITS[key].unit}, got {raw!r}", where
+                    )
                 merged = dict(getattr(base, key))
                 for model, v in raw.items():
                     value = _number(v, f"{key}.{model}", UNITS[key], where)
@@ -203,7 +205,9 @@ def _seconds(raw: Any, where: str) -> Any:
     try:
         return parse_duration(raw, what="min_span").total_seconds()
     except BadInput:
-        raise ThresholdError("min_span", f"expected seconds or a duration such as 90s or 2m, got {raw!r}", where) from None
+        raise ThresholdError(
+            "min_span", f"expected seconds or a duration such as 90s or 2m, got {raw!r}", where
+        ) from None
 
 
 def _is_number_text(text: str) -> bool:

@@ -87,8 +87,9 @@ def call_json(
     timeout: float = 30.0,
 ) -> dict:
     """One API request, the response body as a dict. Raises :class:`ApiException` on HTTP errors."""
-    resp = raw_request(api, path, method=method, query=query, body=body, accept=accept,
-                       content_type=content_type, timeout=timeout)
+    resp = raw_request(
+        api, path, method=method, query=query, body=body, accept=accept, content_type=content_type, timeout=timeout
+    )
     try:
         data = resp.read()
         if not 200 <= resp.status <= 299:
@@ -115,8 +116,12 @@ def raw_request(
     if body is not None:
         headers["Content-Type"] = content_type
     m, url, hdrs, body_, post = api.param_serialize(
-        method=method, resource_path=path, query_params=query or [], header_params=headers,
-        body=body, auth_settings=["BearerToken"],
+        method=method,
+        resource_path=path,
+        query_params=query or [],
+        header_params=headers,
+        body=body,
+        auth_settings=["BearerToken"],
     )
     rest = api.call_api(m, url, header_params=hdrs, body=body_, post_params=post, _request_timeout=timeout)
     return rest.response

@@ -116,8 +116,12 @@ class Informer(Generic[T]):
                 self.last_error = f"{exc.status} {exc.reason}"
                 if exc.status == 403:
                     if not self.forbidden:
-                        log.error("%s: Forbidden: the operator's RBAC does not allow list/watch %s (%s)",
-                                  self.name, self.plural, exc.reason)
+                        log.error(
+                            "%s: Forbidden: the operator's RBAC does not allow list/watch %s (%s)",
+                            self.name,
+                            self.plural,
+                            exc.reason,
+                        )
                     self.forbidden = True
                     self._synced.set()  # nothing to wait for; readiness reports it
                 else:
@@ -148,7 +152,12 @@ class Informer(Generic[T]):
             except ApiException as exc:
                 if exc.status == 404:
                     if not self.absent:
-                        log.info("%s: %s/%s is not served (CRD not installed); skipping it", self.name, self.api_version, self.plural)
+                        log.info(
+                            "%s: %s/%s is not served (CRD not installed); skipping it",
+                            self.name,
+                            self.api_version,
+                            self.plural,
+                        )
                     self.absent = True
                     with self._lock:
                         old, self._items = self._items, {}
@@ -190,14 +199,16 @@ class Informer(Generic[T]):
             w = watch.Watch()
             self._watch = w
             self.requests += 1
-            for event in _events(w.stream(
-                func,
-                resource_version=rv,
-                allow_watch_bookmarks=True,
-                timeout_seconds=WATCH_SECONDS,
-                _request_timeout=WATCH_SECONDS + 30,
-                deserialize=False,
-            )):
+            for event in _events(
+                w.stream(
+                    func,
+                    resource_version=rv,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=WATCH_SECONDS,
+                    _request_timeout=WATCH_SECONDS + 30,
+                    deserialize=False,
+                )
+            ):
                 kind = event.get("type")
                 obj = event.get("object") or {}
                 if kind == "ERROR":

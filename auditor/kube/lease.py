@@ -41,7 +41,9 @@ from auditor.kube.client import call_json
 log = logging.getLogger(__name__)
 
 #: where the pod's service account names its namespace (beside its token)
-SERVICE_ACCOUNT_NAMESPACE = os.path.join(os.path.dirname(kube_config.incluster_config.SERVICE_TOKEN_FILENAME), "namespace")
+SERVICE_ACCOUNT_NAMESPACE = os.path.join(
+    os.path.dirname(kube_config.incluster_config.SERVICE_TOKEN_FILENAME), "namespace"
+)
 
 
 class LeaseUnavailable(PermanentError):
@@ -271,8 +273,13 @@ class LeaderElector:
                 self._observed = None  # no Lease: nobody holds it
             body = self._body(None, now_wall, transitions=0, acquire=True)
             try:
-                call_json(self.api, f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases",
-                          method="POST", body=body, timeout=self.renew_deadline)
+                call_json(
+                    self.api,
+                    f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases",
+                    method="POST",
+                    body=body,
+                    timeout=self.renew_deadline,
+                )
             except ApiException as exc2:
                 if _namespace_missing(exc2):
                     self.fatal = LeaseNamespaceMissing(self._missing_namespace())
@@ -313,7 +320,9 @@ class LeaderElector:
             return self._failed("update", exc)
         return self._won(now)
 
-    def _body(self, lease: dict | None, now: datetime, *, transitions: int, acquire: bool, spec: dict | None = None) -> dict:
+    def _body(
+        self, lease: dict | None, now: datetime, *, transitions: int, acquire: bool, spec: dict | None = None
+    ) -> dict:
         acquired = (spec or {}).get("acquireTime")
         body: dict[str, Any] = {
             "apiVersion": "coordination.k8s.io/v1",
@@ -348,7 +357,8 @@ class LeaderElector:
         why = f"{verb} the Lease {self.namespace}/{self.name}: {_why(exc)}"
         if isinstance(exc, ApiException) and exc.status in (401, 403):
             self.refused = LeaseUnavailable(
-                f"not allowed to {why} (the identity needs the leaderElection rules of auditor/permissions.yaml)")
+                f"not allowed to {why} (the identity needs the leaderElection rules of auditor/permissions.yaml)"
+            )
         self.last_error = why
         log.debug("leader election: %s", why)
         return self.is_leader  # still the leader until the renew deadline passes
@@ -381,8 +391,11 @@ class LeaderElector:
         body = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": self.namespace,
-                         "resourceVersion": (lease.get("metadata") or {}).get("resourceVersion")},
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "resourceVersion": (lease.get("metadata") or {}).get("resourceVersion"),
+            },
             "spec": {
                 # client-go's release: no holder, a 1 s duration, renew time now
                 "holderIdentity": None,

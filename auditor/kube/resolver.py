@@ -262,7 +262,13 @@ class KubeResolver:
         api: client.ApiClient,
         *,
         cluster: str = "default",
-        team_sources: Sequence[str] = ("podLabel:team", "jobLabel:team", "namespaceLabel:team", "kueueQueue", "namespace"),
+        team_sources: Sequence[str] = (
+            "podLabel:team",
+            "jobLabel:team",
+            "namespaceLabel:team",
+            "kueueQueue",
+            "namespace",
+        ),
         kueue: bool = True,
         unresolved_pods: str = "pod",
         deleted_pod_memory: timedelta = timedelta(hours=1),
@@ -297,7 +303,9 @@ class KubeResolver:
                 gv = None
             if gv:
                 self.workloads = Informer(self.api, gv, "workloads", _workload, name="kueue-workloads").start()
-                self.local_queues = Informer(self.api, gv, "localqueues", _local_queue, name="kueue-localqueues").start()
+                self.local_queues = Informer(
+                    self.api, gv, "localqueues", _local_queue, name="kueue-localqueues"
+                ).start()
             else:
                 log.info("Kueue is not installed (no %s API); Workloads and queues are not recorded", KUEUE_GROUP)
         return self
@@ -336,7 +344,10 @@ class KubeResolver:
             ref = by_pod.get((pr.namespace, pr.pod))
             if ref is None and self.unresolved_pods == "pod":
                 ref = JobRef(
-                    cluster=self.cluster, namespace=pr.namespace, kind="Pod", name=pr.pod,
+                    cluster=self.cluster,
+                    namespace=pr.namespace,
+                    kind="Pod",
+                    name=pr.pod,
                     team=self._team(pr.namespace, [], {}, None, None, ns_labels),
                 )
             if ref is not None:
@@ -373,18 +384,33 @@ class KubeResolver:
                 wl = wl_index.get(uid)
                 if wl:
                     break
-            local_queue = (wl or {}).get("queue") or g["labels"].get(KUEUE_QUEUE_LABEL) or next(
-                (p.labels[KUEUE_QUEUE_LABEL] for p in job_pods if p.labels.get(KUEUE_QUEUE_LABEL)), None
+            local_queue = (
+                (wl or {}).get("queue")
+                or g["labels"].get(KUEUE_QUEUE_LABEL)
+                or next((p.labels[KUEUE_QUEUE_LABEL] for p in job_pods if p.labels.get(KUEUE_QUEUE_LABEL)), None)
             )
-            cluster_queue = (wl or {}).get("cluster_queue") or (lqs.get(f"{ns}/{local_queue}") if local_queue else None) or None
+            cluster_queue = (
+                (wl or {}).get("cluster_queue") or (lqs.get(f"{ns}/{local_queue}") if local_queue else None) or None
+            )
             team = self._team(ns, job_pods, g["labels"], local_queue, cluster_queue, ns_labels)
             ref = JobRef(
-                cluster=self.cluster, namespace=ns, kind=kind, name=name, uid=top.uid or None,
-                team=team, queue=local_queue,
+                cluster=self.cluster,
+                namespace=ns,
+                kind=kind,
+                name=name,
+                uid=top.uid or None,
+                team=team,
+                queue=local_queue,
             )
             info = JobInfo(
-                ref=ref, api_version=top.api_version, labels=g["labels"], pods=job_pods, uids=g["chain"],
-                workload=(wl or {}).get("name"), local_queue=local_queue, cluster_queue=cluster_queue,
+                ref=ref,
+                api_version=top.api_version,
+                labels=g["labels"],
+                pods=job_pods,
+                uids=g["chain"],
+                workload=(wl or {}).get("name"),
+                local_queue=local_queue,
+                cluster_queue=cluster_queue,
             )
             out[ref.key] = info
         return out
@@ -482,7 +508,9 @@ class KubeResolver:
         with self._lock:
             if len(self._objects) > 50_000:
                 self._objects.clear()
-            self._objects[ref.uid] = obj or _Obj(ref.api_version, ref.kind, ref.name, ref.uid, {}, None, now, missing=True)
+            self._objects[ref.uid] = obj or _Obj(
+                ref.api_version, ref.kind, ref.name, ref.uid, {}, None, now, missing=True
+            )
         return obj
 
     def _fetch(self, namespace: str, ref: OwnerRef, plural: str) -> _Obj | None:
@@ -492,11 +520,15 @@ class KubeResolver:
             doc = call_json(self.api, path, accept=METADATA_ACCEPT)
         except ApiException as exc:
             if exc.status == 404:
-                log.debug("owner %s %s/%s not found (deleted, or its CRD is not installed)", ref.kind, namespace, ref.name)
+                log.debug(
+                    "owner %s %s/%s not found (deleted, or its CRD is not installed)", ref.kind, namespace, ref.name
+                )
             elif exc.status == 403:
                 if ref.kind not in self._warned:
                     self._warned.add(ref.kind)
-                    log.warning("Forbidden to read %s objects: %s is taken as the job (check the RBAC)", ref.kind, ref.kind)
+                    log.warning(
+                        "Forbidden to read %s objects: %s is taken as the job (check the RBAC)", ref.kind, ref.kind
+                    )
             else:
                 log.warning("cannot read owner %s %s/%s: %s %s", ref.kind, namespace, ref.name, exc.status, exc.reason)
             return None
@@ -506,5 +538,12 @@ class KubeResolver:
         meta = doc.get("metadata") or {}
         if ref.uid and meta.get("uid") and meta["uid"] != ref.uid:
             return None  # a new object under the old name: not this pod's owner
-        return _Obj(ref.api_version, ref.kind, ref.name, meta.get("uid", ref.uid), dict(meta.get("labels") or {}),
-                    _controller(meta), time.monotonic())
+        return _Obj(
+            ref.api_version,
+            ref.kind,
+            ref.name,
+            meta.get("uid", ref.uid),
+            dict(meta.get("labels") or {}),
+            _controller(meta),
+            time.monotonic(),
+        )

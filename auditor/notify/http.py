@@ -105,7 +105,9 @@ def post_with_retries(
             wait = retry_after_seconds(resp.headers.get("Retry-After"))
             if wait is not None and wait > policy.max_wait:
                 # The receiver asks for longer than we may block: give up now, honestly.
-                return Delivery(False, resp.status_code, attempt, delivery_id, last_error + " (Retry-After too long)", text)
+                return Delivery(
+                    False, resp.status_code, attempt, delivery_id, last_error + " (Retry-After too long)", text
+                )
         if attempt == policy.attempts:
             break
         if wait is None:

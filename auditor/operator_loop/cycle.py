@@ -72,7 +72,9 @@ class _CycleStore:
     """The store as the engine sees it during a cycle: summaries get the Kubernetes view and
     ``final``; runs get ``origin``/``cluster``/``holder`` (the cursor is read back from them)."""
 
-    def __init__(self, store: Any, view: dict[str, JobInfo], *, cycle_end: datetime, settle: timedelta, detail: dict) -> None:
+    def __init__(
+        self, store: Any, view: dict[str, JobInfo], *, cycle_end: datetime, settle: timedelta, detail: dict
+    ) -> None:
         self._store = store
         self._view = view
         self._cycle_end = cycle_end
@@ -149,8 +151,12 @@ class CycleRunner:
         """End of this cluster's last successful operator cycle, aligned down to a bucket."""
         for run in self.store.runs(limit=500):
             d = run.get("detail") or {}
-            if (d.get("origin") == ORIGIN and d.get("cluster") == self.cluster and bool(d.get("dry_run")) == self.dry_run
-                    and str(run.get("status", "")).startswith("ok")):
+            if (
+                d.get("origin") == ORIGIN
+                and d.get("cluster") == self.cluster
+                and bool(d.get("dry_run")) == self.dry_run
+                and str(run.get("status", "")).startswith("ok")
+            ):
                 return align_down(run["window_end"], self.width)
         return None
 
@@ -188,11 +194,18 @@ class CycleRunner:
         t0 = time.monotonic()
         now = now or datetime.now(timezone.utc)
         view = self.resolver.jobs(now)
-        open_jobs = {ref.key: (job_id, ref, last_seen) for job_id, ref, _first, last_seen in self.store.open_jobs(self.cluster)}
+        open_jobs = {
+            ref.key: (job_id, ref, last_seen) for job_id, ref, _first, last_seen in self.store.open_jobs(self.cluster)
+        }
         window = self.plan(now, view)
         result = CycleResult(window=window, jobs_seen=len(view))
         log.info("cycle %s → %s: %d GPU job(s) in the cluster", _iso(window.start), _iso(window.end), len(view))
-        detail = {"origin": ORIGIN, "cluster": self.cluster, "holder": self.holder, **({"dry_run": True} if self.dry_run else {})}
+        detail = {
+            "origin": ORIGIN,
+            "cluster": self.cluster,
+            "holder": self.holder,
+            **({"dry_run": True} if self.dry_run else {}),
+        }
         touched: dict[str, tuple[int, dict]] = {}
         for chunk in self.chunks(window):
             proxy = _CycleStore(self.store, view, cycle_end=now, settle=self.end_settle, detail=detail)
@@ -200,8 +213,14 @@ class CycleRunner:
                 # _CycleStore stands in for Store by duck typing; a store port (Protocol) for the
                 # engine, part of the ports refactor, replaces this ignore.
                 audit = run_audit(
-                    self.source, self.resolver, proxy, chunk, now=now, width=self.width,  # type: ignore[arg-type]
-                    cumulative=True, thresholds=self.thresholds,
+                    self.source,
+                    self.resolver,
+                    proxy,  # type: ignore[arg-type]
+                    chunk,
+                    now=now,
+                    width=self.width,
+                    cumulative=True,
+                    thresholds=self.thresholds,
                 )
                 self._reopen(proxy.saved, open_jobs)
                 if not self.still_leader():

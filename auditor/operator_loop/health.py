@@ -24,8 +24,10 @@ class OperatorMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.cycle_seconds = Histogram(
-            "gpu_auditor_cycle_duration_seconds", "Wall time of one audit cycle",
-            buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800), registry=r,
+            "gpu_auditor_cycle_duration_seconds",
+            "Wall time of one audit cycle",
+            buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
+            registry=r,
         )
         self.cycles = Counter("gpu_auditor_cycles", "Audit cycles by outcome", ["status"], registry=r)
         self.jobs_audited = Gauge("gpu_auditor_jobs_audited", "Jobs summarized by the last cycle", registry=r)
@@ -35,14 +37,19 @@ class OperatorMetrics:
         self.leader = Gauge("gpu_auditor_leader", "1 while this replica holds the Lease", registry=r)
         self.gpu_jobs = Gauge("gpu_auditor_discovered_jobs", "GPU jobs in the cluster (last cycle)", registry=r)
         self.last_cycle = Gauge("gpu_auditor_last_cycle_timestamp_seconds", "End of the last cycle", registry=r)
-        self.last_success = Gauge("gpu_auditor_last_success_timestamp_seconds", "End of the last successful cycle", registry=r)
+        self.last_success = Gauge(
+            "gpu_auditor_last_success_timestamp_seconds", "End of the last successful cycle", registry=r
+        )
         self.prometheus_queries = Counter("gpu_auditor_prometheus_queries", "Prometheus queries made", registry=r)
-        self.kube_requests = Gauge("gpu_auditor_kube_api_requests", "Kubernetes API requests made since start", registry=r)
+        self.kube_requests = Gauge(
+            "gpu_auditor_kube_api_requests", "Kubernetes API requests made since start", registry=r
+        )
         self.window_seconds = Gauge("gpu_auditor_cycle_window_seconds", "Length of the last cycle's window", registry=r)
         self.alerts_undelivered = Counter(
             "gpu_auditor_policy_alerts_undelivered",
             "Policy alerts recorded as skipped, by team and reason (no_destination: no Slack or webhook route for the team)",
-            ["team", "reason"], registry=r,
+            ["team", "reason"],
+            registry=r,
         )
 
     def count_undelivered(self, decisions: Iterable[Any]) -> None:
@@ -56,8 +63,15 @@ class OperatorMetrics:
 class HealthServer:
     """Serves the three endpoints; ``port=0`` picks a free port (see :attr:`port`)."""
 
-    def __init__(self, host: str, port: int, *, metrics: OperatorMetrics,
-                 healthy: Callable[[], tuple[bool, str]], ready: Callable[[], tuple[bool, str]]) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        metrics: OperatorMetrics,
+        healthy: Callable[[], tuple[bool, str]],
+        ready: Callable[[], tuple[bool, str]],
+    ) -> None:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):

@@ -84,7 +84,14 @@ class PolicyStage:
         for d in decisions:
             if d.step is not None:
                 what = ", ".join(d.actions) or "recorded"
-                log.info("policy %s on %s (step %d): %s%s", d.policy, d.job, d.step, what, " (dry run: would do)" if self.dry_run else "")
+                log.info(
+                    "policy %s on %s (step %d): %s%s",
+                    d.policy,
+                    d.job,
+                    d.step,
+                    what,
+                    " (dry run: would do)" if self.dry_run else "",
+                )
         return decisions
 
     def _record_would_do(self, decisions: list[Decision], now: datetime) -> None:
@@ -95,7 +102,14 @@ class PolicyStage:
                 continue  # waiting (cooldown, snooze): nothing would happen this cycle
             cluster, namespace, kind, name = d.job.rsplit("/", 3)
             self.repo.record_would_do(
-                JobIdent(cluster, namespace, kind, name), d.policy, dedup_key=DRY_RUN_KEY + d.dedup_key, mode=d.mode,
-                step=d.step, action_names=d.actions, now=now, verdict=str(d.verdict), reason=d.reason,
+                JobIdent(cluster, namespace, kind, name),
+                d.policy,
+                dedup_key=DRY_RUN_KEY + d.dedup_key,
+                mode=d.mode,
+                step=d.step,
+                action_names=d.actions,
+                now=now,
+                verdict=str(d.verdict),
+                reason=d.reason,
                 evidence={**d.evidence, "would_do": True},
             )

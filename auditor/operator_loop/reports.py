@@ -45,8 +45,13 @@ class ReportStage:
         if not self.enabled:
             return
         try:
-            result = send_due_reports(self.store, now or datetime.now(timezone.utc), trigger=self.trigger,
-                                      destinations=self.destinations, options=self.options)
+            result = send_due_reports(
+                self.store,
+                now or datetime.now(timezone.utc),
+                trigger=self.trigger,
+                destinations=self.destinations,
+                options=self.options,
+            )
         except AuditorError as exc:
             log.error("weekly reports: %s", exc)
             return

@@ -37,8 +37,14 @@ class RetentionStage:
         """Register ``job`` (the operator's guarded :meth:`run`) to run every :data:`EVERY`
         from ``start + FIRST_AFTER`` on."""
         scheduler.add_job(
-            job, "interval", seconds=EVERY.total_seconds(), id=JOB_ID, max_instances=1, coalesce=True,
-            misfire_grace_time=None, next_run_time=start + FIRST_AFTER,
+            job,
+            "interval",
+            seconds=EVERY.total_seconds(),
+            id=JOB_ID,
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=None,
+            next_run_time=start + FIRST_AFTER,
         )
 
     def run(self, now: datetime) -> PruneResult | None:
@@ -49,6 +55,9 @@ class RetentionStage:
             log.error("store retention for cluster %s: %s", self.cluster, exc)
             return None
         if result.total:
-            log.info("store retention for cluster %s: deleted %s", self.cluster,
-                     ", ".join(f"{n} {t}" for t, n in result.deleted.items() if n))
+            log.info(
+                "store retention for cluster %s: deleted %s",
+                self.cluster,
+                ", ".join(f"{n} {t}" for t, n in result.deleted.items() if n),
+            )
         return result

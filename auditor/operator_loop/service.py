@@ -78,9 +78,17 @@ class Operator:
     ``dry_run`` decides without acting on anything (see the module docstring).
     """
 
-    def __init__(self, settings: Settings, *, store: Any = None, source: Any = None, api: Any = None,
-                 identity: str | None = None, clock: Callable[[], datetime] = utc_now,
-                 dry_run: bool = False) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        store: Any = None,
+        source: Any = None,
+        api: Any = None,
+        identity: str | None = None,
+        clock: Callable[[], datetime] = utc_now,
+        dry_run: bool = False,
+    ) -> None:
         from auditor.store import Store
 
         self.settings = settings
@@ -88,17 +96,24 @@ class Operator:
         self.dry_run = dry_run
         self.metrics = OperatorMetrics()
         self.identity = settings.leader_election.identity or identity or default_identity()
-        self.api = api or api_client(KubeConfig(
-            kubeconfig=settings.kubernetes.kubeconfig, in_cluster=settings.kubernetes.in_cluster,
-            context=settings.kubernetes.context, impersonate=settings.kubernetes.impersonate,
-        ))
+        self.api = api or api_client(
+            KubeConfig(
+                kubeconfig=settings.kubernetes.kubeconfig,
+                in_cluster=settings.kubernetes.in_cluster,
+                context=settings.kubernetes.context,
+                impersonate=settings.kubernetes.impersonate,
+            )
+        )
         if dry_run:
             read_only(self.api)
         self.store = store or Store.open(settings.database_url())
         self.source = source or build_source(settings)
         self.resolver = KubeResolver(
-            self.api, cluster=settings.cluster, team_sources=settings.team_sources,
-            kueue=settings.features.kueue, unresolved_pods=settings.unresolved_pods,
+            self.api,
+            cluster=settings.cluster,
+            team_sources=settings.team_sources,
+            kueue=settings.features.kueue,
+            unresolved_pods=settings.unresolved_pods,
             deleted_pod_memory=settings.deleted_pod_memory,
         )
         le = settings.leader_election
@@ -107,23 +122,40 @@ class Operator:
         self.fatal: LeaseUnavailable | None = None
         if le.enabled and not dry_run:
             k = settings.kubernetes
-            namespace, origin = lease_namespace(le.namespace, in_cluster=k.in_cluster, kubeconfig=k.kubeconfig,
-                                                context=k.context)
+            namespace, origin = lease_namespace(
+                le.namespace, in_cluster=k.in_cluster, kubeconfig=k.kubeconfig, context=k.context
+            )
             self.elector = LeaderElector(
-                self.api, namespace=namespace, namespace_origin=origin,
-                name=le.lease_name, identity=self.identity, lease_duration=le.lease_duration,
-                renew_deadline=le.renew_deadline, retry_period=le.retry_period,
-                on_started=self._on_started, on_stopped=self._on_stopped, on_fatal=self._on_fatal,
+                self.api,
+                namespace=namespace,
+                namespace_origin=origin,
+                name=le.lease_name,
+                identity=self.identity,
+                lease_duration=le.lease_duration,
+                renew_deadline=le.renew_deadline,
+                retry_period=le.retry_period,
+                on_started=self._on_started,
+                on_stopped=self._on_stopped,
+                on_fatal=self._on_fatal,
             )
         self.runner = CycleRunner(
-            store=self.store, source=self.source, resolver=self.resolver, cluster=settings.cluster,
-            width=settings.bucket_width, max_lookback=settings.max_lookback,
-            catch_up_chunk=settings.catch_up_chunk, holder=self.identity, still_leader=self.is_leader,
+            store=self.store,
+            source=self.source,
+            resolver=self.resolver,
+            cluster=settings.cluster,
+            width=settings.bucket_width,
+            max_lookback=settings.max_lookback,
+            catch_up_chunk=settings.catch_up_chunk,
+            holder=self.identity,
+            still_leader=self.is_leader,
             dry_run=dry_run,
             thresholds=settings.thresholds,
         )
-        self.policies = PolicyStage(settings, self.store, self.api, self.identity, dry_run=dry_run) if (
-            settings.policies.builtin or settings.policies.dir) else None
+        self.policies = (
+            PolicyStage(settings, self.store, self.api, self.identity, dry_run=dry_run)
+            if (settings.policies.builtin or settings.policies.dir)
+            else None
+        )
         self.reports = ReportStage(settings, self.store)
         self.retention = RetentionStage(settings, self.store)
         self.scheduler: BackgroundScheduler | None = None
@@ -178,8 +210,13 @@ class Operator:
 
         log_effective(self.settings)
         if http:
-            self.health = HealthServer(self.settings.http.host, self.settings.http.port, metrics=self.metrics,
-                                       healthy=self._healthy, ready=self._ready).start()
+            self.health = HealthServer(
+                self.settings.http.host,
+                self.settings.http.port,
+                metrics=self.metrics,
+                healthy=self._healthy,
+                ready=self._ready,
+            ).start()
             log.info("serving /healthz, /readyz, /metrics on port %d", self.health.port)
         self.resolver.start()
         if not self.resolver.wait_synced(sync_timeout):
@@ -248,18 +285,34 @@ class Operator:
         finished = self.clock().timestamp()
         m.last_cycle.set(finished)
         m.last_success.set(finished)
-        log.info("cycle done in %.1f s: %d summaries, %d final, %d queries",
-                 result.seconds, len(result.summaries), len(result.finalized), result.queries)
+        log.info(
+            "cycle done in %.1f s: %d summaries, %d final, %d queries",
+            result.seconds,
+            len(result.summaries),
+            len(result.finalized),
+            result.queries,
+        )
         return result
 
     def _record_failure(self, exc: Exception) -> None:
         try:
             now = self.clock()
             w = self.runner.plan(now, {})
-            self.store.record_run(w, now, now, jobs=0, queries=0, status="failed",
-                                  detail={"origin": ORIGIN, "cluster": self.settings.cluster,
-                                          "holder": self.identity, "error": f"{type(exc).__name__}: {exc}",
-                                          **({"dry_run": True} if self.dry_run else {})})
+            self.store.record_run(
+                w,
+                now,
+                now,
+                jobs=0,
+                queries=0,
+                status="failed",
+                detail={
+                    "origin": ORIGIN,
+                    "cluster": self.settings.cluster,
+                    "holder": self.identity,
+                    "error": f"{type(exc).__name__}: {exc}",
+                    **({"dry_run": True} if self.dry_run else {}),
+                },
+            )
         except Exception:
             log.debug("could not record the failed cycle", exc_info=True)
 
@@ -283,8 +336,13 @@ class Operator:
         self.start()
         self.scheduler = BackgroundScheduler(timezone=timezone.utc)
         self.scheduler.add_job(
-            self._scheduled, "interval", seconds=self.settings.interval.total_seconds(), id="cycle",
-            max_instances=1, coalesce=True, misfire_grace_time=None,
+            self._scheduled,
+            "interval",
+            seconds=self.settings.interval.total_seconds(),
+            id="cycle",
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=None,
             next_run_time=self.clock() if self.elector is None else None,
         )
         if not self.dry_run:
@@ -322,8 +380,10 @@ class Operator:
                             f"another operator ({holder}) holds the Lease {el.namespace}/{el.name}; not auditing "
                             "(the running operator does; --dry-run tries a cycle without the Lease)"
                         )
-                    raise AuditorError(f"could not take the Lease {el.namespace}/{el.name} in {wait:.0f} s: "
-                                       f"{el.last_error or 'no answer'}")
+                    raise AuditorError(
+                        f"could not take the Lease {el.namespace}/{el.name} in {wait:.0f} s: "
+                        f"{el.last_error or 'no answer'}"
+                    )
                 el.start()  # keep renewing while the cycle runs
             result = self.cycle()
             if result is None:

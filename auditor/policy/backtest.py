@@ -36,10 +36,18 @@ def walk_ladder(policy: Policy, opened: datetime, end: datetime) -> list[tuple[d
 def simulate(store: Any, policies: Sequence[Policy], *, since: datetime, until: datetime) -> dict:
     """Which jobs each policy would have hit, with which actions, and alerts/requeues per day."""
     summaries = store.summaries(since=since, until=until)
-    result: dict[str, Any] = {"since": since.isoformat(), "until": until.isoformat(), "jobs": len(summaries), "policies": {}}
+    result: dict[str, Any] = {
+        "since": since.isoformat(),
+        "until": until.isoformat(),
+        "jobs": len(summaries),
+        "policies": {},
+    }
     for p in policies:
         result["policies"][p.name] = {
-            "mode": p.spec.mode.value, "hits": [], "alerts": 0, "requeues": 0,
+            "mode": p.spec.mode.value,
+            "hits": [],
+            "alerts": 0,
+            "requeues": 0,
             "per_day": defaultdict(lambda: {"alerts": 0, "requeues": 0, "hits": 0}),
         }
     for s in summaries:
@@ -54,7 +62,9 @@ def simulate(store: Any, policies: Sequence[Policy], *, since: datetime, until: 
             ev = evaluate(p, s, now=end, buckets=buckets)
             if not ev.fires:
                 continue
-            opened = start + ((p.spec.sustained.warmup + p.spec.sustained.duration) if p.spec.sustained else timedelta(0))
+            opened = start + (
+                (p.spec.sustained.warmup + p.spec.sustained.duration) if p.spec.sustained else timedelta(0)
+            )
             steps = walk_ladder(p, min(opened, end), end)
             pol = result["policies"][p.name]
             acts = [a for _, names in steps for a in names]

@@ -23,10 +23,12 @@ WEBHOOK_HMAC_KEY_ENV = "GPU_AUDITOR_WEBHOOK_HMAC_KEY"
 
 def chart_notifications() -> NotificationsSettings:
     """``notifications`` as the chart renders it, without per-team routes."""
-    return NotificationsSettings.model_validate({
-        "slack": {"webhook_url_env": SLACK_WEBHOOK_URL_ENV},
-        "webhook": {"url_env": WEBHOOK_URL_ENV, "hmac_key_env": WEBHOOK_HMAC_KEY_ENV},
-    })
+    return NotificationsSettings.model_validate(
+        {
+            "slack": {"webhook_url_env": SLACK_WEBHOOK_URL_ENV},
+            "webhook": {"url_env": WEBHOOK_URL_ENV, "hmac_key_env": WEBHOOK_HMAC_KEY_ENV},
+        }
+    )
 
 
 def runner_config(settings: Settings, environ: Mapping[str, str] | None = None) -> RunnerConfig:
@@ -39,11 +41,13 @@ def runner_config(settings: Settings, environ: Mapping[str, str] | None = None) 
 
     n = settings.notifications
     hmac_key = secret(n.webhook.hmac_key_env)
-    default = Route(slack_url=secret(n.slack.webhook_url_env), webhook_url=secret(n.webhook.url_env),
-                    webhook_secret=hmac_key)
+    default = Route(
+        slack_url=secret(n.slack.webhook_url_env), webhook_url=secret(n.webhook.url_env), webhook_secret=hmac_key
+    )
     routes = {
-        team: Route(slack_url=secret(r.slack_webhook_url_env), webhook_url=secret(r.webhook_url_env),
-                    webhook_secret=hmac_key)
+        team: Route(
+            slack_url=secret(r.slack_webhook_url_env), webhook_url=secret(r.webhook_url_env), webhook_secret=hmac_key
+        )
         for team, r in n.routes.items()
     }
     requeue = RequeueSettings(
@@ -52,7 +56,18 @@ def runner_config(settings: Settings, environ: Mapping[str, str] | None = None) 
         queues=frozenset(settings.requeue.queues),
         max_per_hour=settings.requeue.max_per_hour,
     )
-    disabled = {kind for kind, on in ((ActionKind.ANNOTATE, settings.features.annotate),
-                                      (ActionKind.EVENT, settings.features.events)) if not on}
-    return RunnerConfig(cluster=settings.cluster, default_route=default, routes=routes, requeue=requeue,
-                        disabled_actions=frozenset(disabled))
+    disabled = {
+        kind
+        for kind, on in (
+            (ActionKind.ANNOTATE, settings.features.annotate),
+            (ActionKind.EVENT, settings.features.events),
+        )
+        if not on
+    }
+    return RunnerConfig(
+        cluster=settings.cluster,
+        default_route=default,
+        routes=routes,
+        requeue=requeue,
+        disabled_actions=frozenset(disabled),
+    )

@@ -200,11 +200,11 @@ def evaluate_sustained(
         for c in rule.conditions:
             v = covered[s][c.field][0]
             if not c.holds(v):
-                return SustainedResult(False, {**ev, "reason": f"{c.field}={v:.3f} at {s.isoformat()} breaks {c.describe()}"})
+                return SustainedResult(
+                    False, {**ev, "reason": f"{c.field}={v:.3f} at {s.isoformat()} breaks {c.describe()}"}
+                )
             worst[c.field] = v if c.field not in worst else (max if c.op in ("<", "<=") else min)(worst[c.field], v)
-    means_all = {
-        f: round(sum(covered[s][f][0] for s in covered) / len(covered), 4) for f in needed
-    }
+    means_all = {f: round(sum(covered[s][f][0] for s in covered) / len(covered), 4) for f in needed}
     return SustainedResult(True, {**ev, "means": means_all, "worst": {k: round(v, 4) for k, v in worst.items()}})
 
 
@@ -221,7 +221,18 @@ def evaluate(
     verdict = summary.get("verdict")
     figures = {
         k: summary.get(k)
-        for k in ("verdict", "gpu_util", "sm_active", "tensor_active", "dram_active", "coverage", "gpu_hours", "waste_gpu_hours", "gpus", "gpu_model")
+        for k in (
+            "verdict",
+            "gpu_util",
+            "sm_active",
+            "tensor_active",
+            "dram_active",
+            "coverage",
+            "gpu_hours",
+            "waste_gpu_hours",
+            "gpus",
+            "gpu_model",
+        )
     }
     if verdict in (None, "insufficient_data"):
         return Evaluation(name, False, "insufficient data: no judgement", figures, judged=False)

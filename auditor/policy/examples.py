@@ -46,7 +46,13 @@ def run_suite(policy: Policy, suite_file: Path) -> list[str]:
     failures = []
     for expect, key in ((True, "fire"), (False, "quiet")):
         for ex in data.get(key) or []:
-            summary = {"cluster": "examples", "namespace": "examples", "job": "Job/example", "team": "examples", **ex["summary"]}
+            summary = {
+                "cluster": "examples",
+                "namespace": "examples",
+                "job": "Job/example",
+                "team": "examples",
+                **ex["summary"],
+            }
             buckets = example_buckets(ex["sustained"]) if "sustained" in ex else []
             ev = evaluate(policy, summary, now=NOW, buckets=buckets)
             if ev.fires != expect:

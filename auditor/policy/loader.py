@@ -32,7 +32,9 @@ class PolicyError(BadInput):
 
 def _is_policy_file(name: str) -> bool:
     base = os.path.basename(name)
-    return base.endswith((".yaml", ".yml")) and not base.startswith(".") and not base.endswith(("suite.yaml", "suite.yml"))
+    return (
+        base.endswith((".yaml", ".yml")) and not base.startswith(".") and not base.endswith(("suite.yaml", "suite.yml"))
+    )
 
 
 def _loc_path(doc: Located, loc: tuple) -> tuple:
@@ -76,7 +78,7 @@ def parse_policies(text: str, source: str) -> list[Policy]:
 #: what to write where a required key is missing (docs/policies.md says the same)
 REQUIRED_HINTS = {
     "escalation": "the ordered action steps, at least one, e.g. escalation: [{actions: [annotate, event]}] "
-                  "(in mode audit they are recorded as what would have run)",
+    "(in mode audit they are recorded as what would have run)",
 }
 
 

@@ -55,7 +55,9 @@ class RequeueSettings:
         """None when requeue is allowed for this job, else why not."""
         if not self.enabled:
             return "requeue is disabled (settings)"
-        if summary.get("namespace") in self.namespaces or (summary.get("queue") and summary.get("queue") in self.queues):
+        if summary.get("namespace") in self.namespaces or (
+            summary.get("queue") and summary.get("queue") in self.queues
+        ):
             return None
         return "requeue is not enabled for this namespace or queue"
 
@@ -175,7 +177,17 @@ class PolicyRunner:
                 out += self._job(summary, policies, now=now, act=act)
             except AuditorError as exc:
                 log.warning("policies on %s: %s", job_key(summary), exc)
-                out.append(Decision("*", "-", job_key(summary), summary.get("verdict"), f"error: {exc}", {}, results={"error": str(exc)}))
+                out.append(
+                    Decision(
+                        "*",
+                        "-",
+                        job_key(summary),
+                        summary.get("verdict"),
+                        f"error: {exc}",
+                        {},
+                        results={"error": str(exc)},
+                    )
+                )
         return out
 
     def _job(self, summary: dict, policies: list[Policy], *, now: datetime, act: bool) -> list[Decision]:
@@ -224,7 +236,15 @@ class PolicyRunner:
 
     def _step(self, policy: Policy, summary: dict, ev: Evaluation, job: Any, *, now: datetime, act: bool) -> Decision:
         mode = policy.spec.mode
-        d = Decision(policy.name, mode.value, job_key(summary), summary.get("verdict"), ev.reason, ev.evidence, blocked=ev.blocked)
+        d = Decision(
+            policy.name,
+            mode.value,
+            job_key(summary),
+            summary.get("verdict"),
+            ev.reason,
+            ev.evidence,
+            blocked=ev.blocked,
+        )
         repo = self._repo
         if repo is not None:
             open_ = repo.open_violations(job, policy.name)
@@ -257,8 +277,19 @@ class PolicyRunner:
         keys = [action_key(d.dedup_key, a) for a in d.actions]
         evidence = {**ev.evidence, "job_ref": _ref(summary), "policy_mode": mode.value}
         did = repo.claim_step(  # type: ignore[union-attr]
-            job, policy.name, state, idx, dedup_key=d.dedup_key, mode=mode.value, action_names=d.actions,
-            action_keys=keys, now=now, dry_run=d.dry_run, verdict=str(summary.get("verdict")), reason=ev.reason, evidence=evidence,
+            job,
+            policy.name,
+            state,
+            idx,
+            dedup_key=d.dedup_key,
+            mode=mode.value,
+            action_names=d.actions,
+            action_keys=keys,
+            now=now,
+            dry_run=d.dry_run,
+            verdict=str(summary.get("verdict")),
+            reason=ev.reason,
+            evidence=evidence,
         )
         if did is None:
             d.results["claimed"] = False  # another replica or an earlier run took this step
@@ -276,13 +307,18 @@ class PolicyRunner:
         assert self._repo is not None
         if self._repo.count_job_actions(job, "requeue") >= policy.spec.requeue.max_per_job:
             return f"cap of {policy.spec.requeue.max_per_job} requeue(s) per job reached"
-        if self._repo.count_actions("requeue", since=now - timedelta(hours=1), cluster=summary.get("cluster")) >= self.config.requeue.max_per_hour:
+        if (
+            self._repo.count_actions("requeue", since=now - timedelta(hours=1), cluster=summary.get("cluster"))
+            >= self.config.requeue.max_per_hour
+        ):
             return f"rate limit: {self.config.requeue.max_per_hour} requeues per hour in the cluster"
         return None
 
     # ------------------------------------------------------------------ actions
 
-    def _run_action(self, action: ActionKind, key: str, policy: Policy, summary: dict, reason: str, evidence: dict, now: datetime) -> dict:
+    def _run_action(
+        self, action: ActionKind, key: str, policy: Policy, summary: dict, reason: str, evidence: dict, now: datetime
+    ) -> dict:
         from auditor.store.decisions import DONE, FAILED, SKIPPED
 
         repo = self._repo
@@ -305,8 +341,12 @@ class PolicyRunner:
                 repo.finish_action(key, DONE, now, result=result)
                 return {"state": DONE, **result}
             if action is ActionKind.EVENT:
-                note = f"gpu-auditor policy {policy.name}: {reason}." + (f" Advice: {policy.spec.advice}" if policy.spec.advice else "")
-                result = self.kube.event(summary, key=key, reason="GpuPolicyViolation", note=note, action=f"policy/{policy.name}", now=now)
+                note = f"gpu-auditor policy {policy.name}: {reason}." + (
+                    f" Advice: {policy.spec.advice}" if policy.spec.advice else ""
+                )
+                result = self.kube.event(
+                    summary, key=key, reason="GpuPolicyViolation", note=note, action=f"policy/{policy.name}", now=now
+                )
                 repo.finish_action(key, DONE, now, result=result)
                 return {"state": DONE, **result}
             if action is ActionKind.REQUEUE:
@@ -326,7 +366,9 @@ class PolicyRunner:
             "gpu-auditor.io/reason": reason,
             "gpu-auditor.io/gpu-util": pct(summary.get("gpu_util")),
             "gpu-auditor.io/sm-active": pct(summary.get("sm_active")),
-            "gpu-auditor.io/waste-gpu-hours": f"{summary['waste_gpu_hours']:.2f}" if isinstance(summary.get("waste_gpu_hours"), (int, float)) else "n/a",
+            "gpu-auditor.io/waste-gpu-hours": f"{summary['waste_gpu_hours']:.2f}"
+            if isinstance(summary.get("waste_gpu_hours"), (int, float))
+            else "n/a",
             "gpu-auditor.io/decided-at": now.isoformat().replace("+00:00", "Z"),
         }
 
@@ -362,7 +404,11 @@ class PolicyRunner:
                 import uuid
 
                 did = str(uuid.UUID(hashlib.sha256(key.encode()).hexdigest()[:32]))  # same id on a resume
-                out["webhook"] = WebhookNotifier(route.webhook_url, route.webhook_secret, **kw).send("policy.violation", payload, delivery_id=did).as_dict()
+                out["webhook"] = (
+                    WebhookNotifier(route.webhook_url, route.webhook_secret, **kw)
+                    .send("policy.violation", payload, delivery_id=did)
+                    .as_dict()
+                )
         out["ok"] = all(v.get("ok") for v in out.values() if isinstance(v, dict))
         errs = [str(v["error"]) for v in out.values() if isinstance(v, dict) and v.get("error")]
         if errs:
@@ -373,12 +419,18 @@ class PolicyRunner:
         """The result of an alert that has nowhere to go: recorded as skipped (``reason``
         :data:`NO_DESTINATION`, the operator counts it), and a warning the first time per team,
         since every later alert of that team is lost the same way until a route is configured."""
-        why = (f"no destination for team {team or '(none)'}: set notifications.routes.{team or '<team>'} "
-               "or a default notifications.slack / notifications.webhook")
+        why = (
+            f"no destination for team {team or '(none)'}: set notifications.routes.{team or '<team>'} "
+            "or a default notifications.slack / notifications.webhook"
+        )
         if team not in self._unrouted:
             self._unrouted.add(team)
-            log.warning("policy %s: alerts of team %s are not delivered (%s); they are recorded as skipped",
-                        policy.name, team or "(none)", why)
+            log.warning(
+                "policy %s: alerts of team %s are not delivered (%s); they are recorded as skipped",
+                policy.name,
+                team or "(none)",
+                why,
+            )
         return {"ok": False, "skipped": True, "reason": NO_DESTINATION, "team": team, "why": why}
 
     def _requeue(self, key: str, policy: Policy, summary: dict, reason: str, now: datetime) -> dict:
@@ -391,7 +443,11 @@ class PolicyRunner:
             repo.finish_action(key, SKIPPED, now, result={"why": f"mode {policy.spec.mode.value} never requeues"})
             return {"state": SKIPPED, "why": f"mode {policy.spec.mode.value} never requeues"}
         why = self.config.requeue.allows(summary)
-        if why is None and repo.count_job_actions(JobIdentOf(summary), "requeue", ("done", "waiting")) >= policy.spec.requeue.max_per_job:
+        if (
+            why is None
+            and repo.count_job_actions(JobIdentOf(summary), "requeue", ("done", "waiting"))
+            >= policy.spec.requeue.max_per_job
+        ):
             why = "requeue cap per job reached"
         if why:
             repo.finish_action(key, SKIPPED, now, result={"why": why})
@@ -418,7 +474,11 @@ class PolicyRunner:
             },
         )
         self.kube.event(
-            summary, key=key + "#stop", reason="GpuAuditorRequeue", action="requeue", now=now,
+            summary,
+            key=key + "#stop",
+            reason="GpuAuditorRequeue",
+            action="requeue",
+            now=now,
             note=f"gpu-auditor stopped this job to requeue it (policy {policy.name}: {reason}); "
             f"it goes back to its queue after {policy.spec.requeue.backoff}. It restarts from its last checkpoint.",
         )
@@ -446,8 +506,12 @@ class PolicyRunner:
         try:
             held = self.kube.holds_quota(res)
         except AuditorError as exc:
-            log.warning("requeue of %s/%s: cannot read its Workload (%s); trying again next cycle",
-                        res.get("namespace"), res.get("name"), exc)
+            log.warning(
+                "requeue of %s/%s: cannot read its Workload (%s); trying again next cycle",
+                res.get("namespace"),
+                res.get("name"),
+                exc,
+            )
             return (row.due_at if now >= row.due_at + backoff else None), res
         if held:
             return (row.due_at if now >= row.due_at + backoff else None), res
@@ -464,11 +528,17 @@ class PolicyRunner:
         failed write is logged, never fatal: the store's row is what the operator acts on."""
         assert self.kube is not None
         try:
-            self.kube.annotate({"job": f"{row.job.kind}/{row.job.name}", "namespace": row.job.namespace, "pods": []},
-                               {"gpu-auditor.io/reactivate-at": at.isoformat().replace("+00:00", "Z")})
+            self.kube.annotate(
+                {"job": f"{row.job.kind}/{row.job.name}", "namespace": row.job.namespace, "pods": []},
+                {"gpu-auditor.io/reactivate-at": at.isoformat().replace("+00:00", "Z")},
+            )
         except AuditorError as exc:
-            log.warning("requeue of %s/%s: cannot update gpu-auditor.io/reactivate-at (%s)",
-                        row.job.namespace, row.job.name, exc)
+            log.warning(
+                "requeue of %s/%s: cannot update gpu-auditor.io/reactivate-at (%s)",
+                row.job.namespace,
+                row.job.name,
+                exc,
+            )
 
     def _resume(self, now: datetime) -> list[Decision]:
         """Reactivate requeued jobs whose backoff is over; finish steps a crash interrupted."""
@@ -487,11 +557,25 @@ class PolicyRunner:
             if not repo.take_action(row.dedup_key, WAITING, "reactivating", now):
                 continue  # another replica is on it
             key = f"{row.job.cluster}/{row.job.namespace}/{row.job.kind}/{row.job.name}"
-            d = Decision(row.policy, "enforce", key, None, "requeue backoff over: reactivate", {},
-                         dry_run=False, dedup_key=row.dedup_key, actions=["reactivate"])
+            d = Decision(
+                row.policy,
+                "enforce",
+                key,
+                None,
+                "requeue backoff over: reactivate",
+                {},
+                dry_run=False,
+                dedup_key=row.dedup_key,
+                actions=["reactivate"],
+            )
             try:
                 res = self.kube.reactivate(row.result)
-                repo.finish_action(row.dedup_key, DONE, now, result={**row.result, "reactivated": res, "reactivated_at": now.isoformat()})
+                repo.finish_action(
+                    row.dedup_key,
+                    DONE,
+                    now,
+                    result={**row.result, "reactivated": res, "reactivated_at": now.isoformat()},
+                )
                 d.results["reactivate"] = {"state": DONE, **res}
                 if now != due and not res.get("gone"):
                     self._show_reactivate_at(row, now)
@@ -510,11 +594,24 @@ class PolicyRunner:
             summary = dict(decision["evidence"].get("job_ref") or {})
             if row.action == ActionKind.NOTIFY.value:
                 # at most once for people: a maybe-sent alert is not sent again
-                repo.finish_action(row.dedup_key, FAILED, now, error="interrupted before its result was recorded; not resent")
+                repo.finish_action(
+                    row.dedup_key, FAILED, now, error="interrupted before its result was recorded; not resent"
+                )
                 continue
-            d = Decision(row.policy, policy.spec.mode.value, job_key(summary), summary.get("verdict"), "resumed after an interruption", {},
-                         dry_run=False, dedup_key=row.dedup_key, actions=[row.action])
-            d.results[row.action] = self._run_action(ActionKind(row.action), row.dedup_key, policy, summary, decision["reason"], decision["evidence"], now)
+            d = Decision(
+                row.policy,
+                policy.spec.mode.value,
+                job_key(summary),
+                summary.get("verdict"),
+                "resumed after an interruption",
+                {},
+                dry_run=False,
+                dedup_key=row.dedup_key,
+                actions=[row.action],
+            )
+            d.results[row.action] = self._run_action(
+                ActionKind(row.action), row.dedup_key, policy, summary, decision["reason"], decision["evidence"], now
+            )
             out.append(d)
         return out
 
@@ -544,11 +641,18 @@ def slack_message(policy: Policy, summary: Mapping[str, Any], reason: str) -> tu
                 ("GPU util", pct(summary.get("gpu_util"))),
                 ("SM active", pct(summary.get("sm_active"))),
                 ("Tensor active", pct(summary.get("tensor_active"))),
-                ("Wasted GPU-h", summary.get("waste_gpu_hours") if summary.get("waste_gpu_hours") is not None else "n/a"),
+                (
+                    "Wasted GPU-h",
+                    summary.get("waste_gpu_hours") if summary.get("waste_gpu_hours") is not None else "n/a",
+                ),
             ]
         ),
     ]
     if policy.spec.advice:
         blocks.append(section(f"*Advice:* {slack_escape(policy.spec.advice)}"))
-    blocks.append(context(f"Mode {policy.spec.mode.value}. Silence with the annotation `gpu-auditor.io/snooze-until: <RFC 3339 time>` on the job."))
+    blocks.append(
+        context(
+            f"Mode {policy.spec.mode.value}. Silence with the annotation `gpu-auditor.io/snooze-until: <RFC 3339 time>` on the job."
+        )
+    )
     return text, blocks

@@ -44,8 +44,18 @@ SNOOZE_ANNOTATION = "gpu-auditor.io/snooze-until"
 SUMMARY_FIELDS: Mapping[str, Range] = MappingProxyType(
     {
         **dict.fromkeys(
-            ("gpu_util", "gr_engine_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
-             "fp32_active", "fp16_active", "coverage", "mfu_estimate"),
+            (
+                "gpu_util",
+                "gr_engine_active",
+                "sm_active",
+                "sm_occupancy",
+                "tensor_active",
+                "dram_active",
+                "fp32_active",
+                "fp16_active",
+                "coverage",
+                "mfu_estimate",
+            ),
             RATIO,
         ),
         # the limits beyond which a source drops a sample as garbage (auditor/core/metrics.py)
@@ -59,11 +69,19 @@ SUMMARY_FIELDS: Mapping[str, Range] = MappingProxyType(
 )
 #: Fields a sustained condition may test: means per bucket, computed from the stored rollup.
 SUSTAINED_FIELDS = frozenset(
-    {"gpu_util", "gr_engine_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active", "fp32_active", "fp16_active", "power_w"}
+    {
+        "gpu_util",
+        "gr_engine_active",
+        "sm_active",
+        "sm_occupancy",
+        "tensor_active",
+        "dram_active",
+        "fp32_active",
+        "fp16_active",
+        "power_w",
+    }
 )
-VERDICTS = frozenset(
-    {"idle", "underutilized", "low_sm_efficiency", "memory_bound", "no_tensor_cores", "healthy"}
-)
+VERDICTS = frozenset({"idle", "underutilized", "low_sm_efficiency", "memory_bound", "no_tensor_cores", "healthy"})
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -253,7 +271,9 @@ class Spec(_Strict):
     def _verdicts(cls, v: list[str]) -> list[str]:
         for x in v:
             if x not in VERDICTS:
-                raise ValueError(f"unknown verdict {x!r} (one of {', '.join(sorted(VERDICTS))}; insufficient_data never fires)")
+                raise ValueError(
+                    f"unknown verdict {x!r} (one of {', '.join(sorted(VERDICTS))}; insufficient_data never fires)"
+                )
         return v
 
     @model_validator(mode="after")

@@ -102,9 +102,7 @@ def charts(summaries: Sequence[dict]) -> list[dict[str, str]]:
     if not summaries:
         return out
     labels = [f"{s['namespace']}/{s['job']}" for s in summaries]
-    util = [
-        (s.get("gpu_util") if s.get("gpu_util") is not None else s.get("gr_engine_active")) for s in summaries
-    ]
+    util = [(s.get("gpu_util") if s.get("gpu_util") is not None else s.get("gr_engine_active")) for s in summaries]
     series = [
         ("GPU utilization", util, "#90a4ae"),
         ("SM activity", [s.get("sm_active") for s in summaries], "#1565c0"),

@@ -274,11 +274,17 @@ def build_report(
         acts = actions_of(t)
         doc["actions"] = acts
         doc["actions_total"] = sum(acts.values())
-        doc["top_jobs"] = [job_json(j, prices, current.advice.get(j.job_id)) for j in _top((j for j in candidates if j.team == t), top_n)]
+        doc["top_jobs"] = [
+            job_json(j, prices, current.advice.get(j.job_id))
+            for j in _top((j for j in candidates if j.team == t), top_n)
+        ]
         doc["trend"] = trend(t)
         doc["note"] = None if doc["jobs"] else f"No jobs of team {t} were recorded in {current.week}."
         team_docs.append(doc)
-    total = {"team": ALL_TEAMS if scope == "cluster" else (names[0] if len(names) == 1 else ALL_TEAMS), **whole_now.as_json()}
+    total = {
+        "team": ALL_TEAMS if scope == "cluster" else (names[0] if len(names) == 1 else ALL_TEAMS),
+        **whole_now.as_json(),
+    }
     acts = actions_of(None)
     total["actions"] = acts
     total["actions_total"] = sum(acts.values())

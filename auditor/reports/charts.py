@@ -48,7 +48,12 @@ def hours_by_team(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _team_bars(
-    rows: Sequence[Mapping[str, Any]], series: list[tuple[str, str, list[float]]], *, xlabel: str, ncol: int, fontsize: int
+    rows: Sequence[Mapping[str, Any]],
+    series: list[tuple[str, str, list[float]]],
+    *,
+    xlabel: str,
+    ncol: int,
+    fontsize: int,
 ) -> str:
     """Stacked horizontal bars, one per team, of ``series`` ((label, colour, values) each)."""
     plt = _plt()
@@ -79,7 +84,14 @@ def trend(points: Sequence[Mapping[str, Any]]) -> str:
     active = [max(0.0, h - w - u) for h, w, u in zip(hours, waste, unmeasured)]
     ax.bar(x, active, color=SM_COLOR, label="SM-active GPU-h", width=0.6)
     ax.bar(x, waste, bottom=active, color=WASTE_COLOR, label="waste GPU-h", width=0.6)
-    ax.bar(x, unmeasured, bottom=[a + w for a, w in zip(active, waste)], color=UNMEASURED_COLOR, label="unmeasured", width=0.6)
+    ax.bar(
+        x,
+        unmeasured,
+        bottom=[a + w for a, w in zip(active, waste)],
+        color=UNMEASURED_COLOR,
+        label="unmeasured",
+        width=0.6,
+    )
     for i, p in zip(x, points):
         if not p.get("jobs"):
             ax.text(i, 0, "no data", ha="center", va="bottom", rotation=90, fontsize=8, color="#777")

@@ -57,6 +57,7 @@ def _crontab_dow(field_text: str) -> str:
     apscheduler 3.x numbers days from Monday = 0, and ``CronTrigger.from_crontab`` passes the
     numbers through, so ``0 8 * * 1`` would fire on *Tuesdays*. Names mean the same to both.
     """
+
     def one(m: re.Match[str]) -> str:
         n = int(m.group(0))
         if not 0 <= n <= 7:
@@ -78,7 +79,9 @@ def build_trigger(schedule: str = DEFAULT_SCHEDULE, timezone_name: str = "UTC") 
     m = re.match(r"^([A-Za-z]{3})[a-z]*\s+(\d{1,2}):(\d{2})$", text)
     try:
         if m:
-            return CronTrigger(day_of_week=m.group(1).lower(), hour=int(m.group(2)), minute=int(m.group(3)), timezone=tz)
+            return CronTrigger(
+                day_of_week=m.group(1).lower(), hour=int(m.group(2)), minute=int(m.group(3)), timezone=tz
+            )
         parts = text.split()
         if len(parts) != 5:
             raise ValueError("expected 5 fields (minute hour day month day-of-week) or 'mon 08:00'")
@@ -111,7 +114,9 @@ def due_week(trigger: CronTrigger, now: datetime, timezone_name: str = "UTC") ->
     return last_complete_week(fired, zone(timezone_name)), fired
 
 
-def add_report_job(scheduler: Any, trigger: CronTrigger, func: Callable[[], Any], *, job_id: str = "weekly-reports") -> Any:
+def add_report_job(
+    scheduler: Any, trigger: CronTrigger, func: Callable[[], Any], *, job_id: str = "weekly-reports"
+) -> Any:
     """Register ``func`` (a closure calling :func:`send_due_reports`) on an apscheduler 3.x
     scheduler: one instance at a time, missed runs coalesced (the ledger makes re-runs safe)."""
     return scheduler.add_job(
@@ -223,12 +228,16 @@ def send_due_reports(
         return SendResult(reason="no scheduled time has passed yet")
     week, fired = due
     if max_lateness is not None and now - fired > max_lateness:
-        return SendResult(week=str(week), reason=f"the {week} report was due at {fired.isoformat()}, more than {max_lateness} ago")
+        return SendResult(
+            week=str(week), reason=f"the {week} report was due at {fired.isoformat()}, more than {max_lateness} ago"
+        )
     rs = ReportStore(store)
     cluster = opts.cluster or ALL_TEAMS
     tz = zone(opts.timezone)
     start, end = week.bounds(tz)
-    teams = sorted(set(rs.teams(week.shift(-opts.trend_weeks).bounds(tz)[0], end, cluster=opts.cluster)) | set(opts.teams))
+    teams = sorted(
+        set(rs.teams(week.shift(-opts.trend_weeks).bounds(tz)[0], end, cluster=opts.cluster)) | set(opts.teams)
+    )
     wanted: list[tuple[str, str]] = []  # (team, channel)
     for t in teams:
         if t in destinations.team_slack:
@@ -262,19 +271,32 @@ def send_due_reports(
         if team != ALL_TEAMS and team not in with_jobs:
             continue
         if not rs.claim(
-            dedup_key=key, cluster=cluster, week=str(week), team=team, channel=channel,
-            now=now, holder=me, claim_timeout=claim_timeout, max_attempts=max_attempts,
+            dedup_key=key,
+            cluster=cluster,
+            week=str(week),
+            team=team,
+            channel=channel,
+            now=now,
+            holder=me,
+            claim_timeout=claim_timeout,
+            max_attempts=max_attempts,
         ):
             result.skipped.append(key)
             continue
         try:
             if channel == "slack":
-                text, blocks = cluster_message(report) if team == ALL_TEAMS else team_message(report, team_view(report, team)["total"])
+                text, blocks = (
+                    cluster_message(report)
+                    if team == ALL_TEAMS
+                    else team_message(report, team_view(report, team)["total"])
+                )
                 sender = destinations.admin_slack if team == ALL_TEAMS else destinations.team_slack[team]
                 answer = sender.send(text, blocks)  # type: ignore[union-attr]
             else:
                 doc = report if team == ALL_TEAMS else team_view(report, team)
-                answer = destinations.webhook.send(WEBHOOK_KIND, {"key": key, "report": doc}, delivery_id=_delivery_id(key))  # type: ignore[union-attr]
+                answer = destinations.webhook.send(  # type: ignore[union-attr]
+                    WEBHOOK_KIND, {"key": key, "report": doc}, delivery_id=_delivery_id(key)
+                )
             ok, error, detail = _ok(answer)
         except Exception as exc:  # noqa: BLE001 - one failed delivery must not stop the others
             ok, error, detail = False, f"{type(exc).__name__}: {exc}", {}

@@ -114,15 +114,24 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         lines += [f"> {_md_escape(t['note'])}", ""]
     for key, label, kind in FIGURES:
         lines.append(f"- **{label}**: {fmt(kind, t[key], cur)}")
-    lines.append(f"- **policy actions**: {t['actions_total']}" + (
-        " (" + ", ".join(f"{a}: {n}" for a, n in t["actions"].items()) + ")" if t["actions"] else ""))
+    lines.append(
+        f"- **policy actions**: {t['actions_total']}"
+        + (" (" + ", ".join(f"{a}: {n}" for a, n in t["actions"].items()) + ")" if t["actions"] else "")
+    )
     lines.append("")
     if report["scope"] == "cluster":
-        lines += ["## Teams", "", "| team | " + " | ".join(lbl for _, lbl, _ in FIGURES) + " | actions |",
-                  "|---|" + "---:|" * (len(FIGURES) + 1)]
+        lines += [
+            "## Teams",
+            "",
+            "| team | " + " | ".join(lbl for _, lbl, _ in FIGURES) + " | actions |",
+            "|---|" + "---:|" * (len(FIGURES) + 1),
+        ]
         for name, row in [(_md_escape(x["team"]), x) for x in report["teams"]] + [("**total**", t)]:
-            lines.append(f"| {name} | " + " | ".join(fmt(kind, row[key], cur) for key, _, kind in FIGURES)
-                         + f" | {row['actions_total']} |")
+            lines.append(
+                f"| {name} | "
+                + " | ".join(fmt(kind, row[key], cur) for key, _, kind in FIGURES)
+                + f" | {row['actions_total']} |"
+            )
         lines.append("")
     lines += ["## Jobs by verdict", "", "| team | " + " | ".join(VERDICTS) + " |", "|---|" + "---:|" * len(VERDICTS)]
     rows = list(report["teams"]) if report["scope"] == "cluster" else []
@@ -131,8 +140,10 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         lines.append(f"| {name} | " + " | ".join(str(row["verdicts"].get(v, 0)) for v in VERDICTS) + " |")
     lines += ["", "## Most wasteful jobs", ""]
     if t["top_jobs"]:
-        lines += ["| job | team | GPU-h | SM | tensor | waste GPU-h | waste cost | verdict | why, and what to try |",
-                  "|---|---|---:|---:|---:|---:|---:|---|---|"]
+        lines += [
+            "| job | team | GPU-h | SM | tensor | waste GPU-h | waste cost | verdict | why, and what to try |",
+            "|---|---|---:|---:|---:|---:|---:|---|---|",
+        ]
         for j in t["top_jobs"]:
             lines.append(
                 f"| {_md_escape(j['namespace'] + '/' + j['job'])} | {_md_escape(j['team'])} | {fmt('hours', j['gpu_hours'])} | "
@@ -141,8 +152,13 @@ def to_markdown(report: Mapping[str, Any]) -> str:
             )
     else:
         lines.append("No job with a waste figure.")
-    lines += ["", "## Trend", "", "| week | GPU-hours | efficiency | waste GPU-h | unmeasured GPU-h |",
-              "|---|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "## Trend",
+        "",
+        "| week | GPU-hours | efficiency | waste GPU-h | unmeasured GPU-h |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for p in t["trend"]:
         if not p["jobs"]:
             lines.append(f"| {p['week']} | no data | | | |")

@@ -120,7 +120,9 @@ def _price_text(prices: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def render_html(report: Mapping[str, Any], *, title: str | None = None, with_charts: bool = True, per_team: bool = True) -> str:
+def render_html(
+    report: Mapping[str, Any], *, title: str | None = None, with_charts: bool = True, per_team: bool = True
+) -> str:
     """The page for one report document (cluster scope: every team; team scope: one)."""
     cur = report["prices"].get("currency", "")
     total = report["total"]
@@ -129,25 +131,31 @@ def render_html(report: Mapping[str, Any], *, title: str | None = None, with_cha
     figs: list[dict[str, str]] = []
     if with_charts:
         if report["scope"] == "cluster" and report["teams"]:
-            figs.append({
-                "png": charts.hours_by_team(report["teams"]),
-                "alt": "bar chart: SM-active, wasted and unmeasured GPU-hours per team",
-                "caption": "Where each team's GPU-hours went: SM-active, wasted (SMs idle) and unmeasured.",
-            })
-        figs.append({
-            "png": charts.trend(total["trend"]),
-            "alt": "chart: GPU-hours and efficiency over the last weeks",
-            "caption": "GPU-hours per week (SM-active, wasted, unmeasured) and efficiency (line).",
-        })
+            figs.append(
+                {
+                    "png": charts.hours_by_team(report["teams"]),
+                    "alt": "bar chart: SM-active, wasted and unmeasured GPU-hours per team",
+                    "caption": "Where each team's GPU-hours went: SM-active, wasted (SMs idle) and unmeasured.",
+                }
+            )
+        figs.append(
+            {
+                "png": charts.trend(total["trend"]),
+                "alt": "chart: GPU-hours and efficiency over the last weeks",
+                "caption": "GPU-hours per week (SM-active, wasted, unmeasured) and efficiency (line).",
+            }
+        )
         # one team's page keeps to the trend (its verdict counts are a table row): a chart
         # costs ~0.1-0.3 s, and a week's reports render one page per team
         rows = report["teams"] if report["scope"] == "cluster" else []
         if any(r["jobs"] for r in rows):
-            figs.append({
-                "png": charts.verdicts_by_team(rows),
-                "alt": "bar chart: jobs by verdict per team",
-                "caption": "Jobs active in the week, by verdict.",
-            })
+            figs.append(
+                {
+                    "png": charts.verdicts_by_team(rows),
+                    "alt": "bar chart: jobs by verdict per team",
+                    "caption": "Jobs active in the week, by verdict.",
+                }
+            )
     return _tpl.render(
         title=title,
         css=_CSS,

@@ -33,7 +33,13 @@ class ReportOptions:
 
 
 def _week_data(
-    rs: ReportStore, week: IsoWeek, opts: ReportOptions, teams: Sequence[str] | None, *, detail: bool, crossing: Sequence[Any]
+    rs: ReportStore,
+    week: IsoWeek,
+    opts: ReportOptions,
+    teams: Sequence[str] | None,
+    *,
+    detail: bool,
+    crossing: Sequence[Any],
 ) -> WeekData:
     start, end = week.bounds(zone(opts.timezone))
     groups = rs.week_groups(start, end, cluster=opts.cluster, teams=teams, by_model=detail, crossing=crossing)
@@ -94,7 +100,9 @@ def generate(
     )
 
 
-def iter_jobs(store: Store, week: IsoWeek, *, options: ReportOptions | None = None, team: str | None = None) -> Iterator[dict[str, Any]]:
+def iter_jobs(
+    store: Store, week: IsoWeek, *, options: ReportOptions | None = None, team: str | None = None
+) -> Iterator[dict[str, Any]]:
     """Every job of the week with its in-week share, as per-job rows (streamed, by job id)."""
     opts = options or ReportOptions()
     start, end = week.bounds(zone(opts.timezone))
@@ -110,6 +118,7 @@ def options_from(settings: Any | None = None, **overrides: Any) -> ReportOptions
     ``teams`` when the section has them; missing keys keep the defaults, so this works with
     the settings of any version.
     """
+
     def get(key: str, default: Any) -> Any:
         if settings is None:
             return default
@@ -121,7 +130,9 @@ def options_from(settings: Any | None = None, **overrides: Any) -> ReportOptions
     default_price = float(raw_prices.pop("default", 0.0) or 0.0)
     values: dict[str, Any] = {
         "timezone": get("timezone", "UTC") or "UTC",
-        "prices": Prices({str(k): float(v) for k, v in raw_prices.items()}, default_price, str(get("currency", "USD") or "USD")),
+        "prices": Prices(
+            {str(k): float(v) for k, v in raw_prices.items()}, default_price, str(get("currency", "USD") or "USD")
+        ),
         "top_n": int(get("top_n", 10)),
         "teams": tuple(get("teams", ()) or ()),
     }

@@ -21,14 +21,16 @@ def _trend_text(points: list[Mapping[str, Any]]) -> str:
 
 
 def _kpi_fields(t: Mapping[str, Any], cur: str) -> dict:
-    return fields([
-        ("GPU-hours", fmt("hours", t["gpu_hours"])),
-        ("Efficiency (SM activity)", fmt("ratio", t["efficiency"])),
-        ("Waste GPU-hours", fmt("hours", t["waste_gpu_hours"])),
-        ("Waste cost", fmt("money", t["waste_cost"], cur)),
-        ("Unmeasured GPU-hours", fmt("hours", t["unmeasured_gpu_hours"])),
-        ("Jobs · policy actions", f"{t['jobs']} · {t['actions_total']}"),
-    ])
+    return fields(
+        [
+            ("GPU-hours", fmt("hours", t["gpu_hours"])),
+            ("Efficiency (SM activity)", fmt("ratio", t["efficiency"])),
+            ("Waste GPU-hours", fmt("hours", t["waste_gpu_hours"])),
+            ("Waste cost", fmt("money", t["waste_cost"], cur)),
+            ("Unmeasured GPU-hours", fmt("hours", t["unmeasured_gpu_hours"])),
+            ("Jobs · policy actions", f"{t['jobs']} · {t['actions_total']}"),
+        ]
+    )
 
 
 def team_message(report: Mapping[str, Any], team: Mapping[str, Any]) -> tuple[str, list[dict]]:
@@ -42,7 +44,11 @@ def team_message(report: Mapping[str, Any], team: Mapping[str, Any]) -> tuple[st
     blocks: list[dict] = [header(f"GPU efficiency {report['week']} · {name}")]
     if team["note"]:
         blocks.append(section(slack_escape(team["note"])))
-        blocks.append(context(f"{slack_escape(report['start'])} – {slack_escape(report['end'])} ({slack_escape(report['timezone'])})"))
+        blocks.append(
+            context(
+                f"{slack_escape(report['start'])} – {slack_escape(report['end'])} ({slack_escape(report['timezone'])})"
+            )
+        )
         return text, blocks
     blocks.append(_kpi_fields(team, cur))
     if team["top_jobs"]:
@@ -55,9 +61,11 @@ def team_message(report: Mapping[str, Any], team: Mapping[str, Any]) -> tuple[st
             )
         blocks.append(section("*Most wasteful jobs*\n" + "\n".join(lines)))
     blocks.append(context(slack_escape(_trend_text(team["trend"]))))
-    blocks.append(context(
-        f"ISO week {slack_escape(report['week'])}: {slack_escape(report['start'])} – {slack_escape(report['end'])} ({slack_escape(report['timezone'])})"
-    ))
+    blocks.append(
+        context(
+            f"ISO week {slack_escape(report['week'])}: {slack_escape(report['start'])} – {slack_escape(report['end'])} ({slack_escape(report['timezone'])})"
+        )
+    )
     return text, blocks
 
 
@@ -83,6 +91,12 @@ def cluster_message(report: Mapping[str, Any]) -> tuple[str, list[dict]]:
         blocks.append(section("*Teams with the most waste*\n" + "\n".join(lines)))
     empty = [x["team"] for x in report["teams"] if not x["jobs"]]
     if empty:
-        blocks.append(context("No jobs this week: " + ", ".join(slack_escape(e) for e in empty[:20]) + (" …" if len(empty) > 20 else "")))
+        blocks.append(
+            context(
+                "No jobs this week: "
+                + ", ".join(slack_escape(e) for e in empty[:20])
+                + (" …" if len(empty) > 20 else "")
+            )
+        )
     blocks.append(context(slack_escape(_trend_text(t["trend"]))))
     return text, blocks

@@ -175,7 +175,9 @@ class PrometheusClient:
                 "give the server's CA with --prometheus-ca-file, or --prometheus-insecure to skip verification"
             ) from exc
         except requests.exceptions.Timeout as exc:
-            raise SourceUnavailable(f"Prometheus at {self.url} did not answer within {self.timeout:g}s ({path})") from exc
+            raise SourceUnavailable(
+                f"Prometheus at {self.url} did not answer within {self.timeout:g}s ({path})"
+            ) from exc
         except requests.exceptions.RequestException as exc:
             reason = _root_reason(exc)
             raise SourceUnavailable(f"Prometheus at {self.url} is unreachable: {reason}") from exc
@@ -197,13 +199,17 @@ class PrometheusClient:
                         self.warnings.append(str(w))
         status = resp.status_code
         if status in (400, 422):
-            raise QueryRefused(f"Prometheus at {self.url} refused the query ({path}, HTTP {status}): {error or resp.text[:300]}")
+            raise QueryRefused(
+                f"Prometheus at {self.url} refused the query ({path}, HTTP {status}): {error or resp.text[:300]}"
+            )
         if status in (401, 403):
             raise QueryRefused(
                 f"Prometheus at {self.url} refused access (HTTP {status}); check the bearer token or basic-auth credentials"
             )
         if status == 404:
-            raise SourceUnavailable(f"no Prometheus HTTP API at {self.url} (HTTP 404 for /api/v1/{path}); check the URL and path prefix")
+            raise SourceUnavailable(
+                f"no Prometheus HTTP API at {self.url} (HTTP 404 for /api/v1/{path}); check the URL and path prefix"
+            )
         if status != 200 or not isinstance(body, dict):
             detail = error or resp.text[:300].strip()
             raise SourceUnavailable(f"Prometheus at {self.url} failed ({path}, HTTP {status}): {detail}")
@@ -433,7 +439,12 @@ class PrometheusSource:
         del pending
         # 2. clean and dirty buckets of every series, a whole exporter name at a time
         decided = _classify(
-            [s for s, _, _ in attributed if "count" in s.aggs], n_ends, first_end, width_ms, counts, naming,
+            [s for s, _, _ in attributed if "count" in s.aggs],
+            n_ends,
+            first_end,
+            width_ms,
+            counts,
+            naming,
             last_open=aligned.end > window.end,
         )
         # 3. runs of clean buckets and the dirty buckets to re-read, in series order
@@ -505,7 +516,9 @@ class PrometheusSource:
         found = self.client.label_values("__name__", [match], start_ms, end_ms)
         return sorted(n for n in found if n in set(known))
 
-    def _read_aggregates(self, names: list[str], first_end: int, last_end: int, width_ms: int, rng: int) -> list[_Series]:
+    def _read_aggregates(
+        self, names: list[str], first_end: int, last_end: int, width_ms: int, rng: int
+    ) -> list[_Series]:
         """Run the bucket queries (concurrently) and fold each answer in as it arrives.
 
         At most ``concurrency`` queries are in flight, and each worker turns its decoded answer
@@ -599,7 +612,13 @@ class PrometheusSource:
         return list(by_key.values())
 
     def _range_chunk(
-        self, name: str, agg: str, first_end: int, last_end: int, width_ms: int, rng: int,
+        self,
+        name: str,
+        agg: str,
+        first_end: int,
+        last_end: int,
+        width_ms: int,
+        rng: int,
         convert: Callable[[list[dict]], list] = list,
     ) -> list:
         """One query_range over bucket ends ``first_end..last_end``; halves itself on sample limits.
@@ -609,7 +628,11 @@ class PrometheusSource:
         expr = promql.bucket_query(promql.selector(name, self.matchers), agg, rng)
         try:
             return self.client.query_range(
-                expr, first_end - 1, last_end - 1, width_ms, convert=lambda data: convert((data or {}).get("result", []))
+                expr,
+                first_end - 1,
+                last_end - 1,
+                width_ms,
+                convert=lambda data: convert((data or {}).get("result", [])),
             )
         except QueryRefused as exc:
             if not _TOO_MANY.search(str(exc)) or first_end == last_end:
@@ -621,7 +644,11 @@ class PrometheusSource:
             )
 
     def _reread_garbage(
-        self, name: str, items: list[tuple[_Series, PodRef, GpuId, list[int]]], width_ms: int, major: int,
+        self,
+        name: str,
+        items: list[tuple[_Series, PodRef, GpuId, list[int]]],
+        width_ms: int,
+        major: int,
         naming: Naming = Naming.CLASSIC,
     ) -> list[Bucket]:
         """Raw samples of just the dirty series and buckets, aggregated here with garbage dropped."""
@@ -648,7 +675,9 @@ class PrometheusSource:
                 labels.pop("__name__", None)
                 key = frozenset(labels.items())
                 if key in wanted:
-                    samples.setdefault(key, []).extend((promql.parse_ts_ms(t), float(v)) for t, v in item.get("values", []))
+                    samples.setdefault(key, []).extend(
+                        (promql.parse_ts_ms(t), float(v)) for t, v in item.get("values", [])
+                    )
         out: list[Bucket] = []
         for key, (pod, gpu, bucket_ends) in wanted.items():
             per_bucket: dict[int, list[float]] = {e: [] for e in bucket_ends}
@@ -681,7 +710,13 @@ def _spans(ends: list[int], width_ms: int, max_buckets: int) -> list[tuple[int, 
 
 
 def _aggregate(
-    pod: PodRef, gpu: GpuId, metric: Metric, start: datetime, end: datetime, raw: list[float], scale: float | None = None
+    pod: PodRef,
+    gpu: GpuId,
+    metric: Metric,
+    start: datetime,
+    end: datetime,
+    raw: list[float],
+    scale: float | None = None,
 ) -> Bucket:
     """One bucket from raw samples through the core's rollup (garbage dropped and counted there)."""
     width = end - start
@@ -693,8 +728,14 @@ def _aggregate(
 
 
 def _classify(
-    series: list[_Series], n: int, first_end: int, width_ms: int, counts: dict[int, int],
-    naming: Naming = Naming.CLASSIC, *, last_open: bool = False,
+    series: list[_Series],
+    n: int,
+    first_end: int,
+    width_ms: int,
+    counts: dict[int, int],
+    naming: Naming = Naming.CLASSIC,
+    *,
+    last_open: bool = False,
 ) -> dict[int, tuple[Sequence[int] | None, list[int] | None]]:
     """Per series (by ``id``): the positions of its clean buckets and the ends of its dirty ones.
 
@@ -720,7 +761,9 @@ def _classify(
         scale = scale_of(name, naming)
 
         def stack(agg: str, rows: list[Any] = rows) -> Any:
-            return np.frombuffer(b"".join(s.aggs.get(agg) or nan_row for s in rows), dtype=np.float64).reshape(len(rows), n)
+            return np.frombuffer(b"".join(s.aggs.get(agg) or nan_row for s in rows), dtype=np.float64).reshape(
+                len(rows), n
+            )
 
         cnt = stack("count")
         present = cnt == cnt
@@ -775,7 +818,9 @@ def _nans(n: int) -> array:
     return array("d", _NANS[:n] if n <= len(_NANS) else [math.nan] * n)
 
 
-def _merge(groups: dict[tuple[PodRef, str, Metric], list[BucketRun | list[Bucket]]], report: SourceReport) -> list[Piece]:
+def _merge(
+    groups: dict[tuple[PodRef, str, Metric], list[BucketRun | list[Bucket]]], report: SourceReport
+) -> list[Piece]:
     """All buckets, sorted by (pod, GPU, metric, start), one per (pod, GPU, metric, start), as
     pieces of a :class:`~auditor.core.rollup.LazyBuckets` (one per (pod, GPU, metric)).
 

@@ -72,7 +72,9 @@ def bucket_query(sel: str, agg: str, rng_ms: int) -> str:
     return f"{agg}_over_time({sel}[{rng_ms}ms])"
 
 
-def chunks(first_end_ms: int, last_end_ms: int, width_ms: int, max_steps: int = MAX_POINTS_PER_SERIES - 1) -> list[tuple[int, int]]:
+def chunks(
+    first_end_ms: int, last_end_ms: int, width_ms: int, max_steps: int = MAX_POINTS_PER_SERIES - 1
+) -> list[tuple[int, int]]:
     """Split bucket end times ``first_end..last_end`` (step ``width``) into runs of ``max_steps``.
 
     Returns ``(first_end, last_end)`` pairs, both inclusive, each run short enough that a
@@ -150,7 +152,7 @@ def gpu_of(labels: Mapping[str, str]) -> GpuId | None:
     _, index = first_label(labels, "gpu")
     if not index:
         _, device = first_label(labels, "device")
-        index = device[len("nvidia"):] if device.startswith("nvidia") else device
+        index = device[len("nvidia") :] if device.startswith("nvidia") else device
     if not uuid:
         if not (host or labels.get("instance")) or not index:
             return None
@@ -183,7 +185,4 @@ def looks_like_exporter(labels: Mapping[str, str], conv: LabelConvention) -> boo
     """
     if conv.pod != "pod":
         return False
-    return bool(
-        _EXPORTER_POD.search(labels.get("pod", ""))
-        or _EXPORTER_POD.search(labels.get("container", ""))
-    )
+    return bool(_EXPORTER_POD.search(labels.get("pod", "")) or _EXPORTER_POD.search(labels.get("container", "")))

@@ -129,8 +129,19 @@ class ActionRow:
 
 def _action(r: Any) -> ActionRow:
     return ActionRow(
-        r.id, r.dedup_key, r.decision_id, JobIdent(r.cluster, r.namespace, r.kind, r.name), r.policy, r.action,
-        r.state, r.attempts, r.created_at, r.updated_at, r.due_at, dict(r.result or {}), r.error,
+        r.id,
+        r.dedup_key,
+        r.decision_id,
+        JobIdent(r.cluster, r.namespace, r.kind, r.name),
+        r.policy,
+        r.action,
+        r.state,
+        r.attempts,
+        r.created_at,
+        r.updated_at,
+        r.due_at,
+        dict(r.result or {}),
+        r.error,
     )
 
 
@@ -154,33 +165,50 @@ class DecisionStore:
 
     # ------------------------------------------------------------------ violations
 
-    def open_violation(self, job: JobIdent, policy: str, now: datetime, evidence: dict, uid: str | None = None) -> ViolationState:
+    def open_violation(
+        self, job: JobIdent, policy: str, now: datetime, evidence: dict, uid: str | None = None
+    ) -> ViolationState:
         """The job's open violation of ``policy``, opened now if there is none."""
         for _ in range(3):
             with self.store._guard("open a violation"), self.store._connect(write=True, own=True) as conn:
                 row = conn.execute(
-                    sa.select(violations).where(job.where(violations), violations.c.policy == policy, violations.c.state == "open")
+                    sa.select(violations).where(
+                        job.where(violations), violations.c.policy == policy, violations.c.state == "open"
+                    )
                 ).first()
                 if row is not None:
                     conn.execute(violations.update().where(violations.c.id == row.id).values(last_seen_at=now))
                     return _state(row)
                 last = conn.execute(
-                    sa.select(sa.func.max(violations.c.episode)).where(job.where(violations), violations.c.policy == policy)
+                    sa.select(sa.func.max(violations.c.episode)).where(
+                        job.where(violations), violations.c.policy == policy
+                    )
                 ).scalar()
                 try:
                     with conn.begin_nested():
-                        vid = _new_id(conn.execute(
-                            violations.insert().values(
-                                **job.cols(), uid=uid, policy=policy, episode=(last or 0) + 1, state="open",
-                                opened_at=now, last_seen_at=now, next_step=0, evidence=evidence,
+                        vid = _new_id(
+                            conn.execute(
+                                violations.insert().values(
+                                    **job.cols(),
+                                    uid=uid,
+                                    policy=policy,
+                                    episode=(last or 0) + 1,
+                                    state="open",
+                                    opened_at=now,
+                                    last_seen_at=now,
+                                    next_step=0,
+                                    evidence=evidence,
+                                )
                             )
-                        ))
+                        )
                 except sa.exc.IntegrityError:
                     continue  # another replica opened it at the same moment: read theirs
                 return ViolationState(vid, (last or 0) + 1, now, 0, None)
         raise RuntimeError("could not open a violation")  # pragma: no cover
 
-    def open_violations(self, job: JobIdent | None = None, policy: str | None = None) -> list[tuple[JobIdent, str, ViolationState]]:
+    def open_violations(
+        self, job: JobIdent | None = None, policy: str | None = None
+    ) -> list[tuple[JobIdent, str, ViolationState]]:
         q = sa.select(violations).where(violations.c.state == "open")
         if job is not None:
             q = q.where(job.where(violations))
@@ -188,7 +216,8 @@ class DecisionStore:
             q = q.where(violations.c.policy == policy)
         with self.store._guard("read violations"), self.store._connect() as conn:
             return [
-                (JobIdent(r.cluster, r.namespace, r.kind, r.name), r.policy, _state(r)) for r in conn.execute(q.order_by(violations.c.id))
+                (JobIdent(r.cluster, r.namespace, r.kind, r.name), r.policy, _state(r))
+                for r in conn.execute(q.order_by(violations.c.id))
             ]
 
     def close_violation(self, job: JobIdent, policy: str, now: datetime) -> bool:
@@ -229,23 +258,43 @@ class DecisionStore:
             with self.store._guard("claim a step"), self.store._connect(write=True, own=True) as conn:
                 moved = conn.execute(
                     violations.update()
-                    .where(violations.c.id == violation.id, violations.c.next_step == step, violations.c.state == "open")
+                    .where(
+                        violations.c.id == violation.id, violations.c.next_step == step, violations.c.state == "open"
+                    )
                     .values(next_step=step + 1, last_step_at=now)
                 ).rowcount
                 if moved != 1:
                     raise _Taken()
-                did = _new_id(conn.execute(
-                    decisions.insert().values(
-                        dedup_key=dedup_key, violation_id=violation.id, **job.cols(), policy=policy, mode=mode,
-                        step=step, actions=action_names, decided_at=now, dry_run=dry_run, verdict=verdict,
-                        reason=reason, evidence=evidence,
+                did = _new_id(
+                    conn.execute(
+                        decisions.insert().values(
+                            dedup_key=dedup_key,
+                            violation_id=violation.id,
+                            **job.cols(),
+                            policy=policy,
+                            mode=mode,
+                            step=step,
+                            actions=action_names,
+                            decided_at=now,
+                            dry_run=dry_run,
+                            verdict=verdict,
+                            reason=reason,
+                            evidence=evidence,
+                        )
                     )
-                ))
+                )
                 for name, key in zip(action_names, action_keys):
                     conn.execute(
                         actions.insert().values(
-                            dedup_key=key, decision_id=did, **job.cols(), policy=policy, action=name,
-                            state=SKIPPED if dry_run else CLAIMED, attempts=0, created_at=now, updated_at=now,
+                            dedup_key=key,
+                            decision_id=did,
+                            **job.cols(),
+                            policy=policy,
+                            action=name,
+                            state=SKIPPED if dry_run else CLAIMED,
+                            attempts=0,
+                            created_at=now,
+                            updated_at=now,
                             result={"dry_run": True} if dry_run else {},
                         )
                     )
@@ -258,13 +307,27 @@ class DecisionStore:
             raise
 
     def finish_action(
-        self, key: str, state: str, now: datetime, *, result: dict | None = None, error: str | None = None, due_at: datetime | None = None
+        self,
+        key: str,
+        state: str,
+        now: datetime,
+        *,
+        result: dict | None = None,
+        error: str | None = None,
+        due_at: datetime | None = None,
     ) -> None:
         with self.store._guard("record an action"), self.store._connect(write=True, own=True) as conn:
             conn.execute(
                 actions.update()
                 .where(actions.c.dedup_key == key)
-                .values(state=state, updated_at=now, result=result or {}, error=error, due_at=due_at, attempts=actions.c.attempts + 1)
+                .values(
+                    state=state,
+                    updated_at=now,
+                    result=result or {},
+                    error=error,
+                    due_at=due_at,
+                    attempts=actions.c.attempts + 1,
+                )
             )
 
     def take_action(self, key: str, from_state: str, to_state: str, now: datetime) -> bool:
@@ -278,7 +341,9 @@ class DecisionStore:
             ).rowcount
         return n == 1
 
-    def actions_in(self, states: Iterable[str], *, cluster: str | None = None, action: str | None = None) -> list[ActionRow]:
+    def actions_in(
+        self, states: Iterable[str], *, cluster: str | None = None, action: str | None = None
+    ) -> list[ActionRow]:
         q = sa.select(actions).where(actions.c.state.in_(list(states)))
         if cluster is not None:
             q = q.where(actions.c.cluster == cluster)
@@ -287,9 +352,18 @@ class DecisionStore:
         with self.store._guard("read actions"), self.store._connect() as conn:
             return [_action(r) for r in conn.execute(q.order_by(actions.c.id))]
 
-    def count_actions(self, action: str, *, since: datetime, cluster: str | None = None, states: Iterable[str] = (CLAIMED, DONE, WAITING)) -> int:
-        q = sa.select(sa.func.count()).select_from(actions).where(
-            actions.c.action == action, actions.c.created_at >= since, actions.c.state.in_(list(states))
+    def count_actions(
+        self,
+        action: str,
+        *,
+        since: datetime,
+        cluster: str | None = None,
+        states: Iterable[str] = (CLAIMED, DONE, WAITING),
+    ) -> int:
+        q = (
+            sa.select(sa.func.count())
+            .select_from(actions)
+            .where(actions.c.action == action, actions.c.created_at >= since, actions.c.state.in_(list(states)))
         )
         if cluster is not None:
             q = q.where(actions.c.cluster == cluster)
@@ -297,13 +371,17 @@ class DecisionStore:
             return int(conn.execute(q).scalar_one())
 
     def count_job_actions(self, job: JobIdent, action: str, states: Iterable[str] = (CLAIMED, DONE, WAITING)) -> int:
-        q = sa.select(sa.func.count()).select_from(actions).where(
-            job.where(actions), actions.c.action == action, actions.c.state.in_(list(states))
+        q = (
+            sa.select(sa.func.count())
+            .select_from(actions)
+            .where(job.where(actions), actions.c.action == action, actions.c.state.in_(list(states)))
         )
         with self.store._guard("count actions"), self.store._connect() as conn:
             return int(conn.execute(q).scalar_one())
 
-    def decisions(self, *, since: datetime | None = None, until: datetime | None = None, job: JobIdent | None = None) -> list[dict]:
+    def decisions(
+        self, *, since: datetime | None = None, until: datetime | None = None, job: JobIdent | None = None
+    ) -> list[dict]:
         q = sa.select(decisions)
         if since is not None:
             q = q.where(decisions.c.decided_at >= since)
@@ -345,7 +423,6 @@ class DecisionStore:
         with self.store._guard("read actions"), self.store._connect() as conn:
             return [_action(r) for r in conn.execute(q.order_by(actions.c.id))]
 
-
     def record_would_do(
         self,
         job: JobIdent,
@@ -371,8 +448,17 @@ class DecisionStore:
             with self.store._guard("record a dry-run decision"), self.store._connect(write=True, own=True) as conn:
                 conn.execute(
                     decisions.insert().values(
-                        dedup_key=dedup_key, violation_id=None, **job.cols(), policy=policy, mode=mode, step=step,
-                        actions=action_names, decided_at=now, dry_run=True, verdict=verdict, reason=reason,
+                        dedup_key=dedup_key,
+                        violation_id=None,
+                        **job.cols(),
+                        policy=policy,
+                        mode=mode,
+                        step=step,
+                        actions=action_names,
+                        decided_at=now,
+                        dry_run=True,
+                        verdict=verdict,
+                        reason=reason,
                         evidence=evidence,
                     )
                 )

@@ -290,9 +290,7 @@ class ReportStore:
             )
             for job_id, metric, total, count in conn.execute(q):
                 sums.setdefault(job_id, {})[metric] = (float(total or 0.0), int(count or 0))
-            exists = sa.select(_s.job_id).where(
-                _s.job_id.in_(chunk), sa.exists().where(_b.job_id == _s.job_id)
-            )
+            exists = sa.select(_s.job_id).where(_s.job_id.in_(chunk), sa.exists().where(_b.job_id == _s.job_id))
             present.update(conn.execute(exists).scalars())
         return sums, present
 
@@ -362,9 +360,7 @@ class ReportStore:
                     out[int(job_id)] = (c or "", m or "")
         return out
 
-    def teams(
-        self, start: datetime, end: datetime, *, cluster: str | None = None
-    ) -> list[str]:
+    def teams(self, start: datetime, end: datetime, *, cluster: str | None = None) -> list[str]:
         """Teams with at least one job overlapping ``[start, end)``."""
         q = sa.select(_s.team).where(_s.end > start, _s.start < end).distinct()
         if cluster is not None:
@@ -372,9 +368,7 @@ class ReportStore:
         with self.store._guard("list teams"), self.store._connect() as conn:
             return sorted(t for t in conn.execute(q).scalars() if t is not None)
 
-    def actions(
-        self, start: datetime, end: datetime, *, cluster: str | None = None
-    ) -> dict[str, dict[str, int]]:
+    def actions(self, start: datetime, end: datetime, *, cluster: str | None = None) -> dict[str, dict[str, int]]:
         """Policy actions carried out in ``[start, end)``: team → action → count.
 
         Read from ``policy_actions`` (migration 0002, the policies feature) when that table
@@ -462,7 +456,11 @@ class ReportStore:
 
     def finish(self, dedup_key: str, *, ok: bool, now: datetime, holder: str, error: str | None, detail: dict) -> None:
         """Record the outcome of a claimed delivery (only while ``holder`` still holds it)."""
-        values: dict[str, Any] = {"status": "sent" if ok else "failed", "error": error, "detail": json.loads(json.dumps(detail, default=str))}
+        values: dict[str, Any] = {
+            "status": "sent" if ok else "failed",
+            "error": error,
+            "detail": json.loads(json.dumps(detail, default=str)),
+        }
         if ok:
             values["sent_at"] = now
         stmt = sa.update(deliveries).where(_d.dedup_key == dedup_key, _d.claimed_by == holder, _d.status == "claimed")

@@ -119,7 +119,9 @@ class PruneResult:
         }
 
 
-def prune(store: Store, now: datetime, retention: Retention, *, cluster: str | None, dry_run: bool = False) -> PruneResult:
+def prune(
+    store: Store, now: datetime, retention: Retention, *, cluster: str | None, dry_run: bool = False
+) -> PruneResult:
     """Delete (``dry_run``: count) what has aged out at ``now`` for ``cluster`` (None: every cluster).
 
     Raises :class:`~auditor.errors.StoreError` when the database fails; nothing is deleted then.
@@ -128,13 +130,17 @@ def prune(store: Store, now: datetime, retention: Retention, *, cluster: str | N
         _aware(now, "now")
     if cluster is not None and (not isinstance(cluster, str) or not cluster):
         raise BadInput(f"cluster must be a non-empty name or None (every cluster), got {cluster!r}")
-    steps = _steps(now - retention.buckets, now - retention.summaries, now - max(retention.summaries, DELIVERY_FLOOR), cluster)
+    steps = _steps(
+        now - retention.buckets, now - retention.summaries, now - max(retention.summaries, DELIVERY_FLOOR), cluster
+    )
     deleted: dict[str, int] = {}
     what = "count what retention would delete" if dry_run else "apply retention"
     with store._guard(what), store._connect(write=not dry_run) as conn:
         for name, table, where in steps:
             if dry_run:
-                deleted[name] = int(conn.execute(sa.select(sa.func.count()).select_from(table).where(where)).scalar_one())
+                deleted[name] = int(
+                    conn.execute(sa.select(sa.func.count()).select_from(table).where(where)).scalar_one()
+                )
             else:
                 deleted[name] = int(conn.execute(sa.delete(table).where(where)).rowcount or 0)
     return PruneResult(cluster, now, retention, dry_run, deleted)
@@ -164,7 +170,9 @@ def _steps(b_cut: datetime, s_cut: datetime, d_cut: datetime, cluster: str | Non
         return sa.and_(
             scoped(o.c.cluster),
             ~sa.exists().where(
-                b.c.job_id == o.c.job_id, b.c.pod_namespace == o.c.pod_namespace, b.c.pod_name == o.c.pod_name,
+                b.c.job_id == o.c.job_id,
+                b.c.pod_namespace == o.c.pod_namespace,
+                b.c.pod_name == o.c.pod_name,
                 ~bucket_goes(b),
             ),
         )
@@ -172,7 +180,9 @@ def _steps(b_cut: datetime, s_cut: datetime, d_cut: datetime, cluster: str | Non
     def summary_goes(s: Any) -> sa.ColumnElement[bool]:
         return sa.and_(
             scoped(s.c.cluster),
-            sa.or_(sa.and_(s.c.end.is_not(None), s.c.end <= s_cut), sa.and_(s.c.end.is_(None), s.c.computed_at <= s_cut)),
+            sa.or_(
+                sa.and_(s.c.end.is_not(None), s.c.end <= s_cut), sa.and_(s.c.end.is_(None), s.c.computed_at <= s_cut)
+            ),
         )
 
     def job_goes(j: Any) -> sa.ColumnElement[bool]:
@@ -237,7 +247,9 @@ def _steps(b_cut: datetime, s_cut: datetime, d_cut: datetime, cluster: str | Non
             sa.or_(x.c.decision_id.is_(None), x.c.decision_id.not_in(kept_decisions)),
         )
 
-    delivery_goes = sa.and_(scoped(deliveries.c.cluster), sa.func.coalesce(deliveries.c.sent_at, deliveries.c.claimed_at) <= d_cut)
+    delivery_goes = sa.and_(
+        scoped(deliveries.c.cluster), sa.func.coalesce(deliveries.c.sent_at, deliveries.c.claimed_at) <= d_cut
+    )
 
     steps = [
         ("gpu_buckets", _buckets, bucket_goes(_buckets)),

@@ -50,7 +50,18 @@ _MIGRATION_LOCK_KEY = 0x6770752D617564
 _jobs, _buckets, _summaries, _runs, _aggregates, _owners = JOBS, BUCKETS, SUMMARIES, AUDIT_RUNS, AGGREGATES, POD_OWNERS
 
 _BUCKET_KEY = ("job_id", "pod_namespace", "pod_name", "container", "gpu_uuid", "gpu_instance", "metric", "start")
-_BUCKET_VALUES = ("hostname", "gpu_index", "gpu_model", "mig_profile", "end", "total", "count", "minimum", "maximum", "dropped")
+_BUCKET_VALUES = (
+    "hostname",
+    "gpu_index",
+    "gpu_model",
+    "mig_profile",
+    "end",
+    "total",
+    "count",
+    "minimum",
+    "maximum",
+    "dropped",
+)
 #: Session-private (TEMPORARY) staging table of the PostgreSQL bulk path.
 _BUCKET_LOAD = "gpu_buckets_load"
 
@@ -78,12 +89,16 @@ class Store:
         self._upsert_job_stmt = self._make_upsert_job()
         self._upsert_owner_stmt = self._make_upsert_owner()
         o = _owners.c
-        self._rivals_stmt = sa.select(
-            o.job_id, o.pod_namespace, o.pod_name, o.first_start, o.last_start, _jobs.c.uid
-        ).join(_jobs, _jobs.c.id == o.job_id).where(
-            o.cluster == _cluster_of(sa.bindparam("job_id")), o.job_id != sa.bindparam("job_id"),
-            o.pod_name.in_(sa.bindparam("names", expanding=True)),
-        ).order_by(o.job_id, o.pod_namespace, o.pod_name)
+        self._rivals_stmt = (
+            sa.select(o.job_id, o.pod_namespace, o.pod_name, o.first_start, o.last_start, _jobs.c.uid)
+            .join(_jobs, _jobs.c.id == o.job_id)
+            .where(
+                o.cluster == _cluster_of(sa.bindparam("job_id")),
+                o.job_id != sa.bindparam("job_id"),
+                o.pod_name.in_(sa.bindparam("names", expanding=True)),
+            )
+            .order_by(o.job_id, o.pod_namespace, o.pod_name)
+        )
         self._bucket_sql = self._make_bucket_sql()
         # SQLAlchemy's own conversion (UTC, and SQLite's fixed text format), once per distinct time.
         self._time_to_db = _cached(
@@ -92,8 +107,12 @@ class Store:
 
     def _make_upsert_job(self) -> sa.Executable:
         """``INSERT .. ON CONFLICT DO UPDATE .. RETURNING id``, built once (building is the slow part)."""
-        stmt = self._insert(_jobs).values({c: sa.bindparam(c) for c in (
-            "cluster", "namespace", "kind", "name", "uid", "team", "queue", "first_seen", "last_seen")})
+        stmt = self._insert(_jobs).values(
+            {
+                c: sa.bindparam(c)
+                for c in ("cluster", "namespace", "kind", "name", "uid", "team", "queue", "first_seen", "last_seen")
+            }
+        )
         ex, j = stmt.excluded, _jobs.c
         return stmt.on_conflict_do_update(
             index_elements=["cluster", "namespace", "kind", "name"],
@@ -108,14 +127,19 @@ class Store:
 
     def _make_upsert_owner(self) -> sa.Executable:
         """The ``gpu_pod_owners`` upsert (executemany), widening the stored span of starts."""
-        stmt = self._insert(_owners).values({
-            "cluster": _cluster_of(sa.bindparam("job_id")),
-            **{c: sa.bindparam(c) for c in ("pod_namespace", "pod_name", "job_id", "first_start", "last_start")},
-        })
+        stmt = self._insert(_owners).values(
+            {
+                "cluster": _cluster_of(sa.bindparam("job_id")),
+                **{c: sa.bindparam(c) for c in ("pod_namespace", "pod_name", "job_id", "first_start", "last_start")},
+            }
+        )
         ex, o = stmt.excluded, _owners.c
         return stmt.on_conflict_do_update(
             index_elements=["cluster", "pod_namespace", "pod_name", "job_id"],
-            set_={"first_start": _earlier(ex.first_start, o.first_start), "last_start": _later(ex.last_start, o.last_start)},
+            set_={
+                "first_start": _earlier(ex.first_start, o.first_start),
+                "last_start": _later(ex.last_start, o.last_start),
+            },
         )
 
     def _make_bucket_sql(self) -> str:
@@ -367,15 +391,18 @@ class Store:
                 span[2].add((bk.gpu.uuid, bk.gpu.instance or ""))
                 if bk.start < span[0] or bk.start > span[1]:
                     spans[key] = (min(span[0], bk.start), max(span[1], bk.start), span[2])
-        conn.execute(self._upsert_owner_stmt, [
-            {"pod_namespace": ns, "pod_name": pod, "job_id": job_id, "first_start": lo, "last_start": hi}
-            for (ns, pod), (lo, hi, _) in spans.items()
-        ])
+        conn.execute(
+            self._upsert_owner_stmt,
+            [
+                {"pod_namespace": ns, "pod_name": pod, "job_id": job_id, "first_start": lo, "last_start": hi}
+                for (ns, pod), (lo, hi, _) in spans.items()
+            ],
+        )
         out: list[Displaced] = []
         resolved: bool | None = None  # this job came from the Kubernetes API (it has a uid)
         names = sorted({pod for _, pod in spans})
         for i in range(0, len(names), 500):
-            rivals = conn.execute(self._rivals_stmt, {"job_id": job_id, "names": names[i:i + 500]}).all()
+            rivals = conn.execute(self._rivals_stmt, {"job_id": job_id, "names": names[i : i + 500]}).all()
             for other, ns, pod, first, last, other_uid in rivals:
                 span = spans.get((ns, pod))
                 if span is None or last < span[0] or first > span[1]:
@@ -390,7 +417,13 @@ class Store:
         return out
 
     def _drop_shared(
-        self, conn: Connection, loser: int, winner: int, ns: str, pod: str, span: tuple[datetime, datetime, set[tuple[str, str]]]
+        self,
+        conn: Connection,
+        loser: int,
+        winner: int,
+        ns: str,
+        pod: str,
+        span: tuple[datetime, datetime, set[tuple[str, str]]],
     ) -> int:
         """Delete ``loser``'s buckets of the pod that ``winner`` holds too (same GPU and start,
         within this write's span of the pod); return how many. Its aggregate goes with them, and
@@ -401,17 +434,33 @@ class Store:
         moved = 0
         for uuid, instance in sorted(gpus):
             held = sa.exists().where(
-                w.c.job_id == winner, w.c.start == b.start, w.c.pod_namespace == ns, w.c.pod_name == pod,
-                w.c.gpu_uuid == uuid, w.c.gpu_instance == instance,
+                w.c.job_id == winner,
+                w.c.start == b.start,
+                w.c.pod_namespace == ns,
+                w.c.pod_name == pod,
+                w.c.gpu_uuid == uuid,
+                w.c.gpu_instance == instance,
             )
-            moved += conn.execute(sa.delete(_buckets).where(
-                b.job_id == loser, b.start >= lo, b.start <= hi, b.pod_namespace == ns, b.pod_name == pod,
-                b.gpu_uuid == uuid, b.gpu_instance == instance, held,
-            )).rowcount or 0
+            moved += (
+                conn.execute(
+                    sa.delete(_buckets).where(
+                        b.job_id == loser,
+                        b.start >= lo,
+                        b.start <= hi,
+                        b.pod_namespace == ns,
+                        b.pod_name == pod,
+                        b.gpu_uuid == uuid,
+                        b.gpu_instance == instance,
+                        held,
+                    )
+                ).rowcount
+                or 0
+            )
         if moved:
             conn.execute(sa.delete(_aggregates).where(_aggregates.c.job_id == loser))
-            left = conn.execute(sa.select(b.start).where(
-                b.job_id == loser, b.pod_namespace == ns, b.pod_name == pod).limit(1)).first()
+            left = conn.execute(
+                sa.select(b.start).where(b.job_id == loser, b.pod_namespace == ns, b.pod_name == pod).limit(1)
+            ).first()
             if left is None:
                 conn.execute(sa.delete(_owners).where(o.job_id == loser, o.pod_namespace == ns, o.pod_name == pod))
         return moved
@@ -439,7 +488,12 @@ class Store:
         try:
             return JobAggregate.from_json(orjson.loads(state))
         except (ValueError, orjson.JSONDecodeError) as exc:
-            log.warning("store %s: the aggregate of job %d is unreadable (%s); it will be rebuilt", self.display_url, job_id, exc)
+            log.warning(
+                "store %s: the aggregate of job %d is unreadable (%s); it will be rebuilt",
+                self.display_url,
+                job_id,
+                exc,
+            )
             return None
 
     def save_aggregate(self, job_id: int, agg: JobAggregate, now: datetime) -> None:
@@ -448,9 +502,16 @@ class Store:
         with self._guard(where):
             if agg.through is None:
                 raise _Invalid("an aggregate without 'through' cannot be stored")
-            values = {"job_id": job_id, "through": agg.through, "updated": _aware(now, "now"), "state": orjson.dumps(agg.to_json())}
+            values = {
+                "job_id": job_id,
+                "through": agg.through,
+                "updated": _aware(now, "now"),
+                "state": orjson.dumps(agg.to_json()),
+            }
         stmt = self._insert(_aggregates).values(**values)
-        stmt = stmt.on_conflict_do_update(index_elements=["job_id"], set_={k: stmt.excluded[k] for k in values if k != "job_id"})
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["job_id"], set_={k: stmt.excluded[k] for k in values if k != "job_id"}
+        )
         with self._guard(where), self._connect(write=True) as conn:
             conn.execute(stmt)
 
@@ -616,7 +677,10 @@ class Store:
         j = _jobs.c
         q = sa.select(_jobs).where(j.cluster == cluster, j.ended_at.is_(None)).order_by(j.id)
         with self._guard(f"read open jobs of cluster {cluster}"), self._connect() as conn:
-            return [(int(row["id"]), _job_ref(row), row["first_seen"], row["last_seen"]) for row in conn.execute(q).mappings()]
+            return [
+                (int(row["id"]), _job_ref(row), row["first_seen"], row["last_seen"])
+                for row in conn.execute(q).mappings()
+            ]
 
     def set_job_ended(self, job_id: int, ended_at: datetime | None) -> None:
         """Record when a job ended (None: it runs again, e.g. new pods under the same name)."""

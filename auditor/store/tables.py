@@ -99,9 +99,7 @@ class BucketRow(SQLModel, table=True):
         sa.Index("ix_gpu_buckets_end", "end"),
     )
 
-    job_id: int = Field(
-        sa_column=sa.Column(sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False)
-    )
+    job_id: int = Field(sa_column=sa.Column(sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False))
     pod_namespace: str = Field(sa_column=sa.Column(sa.String(253), nullable=False))
     pod_name: str = Field(sa_column=sa.Column(sa.String(253), nullable=False))
     container: str = Field(sa_column=sa.Column(sa.String(253), nullable=False))
@@ -149,9 +147,7 @@ class SummaryRow(SQLModel, table=True):
         ),
     )
 
-    job_id: int = Field(
-        sa_column=sa.Column(sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
-    )
+    job_id: int = Field(sa_column=sa.Column(sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True))
     cluster: str = Field(sa_column=sa.Column(sa.String(253), nullable=False))
     namespace: str = Field(sa_column=sa.Column(sa.String(253), nullable=False))
     team: str = Field(sa_column=sa.Column(sa.String(253), nullable=False, server_default=""))
@@ -195,9 +191,7 @@ class AggregateRow(SQLModel, table=True):
 
     __tablename__ = "job_aggregates"
 
-    job_id: int = Field(
-        sa_column=sa.Column(sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
-    )
+    job_id: int = Field(sa_column=sa.Column(sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True))
     through: datetime = Field(sa_column=sa.Column(UTCDateTime(), nullable=False))
     updated: datetime = Field(sa_column=sa.Column(UTCDateTime(), nullable=False))
     state: bytes = Field(sa_column=sa.Column(sa.LargeBinary, nullable=False))
@@ -219,16 +213,15 @@ class PodOwnerRow(SQLModel, table=True):
     cluster: str = Field(sa_column=sa.Column(sa.String(253), nullable=False))
     pod_namespace: str = Field(sa_column=sa.Column(sa.String(253), nullable=False))
     pod_name: str = Field(sa_column=sa.Column(sa.String(253), nullable=False))
-    job_id: int = Field(
-        sa_column=sa.Column(sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False)
-    )
+    job_id: int = Field(sa_column=sa.Column(sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False))
     first_start: datetime = Field(sa_column=sa.Column(UTCDateTime(), nullable=False))
     last_start: datetime = Field(sa_column=sa.Column(UTCDateTime(), nullable=False))
 
 
 #: The tables this package owns (for schema comparison in tests and for retention).
 TABLES: tuple[sa.Table, ...] = tuple(
-    m.__table__ for m in (JobRow, BucketRow, SummaryRow, AuditRunRow, AggregateRow, PodOwnerRow)  # type: ignore[union-attr]
+    m.__table__  # type: ignore[union-attr]
+    for m in (JobRow, BucketRow, SummaryRow, AuditRunRow, AggregateRow, PodOwnerRow)
 )
 
 # The Core tables behind the models, for bulk SQL (executemany, set-based deletes) without the

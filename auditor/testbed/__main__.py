@@ -18,8 +18,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "kube-controller-manager, Kueue, Prometheus, PostgreSQL).",
     )
     parser.add_argument("command", choices=("up", "down", "env", "status"))
-    parser.add_argument("--dir", type=Path, default=None,
-                        help=f"state directory (default {config.default_state_dir()}; env GPU_AUDITOR_TESTBED_DIR)")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help=f"state directory (default {config.default_state_dir()}; env GPU_AUDITOR_TESTBED_DIR)",
+    )
     args = parser.parse_args(argv)
     state_dir = args.dir.resolve() if args.dir else config.default_state_dir()
     try:

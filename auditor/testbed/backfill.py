@@ -38,8 +38,9 @@ def normalise(openmetrics_text: str) -> str:
     return body + "\n"
 
 
-def write_blocks(openmetrics_text: str, data_dir: Path, promtool: str = "promtool",
-                 *, max_block_duration: str | None = None) -> list[Path]:
+def write_blocks(
+    openmetrics_text: str, data_dir: Path, promtool: str = "promtool", *, max_block_duration: str | None = None
+) -> list[Path]:
     """Turn OpenMetrics text into TSDB blocks and move them into ``data_dir``; return the blocks.
 
     promtool writes into a scratch directory on the same file system first, and each finished
@@ -79,8 +80,13 @@ def restart_prometheus(state: State) -> float:
     process.stop(proc.pid, proc.marker, proc.stop_signal)
     port = proc.ports["web"]
     _, secs = launch(
-        state, "prometheus", lambda p: proc.argv, lambda p: prometheus.ready_probe(port),
-        fixed_ports={"web": port}, marker=proc.marker, timeout=60,
+        state,
+        "prometheus",
+        lambda p: proc.argv,
+        lambda p: prometheus.ready_probe(port),
+        fixed_ports={"web": port},
+        marker=proc.marker,
+        timeout=60,
     )
     return secs
 
@@ -95,8 +101,9 @@ def backfill(state_dir: Path, openmetrics_text: str) -> list[Path]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         # re-read under the lock: another session may have restarted Prometheus (new pid)
         state = State.load(Path(state_dir)) or state
-        blocks = write_blocks(openmetrics_text, Path(state.values["prometheus_data_dir"]),
-                              state.values.get("promtool", "promtool"))
+        blocks = write_blocks(
+            openmetrics_text, Path(state.values["prometheus_data_dir"]), state.values.get("promtool", "promtool")
+        )
         if blocks:
             restart_prometheus(state)
         return blocks

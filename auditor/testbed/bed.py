@@ -80,10 +80,16 @@ def _testbed_from(state: State) -> Testbed | None:
     v = state.values
     try:
         return Testbed(
-            state_dir=str(state.dir), kubeconfig=v["kubeconfig"], apiserver_url=v["apiserver_url"],
-            prometheus_url=v["prometheus_url"], prometheus_data_dir=v["prometheus_data_dir"],
-            database_url=v["database_url"], postgres_admin_url=v["postgres_admin_url"],
-            kubectl=v["kubectl"], helm=v["helm"], promtool=v["promtool"],
+            state_dir=str(state.dir),
+            kubeconfig=v["kubeconfig"],
+            apiserver_url=v["apiserver_url"],
+            prometheus_url=v["prometheus_url"],
+            prometheus_data_dir=v["prometheus_data_dir"],
+            database_url=v["database_url"],
+            postgres_admin_url=v["postgres_admin_url"],
+            kubectl=v["kubectl"],
+            helm=v["helm"],
+            promtool=v["promtool"],
             kueue_namespace=v.get("kueue_namespace", "") if "kueue" in state.procs else "",
         )
     except KeyError:
@@ -183,10 +189,17 @@ def _up(state_dir: Path, build_log: Path | None) -> Testbed:
     pki: Pki = generate(state_dir / "pki")
     kubeconfig = state_dir / "kube" / "admin.kubeconfig"
     state.set(
-        pki_dir=str(pki.dir), kubeconfig=str(kubeconfig), kubectl=str(bins.kubectl),
-        helm=str(bins.helm), promtool=str(bins.promtool),
-        versions={"kubernetes": config.K8S_VERSION, "etcd": config.ETCD_VERSION, "helm": config.HELM_VERSION,
-                  **({"kueue": config.KUEUE_VERSION} if bins.kueue else {})},
+        pki_dir=str(pki.dir),
+        kubeconfig=str(kubeconfig),
+        kubectl=str(bins.kubectl),
+        helm=str(bins.helm),
+        promtool=str(bins.promtool),
+        versions={
+            "kubernetes": config.K8S_VERSION,
+            "etcd": config.ETCD_VERSION,
+            "helm": config.HELM_VERSION,
+            **({"kueue": config.KUEUE_VERSION} if bins.kueue else {}),
+        },
     )
 
     def kube_chain() -> None:
@@ -203,8 +216,12 @@ def _up(state_dir: Path, build_log: Path | None) -> Testbed:
 
     with ThreadPoolExecutor(3) as pool:
         futures = [
-            pool.submit(_guard, "kubernetes control plane (etcd, kube-apiserver, controller manager, CRDs, Kueue)",
-                        state, kube_chain),
+            pool.submit(
+                _guard,
+                "kubernetes control plane (etcd, kube-apiserver, controller manager, CRDs, Kueue)",
+                state,
+                kube_chain,
+            ),
             pool.submit(_guard, "prometheus", state, lambda: prometheus.start(state, bins)),
             pool.submit(_guard, "postgresql", state, lambda: postgres.start(state, bins)),
         ]
@@ -222,8 +239,10 @@ def _up(state_dir: Path, build_log: Path | None) -> Testbed:
     bed = _testbed_from(state)
     assert bed is not None
     write_env(bed)
-    _say(f"up in {time.monotonic() - t0:.1f} s (servers {time.monotonic() - t_bins:.1f} s); "
-         f"settings: . {state_dir / 'env'}")
+    _say(
+        f"up in {time.monotonic() - t0:.1f} s (servers {time.monotonic() - t_bins:.1f} s); "
+        f"settings: . {state_dir / 'env'}"
+    )
     return bed
 
 
@@ -290,5 +309,3 @@ def status_lines(state_dir: Path | None = None) -> tuple[bool, list[str]]:
     lines.append(f"{'total':24} {'':22} {'':12} rss {total / 2**20:7.1f} MiB")
     ok = set(report) == set(components()) and all(r["healthy"] for r in report.values())
     return ok, lines
-
-

@@ -119,7 +119,10 @@ def _pg_bin() -> Path:
         key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
     )
     if not versions:
-        raise TestbedError("postgresql", "no /usr/lib/postgresql/*/bin/postgres: install the Debian package `postgresql` (make system-deps)")
+        raise TestbedError(
+            "postgresql",
+            "no /usr/lib/postgresql/*/bin/postgres: install the Debian package `postgresql` (make system-deps)",
+        )
     return versions[-1]
 
 
@@ -177,7 +180,10 @@ def _fetch(src: config.CrdSource, dest: Path) -> None:
     env = dict(os.environ, GOFLAGS="-mod=mod", GOTOOLCHAIN=os.environ.get("GOTOOLCHAIN", "local"))
     proc = subprocess.run(
         ["go", "mod", "download", "-json", f"{src.module}@{src.version}"],
-        capture_output=True, text=True, env=env, cwd=str(config.cache_dir()),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(config.cache_dir()),
     )
     try:
         info = json.loads(proc.stdout)
@@ -186,9 +192,7 @@ def _fetch(src: config.CrdSource, dest: Path) -> None:
     if proc.returncode != 0 or "Dir" not in info:
         raise TestbedError(component, f"go mod download failed: {info.get('Error') or proc.stderr.strip()}")
     source = Path(info["Dir"]) / src.subdir
-    names = src.files or tuple(
-        p.name for p in sorted(source.glob("*.yaml")) if p.name != "kustomization.yaml"
-    )
+    names = src.files or tuple(p.name for p in sorted(source.glob("*.yaml")) if p.name != "kustomization.yaml")
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)

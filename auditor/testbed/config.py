@@ -18,6 +18,7 @@ KUEUE_VERSION = "v0.17.0"
 KUEUE_SWITCH = "GPU_AUDITOR_TESTBED_KUEUE"
 KUEUE_DEFAULT = True
 
+
 #: CRD sources: (Go module, pinned version, directory inside the module, label used in the cache)
 #: Kueue: its plain ``crd/bases`` (the kustomized bundle adds conversion webhooks, which need a
 #: Kueue webhook Service that cannot run here). Prometheus Operator: only the two kinds the chart
@@ -48,8 +49,12 @@ CRD_SOURCES: tuple[CrdSource, ...] = (
     CrdSource("github.com/kubeflow/trainer/v2", "v2.0.0", "manifests/base/crds"),
     CrdSource("sigs.k8s.io/jobset", "v0.11.1", "config/components/crd/bases"),
     CrdSource("sigs.k8s.io/lws", "v0.8.0", "config/crd/bases"),
-    CrdSource("github.com/ray-project/kuberay/ray-operator", "v1.6.0", "config/crd/bases",
-              ("ray.io_rayjobs.yaml", "ray.io_rayclusters.yaml")),
+    CrdSource(
+        "github.com/ray-project/kuberay/ray-operator",
+        "v1.6.0",
+        "config/crd/bases",
+        ("ray.io_rayjobs.yaml", "ray.io_rayclusters.yaml"),
+    ),
 )
 
 PACKAGE_DIR = Path(__file__).resolve().parent

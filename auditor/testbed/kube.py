@@ -53,15 +53,24 @@ def start_etcd(state: State, bins: Binaries) -> str:
     def argv(p: dict[str, int]) -> Sequence[str]:
         client, peer = f"http://127.0.0.1:{p['client']}", f"http://127.0.0.1:{p['peer']}"
         return [
-            str(bins.etcd), "--name=default", f"--data-dir={data}", "--log-level=warn",
-            f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
-            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=default={peer}", "--unsafe-no-fsync=true",
-            "--listen-metrics-urls=", "--quota-backend-bytes=4294967296",
+            str(bins.etcd),
+            "--name=default",
+            f"--data-dir={data}",
+            "--log-level=warn",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=default={peer}",
+            "--unsafe-no-fsync=true",
+            "--listen-metrics-urls=",
+            "--quota-backend-bytes=4294967296",
         ]
 
     def ready(p: dict[str, int]) -> Callable[[], bool]:
-        return lambda: process.local_get(f"http://127.0.0.1:{p['client']}/health", timeout=2).json().get("health") == "true"
+        return lambda: (
+            process.local_get(f"http://127.0.0.1:{p['client']}/health", timeout=2).json().get("health") == "true"
+        )
 
     proc, secs = launch(state, "etcd", argv, ready, ports=("client", "peer"), marker=str(data), timeout=60)
     url = f"http://127.0.0.1:{proc.ports['client']}"
@@ -76,29 +85,38 @@ def start_apiserver(state: State, bins: Binaries, pki: Pki, etcd_url: str) -> st
         return [
             str(bins.kube_apiserver),
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={port}",
-            f"--cert-dir={pki.dir}", f"--tls-cert-file={pki.apiserver_cert}",
-            f"--tls-private-key-file={pki.apiserver_key}", f"--client-ca-file={pki.client_ca}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={pki.dir}",
+            f"--tls-cert-file={pki.apiserver_cert}",
+            f"--tls-private-key-file={pki.apiserver_key}",
+            f"--client-ca-file={pki.client_ca}",
             "--authorization-mode=RBAC",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki.sa_pub}",
             f"--service-account-signing-key-file={pki.sa_key}",
-            "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
-            "--disable-admission-plugins=ServiceAccount", "--endpoint-reconciler-type=none",
-            "--profiling=false", "--v=1",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--allow-privileged=true",
+            "--disable-admission-plugins=ServiceAccount",
+            "--endpoint-reconciler-type=none",
+            "--profiling=false",
+            "--v=1",
         ]
 
     def ready(p: dict[str, int]) -> Callable[[], bool]:
         s = _session(pki)
         return lambda: s.get(f"https://127.0.0.1:{p['secure']}/readyz", timeout=5).status_code == 200
 
-    proc, secs = launch(state, "kube-apiserver", argv, ready, ports=("secure",),
-                        marker=str(pki.dir), timeout=180)
+    proc, secs = launch(state, "kube-apiserver", argv, ready, ports=("secure",), marker=str(pki.dir), timeout=180)
     url = f"https://127.0.0.1:{proc.ports['secure']}"
     version = _session(pki).get(f"{url}/version", timeout=5).json().get("gitVersion")
     if version != f"v{config.K8S_VERSION}":
-        raise TestbedError("kube-apiserver", f"/version reports {version!r}, expected v{config.K8S_VERSION}",
-                           log_path(state, "kube-apiserver"))
+        raise TestbedError(
+            "kube-apiserver",
+            f"/version reports {version!r}, expected v{config.K8S_VERSION}",
+            log_path(state, "kube-apiserver"),
+        )
     state.set(apiserver_url=url)
     _say(f"kube-apiserver {version} ready at {url} ({secs:.1f} s)")
     return url
@@ -106,15 +124,22 @@ def start_apiserver(state: State, bins: Binaries, pki: Pki, etcd_url: str) -> st
 
 def write_kubeconfig(path: Path, server: str, pki: Pki) -> Path:
     """An admin kubeconfig with everything inline, so it works from any directory or copy."""
+
     def b64(p: Path) -> str:
         return base64.b64encode(p.read_bytes()).decode()
 
     cfg = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "testbed", "cluster": {"server": server, "certificate-authority-data": b64(pki.serving_ca)}}],
-        "users": [{"name": "admin", "user": {"client-certificate-data": b64(pki.admin_cert),
-                                             "client-key-data": b64(pki.admin_key)}}],
+        "clusters": [
+            {"name": "testbed", "cluster": {"server": server, "certificate-authority-data": b64(pki.serving_ca)}}
+        ],
+        "users": [
+            {
+                "name": "admin",
+                "user": {"client-certificate-data": b64(pki.admin_cert), "client-key-data": b64(pki.admin_key)},
+            }
+        ],
         "contexts": [{"name": "testbed", "context": {"cluster": "testbed", "user": "admin"}}],
         "current-context": "testbed",
     }
@@ -127,23 +152,33 @@ def write_kubeconfig(path: Path, server: str, pki: Pki) -> Path:
 def start_controller_manager(state: State, bins: Binaries, pki: Pki, kubeconfig: Path) -> None:
     def argv(p: dict[str, int]) -> Sequence[str]:
         return [
-            str(bins.kube_controller_manager), f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
-            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={p['secure']}",
+            str(bins.kube_controller_manager),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p['secure']}",
             f"--cert-dir={state.dir / 'kcm-certs'}",
             f"--controllers={','.join(CONTROLLERS)}",
-            f"--service-account-private-key-file={pki.sa_key}", f"--root-ca-file={pki.serving_ca}",
-            "--use-service-account-credentials=false", "--kube-api-qps=100", "--kube-api-burst=200",
+            f"--service-account-private-key-file={pki.sa_key}",
+            f"--root-ca-file={pki.serving_ca}",
+            "--use-service-account-credentials=false",
+            "--kube-api-qps=100",
+            "--kube-api-burst=200",
             "--v=1",
         ]
 
     def ready(p: dict[str, int]) -> Callable[[], bool]:
         urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
         # its self-signed serving cert: nothing secret travels on this probe
-        return lambda: process.local_get(f"https://127.0.0.1:{p['secure']}/healthz", verify=False, timeout=3).status_code == 200
+        return lambda: (
+            process.local_get(f"https://127.0.0.1:{p['secure']}/healthz", verify=False, timeout=3).status_code == 200
+        )
 
-    proc, secs = launch(state, "kube-controller-manager", argv, ready, ports=("secure",),
-                        marker=str(kubeconfig), timeout=120)
+    proc, secs = launch(
+        state, "kube-controller-manager", argv, ready, ports=("secure",), marker=str(kubeconfig), timeout=120
+    )
     _say(f"kube-controller-manager ready ({', '.join(CONTROLLERS)}) ({secs:.1f} s)")
 
 
@@ -160,11 +195,19 @@ def apply_crds(state: State, bins: Binaries, pki: Pki, kubeconfig: Path, files: 
     groups: dict[Path, list[Path]] = {}
     for f in files:
         groups.setdefault(f.parent, []).append(f)
-    base = [str(bins.kubectl), f"--kubeconfig={kubeconfig}", "apply", "--server-side", "--force-conflicts",
-            "--field-manager=gpu-auditor-testbed"]
+    base = [
+        str(bins.kubectl),
+        f"--kubeconfig={kubeconfig}",
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager=gpu-auditor-testbed",
+    ]
     with open(log, "ab") as out:
-        procs = [subprocess.Popen(base + [a for f in group for a in ("-f", str(f))], stdout=out,
-                                  stderr=subprocess.STDOUT) for group in groups.values()]
+        procs = [
+            subprocess.Popen(base + [a for f in group for a in ("-f", str(f))], stdout=out, stderr=subprocess.STDOUT)
+            for group in groups.values()
+        ]
         codes = [p.wait() for p in procs]
     if any(codes):
         raise TestbedError("CRDs", f"kubectl apply --server-side exited with codes {codes}", log)
@@ -175,9 +218,12 @@ def apply_crds(state: State, bins: Binaries, pki: Pki, kubeconfig: Path, files: 
     while True:
         items = session.get(f"{api}/apis/apiextensions.k8s.io/v1/customresourcedefinitions", timeout=30).json()["items"]
         established = {
-            i["metadata"]["name"] for i in items
-            if any(c.get("type") == "Established" and c.get("status") == "True"
-                   for c in (i.get("status") or {}).get("conditions") or [])
+            i["metadata"]["name"]
+            for i in items
+            if any(
+                c.get("type") == "Established" and c.get("status") == "True"
+                for c in (i.get("status") or {}).get("conditions") or []
+            )
         }
         if names <= established:
             break
@@ -193,7 +239,7 @@ def _crd_name(path: Path) -> str:
     lines = path.read_text().splitlines()
     for i, line in enumerate(lines):
         if line.rstrip() == "metadata:":
-            for inner in lines[i + 1:]:
+            for inner in lines[i + 1 :]:
                 if not inner.startswith(" "):
                     break
                 if inner.startswith("  name:"):
@@ -214,4 +260,3 @@ def healthy(state: State) -> bool:
 
 def _say(msg: str) -> None:
     print(f"testbed: {msg}", file=sys.stderr, flush=True)
-

@@ -68,10 +68,8 @@ def configuration(base: dict[str, Any], *, health_port: int, webhook_port: int, 
     cfg["namespace"] = NAMESPACE
     cfg["health"] = {**(cfg.get("health") or {}), "healthProbeBindAddress": f"127.0.0.1:{health_port}"}
     cfg["metrics"] = {**(cfg.get("metrics") or {}), "bindAddress": "0"}
-    cfg["webhook"] = {**(cfg.get("webhook") or {}), "host": "127.0.0.1", "port": webhook_port,
-                      "certDir": str(cert_dir)}
-    cfg["leaderElection"] = {**(cfg.get("leaderElection") or {}), "leaderElect": True,
-                             "resourceNamespace": NAMESPACE}
+    cfg["webhook"] = {**(cfg.get("webhook") or {}), "host": "127.0.0.1", "port": webhook_port, "certDir": str(cert_dir)}
+    cfg["leaderElection"] = {**(cfg.get("leaderElection") or {}), "leaderElect": True, "resourceNamespace": NAMESPACE}
     cfg["internalCertManagement"] = {"enable": False}
     cfg["integrations"] = {**(cfg.get("integrations") or {}), "frameworks": list(FRAMEWORKS)}
     cfg["featureGates"] = dict(FEATURE_GATES)
@@ -121,8 +119,11 @@ def _wrapper(state: State, kueue: Path, cfg: Path, kubeconfig: Path, cert: Path,
     mnt.mkdir(parents=True, exist_ok=True)
     unshare = shutil.which("unshare")
     if unshare is None:
-        raise TestbedError("kueue", "`unshare` (util-linux) not found: needed to give Kueue its "
-                           "/etc/kueue/metrics/certs without writing to the host's /etc")
+        raise TestbedError(
+            "kueue",
+            "`unshare` (util-linux) not found: needed to give Kueue its "
+            "/etc/kueue/metrics/certs without writing to the host's /etc",
+        )
     script = (
         'set -e; m="$1"; mount -t tmpfs -o size=1m,mode=0755 kueue-etc "$m"; '
         'mkdir -p "$m/upper/kueue/metrics/certs" "$m/work"; '
@@ -132,12 +133,34 @@ def _wrapper(state: State, kueue: Path, cfg: Path, kubeconfig: Path, cert: Path,
     )
     # root: a mount namespace is enough; otherwise a user namespace that maps us to root in it
     ns_flags = ["-m"] if os.geteuid() == 0 else ["-r", "-m"]
-    return [unshare, *ns_flags, "--propagation", "private", "sh", "-c", script, "kueue-testbed",
-            str(mnt), str(cert), str(key), str(kueue), str(cfg), str(kubeconfig)]
+    return [
+        unshare,
+        *ns_flags,
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        script,
+        "kueue-testbed",
+        str(mnt),
+        str(cert),
+        str(key),
+        str(kueue),
+        str(cfg),
+        str(kubeconfig),
+    ]
 
 
-def start(state: State, kueue_bin: Path, pki: Pki, kubeconfig: Path, api_url: str, kubectl: Path,
-          base_config: Path, webhook_manifests: Path) -> None:
+def start(
+    state: State,
+    kueue_bin: Path,
+    pki: Pki,
+    kubeconfig: Path,
+    api_url: str,
+    kubectl: Path,
+    base_config: Path,
+    webhook_manifests: Path,
+) -> None:
     """Start Kueue, wait for ``/readyz``, register its webhooks and wait until they answer."""
     session = _session(pki)
     _ensure_namespace(session, api_url)
@@ -158,41 +181,65 @@ def start(state: State, kueue_bin: Path, pki: Pki, kubeconfig: Path, api_url: st
     def ready(p: dict[str, int]) -> Callable[[], bool]:
         return lambda: process.local_get(f"http://127.0.0.1:{p['health']}/readyz", timeout=3).status_code == 200
 
-    proc, secs = launch(state, "kueue", argv, ready, ports=("health", "webhook"), marker=str(cfg_path),
-                        timeout=120)
-    state.set(kueue_health_url=f"http://127.0.0.1:{proc.ports['health']}", kueue_namespace=NAMESPACE,
-              kueue_webhook_port=proc.ports["webhook"])
-    hooks = webhook_configurations(list(yaml.safe_load_all(webhook_manifests.read_text())),
-                                   proc.ports["webhook"], pki.serving_ca.read_bytes())
+    proc, secs = launch(state, "kueue", argv, ready, ports=("health", "webhook"), marker=str(cfg_path), timeout=120)
+    state.set(
+        kueue_health_url=f"http://127.0.0.1:{proc.ports['health']}",
+        kueue_namespace=NAMESPACE,
+        kueue_webhook_port=proc.ports["webhook"],
+    )
+    hooks = webhook_configurations(
+        list(yaml.safe_load_all(webhook_manifests.read_text())), proc.ports["webhook"], pki.serving_ca.read_bytes()
+    )
     manifest = kdir / "webhooks.yaml"
     manifest.write_text(yaml.safe_dump_all(hooks, sort_keys=False))
     log = log_path(state, "kueue-webhooks")
     with open(log, "ab") as out:
-        rc = subprocess.run([str(kubectl), f"--kubeconfig={kubeconfig}", "apply", "--server-side",
-                             "--force-conflicts", "--field-manager=gpu-auditor-testbed", "-f", str(manifest)],
-                            stdout=out, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(
+            [
+                str(kubectl),
+                f"--kubeconfig={kubeconfig}",
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager=gpu-auditor-testbed",
+                "-f",
+                str(manifest),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        ).returncode
     if rc:
         raise TestbedError("kueue webhooks", f"kubectl apply exited with code {rc}", log)
-    waited = process.wait_ready("kueue webhooks", proc.pid, lambda: _webhooks_answer(session, api_url),
-                                log_path(state, "kueue"), timeout=60)
+    waited = process.wait_ready(
+        "kueue webhooks", proc.pid, lambda: _webhooks_answer(session, api_url), log_path(state, "kueue"), timeout=60
+    )
     served = sum(len(h["webhooks"]) for h in hooks)
-    _say(f"kueue {config.KUEUE_VERSION} ready ({secs:.1f} s), {served} webhooks on 127.0.0.1:"
-         f"{proc.ports['webhook']} answering ({waited:.1f} s)")
+    _say(
+        f"kueue {config.KUEUE_VERSION} ready ({secs:.1f} s), {served} webhooks on 127.0.0.1:"
+        f"{proc.ports['webhook']} answering ({waited:.1f} s)"
+    )
 
 
 def _ensure_namespace(session: requests.Session, api_url: str) -> None:
-    r = session.post(f"{api_url}/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace",
-                                                          "metadata": {"name": NAMESPACE}}, timeout=30)
+    r = session.post(
+        f"{api_url}/api/v1/namespaces",
+        json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+        timeout=30,
+    )
     if r.status_code not in (201, 409):
         raise TestbedError("kueue", f"cannot create namespace {NAMESPACE}: {r.status_code} {r.text[:200]}")
 
 
 def _webhooks_answer(session: requests.Session, api_url: str) -> bool:
     """A dry-run ResourceFlavor create passes Kueue's mutating and validating webhooks end to end."""
-    body = {"apiVersion": f"{KUEUE_GROUP}/v1beta2", "kind": "ResourceFlavor",
-            "metadata": {"name": "testbed-webhook-probe"}}
-    r = session.post(f"{api_url}/apis/{KUEUE_GROUP}/v1beta2/resourceflavors", params={"dryRun": "All"},
-                     json=body, timeout=10)
+    body = {
+        "apiVersion": f"{KUEUE_GROUP}/v1beta2",
+        "kind": "ResourceFlavor",
+        "metadata": {"name": "testbed-webhook-probe"},
+    }
+    r = session.post(
+        f"{api_url}/apis/{KUEUE_GROUP}/v1beta2/resourceflavors", params={"dryRun": "All"}, json=body, timeout=10
+    )
     return r.status_code in (200, 201)
 
 

@@ -40,8 +40,16 @@ def launch(
         offset = log.stat().st_size if log.exists() else 0
         t0 = time.monotonic()
         pid = process.start(name, argv, log, user=user, env=env)
-        proc = Proc(name=name, pid=pid, argv=argv, log=str(log), marker=marker,
-                    stop_signal=int(stop_signal), user=user, ports=chosen)
+        proc = Proc(
+            name=name,
+            pid=pid,
+            argv=argv,
+            log=str(log),
+            marker=marker,
+            stop_signal=int(stop_signal),
+            user=user,
+            ports=chosen,
+        )
         state.record(proc)
         try:
             process.wait_ready(name, pid, ready_for(chosen), log, timeout)

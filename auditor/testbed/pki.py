@@ -105,9 +105,15 @@ def _ca(cn: str, now: dt.datetime) -> tuple[ec.EllipticCurvePrivateKey, x509.Cer
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                key_encipherment=False, data_encipherment=False, key_agreement=False,
-                encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
@@ -140,21 +146,23 @@ def _leaf(
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, key_encipherment=False, key_cert_sign=False, crl_sign=False,
-                content_commitment=False, data_encipherment=False, key_agreement=False,
-                encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                key_encipherment=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                content_commitment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
         .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]),
             critical=False,
         )
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
     )
     if server:
         sans: list[x509.GeneralName] = [x509.DNSName(n) for n in server_names]
@@ -171,16 +179,25 @@ def generate(directory: Path) -> Pki:
 
     serving_ca_key, serving_ca = _ca("gpu-auditor-testbed-serving-ca", now)
     api_key, api_cert = _leaf(
-        serving_ca_key, serving_ca, "kube-apiserver", now,
-        server_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                      "kubernetes.default.svc.cluster.local"),
+        serving_ca_key,
+        serving_ca,
+        "kube-apiserver",
+        now,
+        server_names=(
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ),
         server_ips=("127.0.0.1", "10.0.0.1"),
     )
     client_ca_key, client_ca = _ca("gpu-auditor-testbed-client-ca", now)
     admin_key, admin_cert = _leaf(client_ca_key, client_ca, "admin", now, orgs=("system:masters",))
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    kueue_key, kueue_cert = _leaf(serving_ca_key, serving_ca, "kueue-webhook", now,
-                                  server_names=("localhost",), server_ips=("127.0.0.1",))
+    kueue_key, kueue_cert = _leaf(
+        serving_ca_key, serving_ca, "kueue-webhook", now, server_names=("localhost",), server_ips=("127.0.0.1",)
+    )
 
     _write(pki.serving_ca, _pem_cert(serving_ca), private=False)
     _write(pki.apiserver_cert, _pem_cert(api_cert) + _pem_cert(serving_ca), private=False)
@@ -194,9 +211,7 @@ def generate(directory: Path) -> Pki:
     _write(pki.kueue_webhook_key, _pem_key(kueue_key), private=True)
     _write(
         pki.sa_pub,
-        sa_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        ),
+        sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo),
         private=False,
     )
     return pki

@@ -37,7 +37,9 @@ def _run_as() -> str | None:
     try:
         pwd.getpwnam(SERVICE_USER)
     except KeyError as exc:
-        raise TestbedError("postgresql", f"running as root and there is no '{SERVICE_USER}' user to run the server as") from exc
+        raise TestbedError(
+            "postgresql", f"running as root and there is no '{SERVICE_USER}' user to run the server as"
+        ) from exc
     return SERVICE_USER
 
 
@@ -86,10 +88,26 @@ def start(state: State, bins: Binaries) -> str:
 
     with open(log, "ab") as out:
         rc = subprocess.run(
-            [str(bins.pg_bin / "initdb"), "-D", str(data), "-U", SERVICE_USER, "--auth-local=trust",
-             "--auth-host=scram-sha-256", f"--pwfile={pwfile}", "-E", "UTF8", "--locale=C.UTF-8",
-             "--no-sync", "--no-instructions"],
-            stdout=out, stderr=subprocess.STDOUT, user=user, group=user, cwd=str(base),
+            [
+                str(bins.pg_bin / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                SERVICE_USER,
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                f"--pwfile={pwfile}",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+                "--no-sync",
+                "--no-instructions",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            user=user,
+            group=user,
+            cwd=str(base),
         ).returncode
     pwfile.unlink()
     if rc != 0:
@@ -97,10 +115,25 @@ def start(state: State, bins: Binaries) -> str:
 
     def argv(p: dict[str, int]) -> Sequence[str]:
         return [
-            str(bins.pg_bin / "postgres"), "-D", str(data), "-p", str(p["port"]),
-            "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
-            "-c", "fsync=off", "-c", "full_page_writes=off", "-c", "synchronous_commit=off",
-            "-c", "shared_buffers=32MB", "-c", "max_connections=100",
+            str(bins.pg_bin / "postgres"),
+            "-D",
+            str(data),
+            "-p",
+            str(p["port"]),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "unix_socket_directories=",
+            "-c",
+            "fsync=off",
+            "-c",
+            "full_page_writes=off",
+            "-c",
+            "synchronous_commit=off",
+            "-c",
+            "shared_buffers=32MB",
+            "-c",
+            "max_connections=100",
         ]
 
     def ready(p: dict[str, int]) -> Callable[[], bool]:
@@ -108,18 +141,31 @@ def start(state: State, bins: Binaries) -> str:
             with psycopg.connect(url(password, p["port"], "postgres"), connect_timeout=3) as conn:
                 conn.execute("SELECT 1")
             return True
+
         return probe
 
     # SIGINT is PostgreSQL's "fast shutdown"; SIGTERM would wait for every client to disconnect.
-    proc, secs = launch(state, "postgresql", argv, ready, ports=("port",), marker=str(data),
-                        timeout=60, stop_signal=signal.SIGINT, user=user)
+    proc, secs = launch(
+        state,
+        "postgresql",
+        argv,
+        ready,
+        ports=("port",),
+        marker=str(data),
+        timeout=60,
+        stop_signal=signal.SIGINT,
+        user=user,
+    )
     port = proc.ports["port"]
     with psycopg.connect(url(password, port, "postgres"), autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {DATABASE}")
     database_url = url(password, port)
     state.set(database_url=database_url, postgres_admin_url=url(password, port, "postgres"))
-    print(f"testbed: postgresql ready at 127.0.0.1:{port}, database {DATABASE!r} ({secs:.1f} s)",
-          file=sys.stderr, flush=True)
+    print(
+        f"testbed: postgresql ready at 127.0.0.1:{port}, database {DATABASE!r} ({secs:.1f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
     return database_url
 
 

@@ -56,9 +56,14 @@ def start(state: State, bins: Binaries, fixed_port: int | None = None) -> str:
         return argv(bins, directory, p["web"])
 
     proc, secs = launch(
-        state, "prometheus", make_argv, lambda p: ready_probe(p["web"]),
-        ports=("web",), fixed_ports={"web": fixed_port} if fixed_port else None,
-        marker=str(directory / "data"), timeout=60,
+        state,
+        "prometheus",
+        make_argv,
+        lambda p: ready_probe(p["web"]),
+        ports=("web",),
+        fixed_ports={"web": fixed_port} if fixed_port else None,
+        marker=str(directory / "data"),
+        timeout=60,
     )
     url = f"http://127.0.0.1:{proc.ports['web']}"
     state.set(prometheus_url=url, prometheus_data_dir=str(directory / "data"))

@@ -24,8 +24,13 @@ def source() -> ReplaySource:
     tr = load_trace("h200-demo-cluster")
     jobs = [
         TraceJob(PodRef("a", "train-0"), make_gpus(2, "n2"), "resnet50_bf16_training"),
-        TraceJob(PodRef("b", "short"), make_gpus(1, "n3"), "resnet50_bf16_training", duration=timedelta(minutes=22),
-                 end_offset=timedelta(minutes=27)),
+        TraceJob(
+            PodRef("b", "short"),
+            make_gpus(1, "n3"),
+            "resnet50_bf16_training",
+            duration=timedelta(minutes=22),
+            end_offset=timedelta(minutes=27),
+        ),
         TraceJob(PodRef("b", "spin"), make_gpus(1, "n4"), "kernel_spin_waiting_4_blocks"),
     ]
     return ReplaySource([(tr, jobs)], end=END, duration=timedelta(hours=1))
@@ -52,7 +57,9 @@ ENDS = [START + timedelta(minutes=m, seconds=13) for m in (7, 19, 20, 31, 44, 52
 
 
 def test_cycles_equal_one_audit_of_the_whole_history_without_reading_it_again(store_url: str) -> None:
-    whole = {s["job"]: s for s in run_audit(source(), NoKubeResolver("c1"), None, Window(START, END), now=END).summaries}
+    whole = {
+        s["job"]: s for s in run_audit(source(), NoKubeResolver("c1"), None, Window(START, END), now=END).summaries
+    }
     with Store.open(store_url) as store:
         results = cycles(store, ENDS)
         last, _ = results[-1]
@@ -67,7 +74,9 @@ def test_cycles_equal_one_audit_of_the_whole_history_without_reading_it_again(st
 
 
 def test_rewritten_history_or_an_unreadable_aggregate_is_rebuilt_from_the_buckets(store_url: str) -> None:
-    whole = {s["job"]: s for s in run_audit(source(), NoKubeResolver("c1"), None, Window(START, END), now=END).summaries}
+    whole = {
+        s["job"]: s for s in run_audit(source(), NoKubeResolver("c1"), None, Window(START, END), now=END).summaries
+    }
     with Store.open(store_url) as store:
         cycles(store, ENDS[:3])
         job_id = store.find_job("a", "Pod", "train-0")[0]
@@ -78,7 +87,9 @@ def test_rewritten_history_or_an_unreadable_aggregate_is_rebuilt_from_the_bucket
         # ... and the spin job's aggregate is garbage (a partial write by hand, say)
         spin_id = store.find_job("b", "Pod", "spin")[0]
         with store._engine.begin() as conn:
-            conn.execute(sa.text("UPDATE job_aggregates SET state = :s WHERE job_id = :j"), {"s": b"{not json", "j": spin_id})
+            conn.execute(
+                sa.text("UPDATE job_aggregates SET state = :s WHERE job_id = :j"), {"s": b"{not json", "j": spin_id}
+            )
         assert store.aggregate(spin_id) is None
         start = align_down(ENDS[2], W)
         counting = CountingStore(store)
@@ -100,8 +111,10 @@ def test_upgrade_from_0003_keeps_the_buckets_under_the_new_key(store_url: str) -
     with Store.open("sqlite://") as ref:  # rows as the store writes them
         run_audit(source(), NoKubeResolver("c1"), ref, Window(START, END), now=END)
         with ref._engine.connect() as conn:
-            rows = {t.name: [dict(r) for r in conn.execute(sa.select(t)).mappings()]
-                    for t in (JobRow.__table__, BucketRow.__table__)}
+            rows = {
+                t.name: [dict(r) for r in conn.execute(sa.select(t)).mappings()]
+                for t in (JobRow.__table__, BucketRow.__table__)
+            }
     assert len(rows["gpu_buckets"]) > 400
     store_at(store_url, "0003", {t: rows[t.name] for t in (JobRow.__table__, BucketRow.__table__)})
     with Store.open(store_url) as store:

@@ -43,7 +43,11 @@ class SampleSource:
     def read(self, window: Window, width: timedelta) -> SourceResult:
         buckets = aggregate(self.samples, width, window)
         counts = sorted(b.count for b in buckets if b.count)
-        told = width.total_seconds() / counts[min(len(counts) - 1, int(len(counts) * 0.9))] if counts and self.tell else None
+        told = (
+            width.total_seconds() / counts[min(len(counts) - 1, int(len(counts) * 0.9))]
+            if counts and self.tell
+            else None
+        )
         report = SourceReport(present={b.metric for b in buckets if b.count}, scrape_interval=told)
         return SourceResult(buckets=buckets, report=report)
 
@@ -67,7 +71,9 @@ def samples_of(runs: list[Run], rnd: random.Random) -> list[Sample]:
         while t < r.end:
             if not any(a <= t < b for a, b in r.gaps):
                 for g in r.gpus:
-                    out.append(Sample(r.pod, g, Metric.GPU_UTIL, t, min(100.0, r.util * 100 * (0.9 + 0.2 * rnd.random()))))
+                    out.append(
+                        Sample(r.pod, g, Metric.GPU_UTIL, t, min(100.0, r.util * 100 * (0.9 + 0.2 * rnd.random())))
+                    )
                     out.append(Sample(r.pod, g, Metric.SM_ACTIVE, t, min(1.0, r.sm * (0.9 + 0.2 * rnd.random()))))
             t += r.interval
     return out
@@ -82,8 +88,9 @@ def cycle(store: Store, source: SampleSource, start: datetime, now: datetime) ->
 
 
 def summaries(store: Store) -> dict[str, dict]:
-    return {f"{s['namespace']}/{s['job']}": {k: v for k, v in s.items() if k not in CYCLE_FIELDS}
-            for s in store.summaries()}
+    return {
+        f"{s['namespace']}/{s['job']}": {k: v for k, v in s.items() if k not in CYCLE_FIELDS} for s in store.summaries()
+    }
 
 
 @pytest.mark.parametrize("tell", [True, False], ids=["source-tells", "source-silent"])
@@ -162,8 +169,18 @@ def scenario(seed: int) -> tuple[list[Run], float]:
             g = rnd.uniform(s + 300, e - 600)
             gaps.append((g, g + rnd.uniform(30, 500)))
         host = "shared" if k and rnd.random() < 0.3 else f"n{k}"
-        runs.append(Run(PodRef(f"team{k % 2}", f"job-{k}"), gpus(host, rnd.randint(1, 2)), s, e, iv, gaps,
-                        rnd.uniform(0.0, 1.0), rnd.uniform(0.0, 1.0)))
+        runs.append(
+            Run(
+                PodRef(f"team{k % 2}", f"job-{k}"),
+                gpus(host, rnd.randint(1, 2)),
+                s,
+                e,
+                iv,
+                gaps,
+                rnd.uniform(0.0, 1.0),
+                rnd.uniform(0.0, 1.0),
+            )
+        )
     return runs, max(r.end for r in runs)
 
 
@@ -219,6 +236,8 @@ def test_rerunning_cycles_over_unchanged_data_never_changes_a_summary(tmp_path, 
 
 
 @pytest.mark.parametrize("seed", range(0, 30, 6))
-def test_rerunning_cycles_over_unchanged_data_never_changes_a_summary_on_postgresql(postgres_url: str, seed: int) -> None:
+def test_rerunning_cycles_over_unchanged_data_never_changes_a_summary_on_postgresql(
+    postgres_url: str, seed: int
+) -> None:
     """The same property on the test bed's PostgreSQL, every sixth seed."""
     check_cycles(postgres_url, seed)

@@ -34,7 +34,15 @@ def _const(start: int, end: int, value: float) -> list[tuple[int, float]]:
 
 
 def _gpu(case: str, n: int, **extra: str) -> dict[str, str]:
-    return {"case": case, "gpu": str(n), "UUID": f"GPU-{case}-{n}", "Hostname": f"{case}-node", "modelName": "NVIDIA H200", **extra}
+    return {
+        "case": case,
+        "gpu": str(n),
+        "UUID": f"GPU-{case}-{n}",
+        "Hostname": f"{case}-node",
+        "modelName": "NVIDIA H200",
+        **extra,
+    }
+
 
 pytestmark = pytest.mark.testbed
 
@@ -74,11 +82,17 @@ def _backfill_cases(prometheus) -> dict[str, str]:
         extra = {"pod": f"train-{i}", "namespace": "ml"} if i < 2 else {}
         labels = _gpu(good, i, **extra)
         for name, v in (
-            ("DCGM_FI_DEV_GPU_UTIL", 100), ("DCGM_FI_PROF_SM_ACTIVE", 0.5), ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 0.3),
-            ("DCGM_FI_PROF_DRAM_ACTIVE", 0.2), ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 1.0), ("DCGM_FI_DEV_POWER_USAGE", 400),
+            ("DCGM_FI_DEV_GPU_UTIL", 100),
+            ("DCGM_FI_PROF_SM_ACTIVE", 0.5),
+            ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 0.3),
+            ("DCGM_FI_PROF_DRAM_ACTIVE", 0.2),
+            ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 1.0),
+            ("DCGM_FI_DEV_POWER_USAGE", 400),
         ):
             series.append((name, labels, _const(s, e, v)))
-    series.append(("kube_pod_owner", {"case": good, "namespace": "ml", "pod": "train-0", "owner_kind": "Job"}, _const(s, e, 1)))
+    series.append(
+        ("kube_pod_owner", {"case": good, "namespace": "ml", "pod": "train-0", "owner_kind": "Job"}, _const(s, e, 1))
+    )
     # the shipped CSV: no SM activity, DCGM 4.6 names
     labels = _gpu(no_sm, 0, pod="p", namespace="ns")
     series.append(("DCGM_FI_DEV_GPU_UTIL_RATIO", labels, _const(s, e, 90)))
@@ -94,12 +108,21 @@ def _backfill_cases(prometheus) -> dict[str, str]:
     trace = traces.load_trace("h200-microbench")
     jobs = [
         traces.TraceJob(PodRef("team-a", "spin"), traces.make_gpus(1, f"{exported}-n0"), "one_sm_spin"),
-        traces.TraceJob(PodRef("team-a", "mm"), traces.make_gpus(1, f"{exported}-n1"), "bf16_matmul",
-                        exclude=frozenset({Metric.SM_ACTIVE})),
+        traces.TraceJob(
+            PodRef("team-a", "mm"),
+            traces.make_gpus(1, f"{exported}-n1"),
+            "bf16_matmul",
+            exclude=frozenset({Metric.SM_ACTIVE}),
+        ),
     ]
     om = traces.trace_to_openmetrics(
-        trace, jobs, end=datetime.fromtimestamp(e, timezone.utc), duration=timedelta(minutes=30),
-        interval=timedelta(seconds=15), convention="exported_pod", hostname_label="hostname",
+        trace,
+        jobs,
+        end=datetime.fromtimestamp(e, timezone.utc),
+        duration=timedelta(minutes=30),
+        interval=timedelta(seconds=15),
+        convention="exported_pod",
+        hostname_label="hostname",
     )
     om = om.replace("{", f'{{case="{exported}",')
     prometheus.backfill(text + om)

@@ -58,8 +58,11 @@ def test_no_kube_after_kubeconfig_counts_the_window_once_under_the_resolved_job(
         assert [s["job"] for s in store.summaries()] == ["Job/train"]
         assert again.summaries == []  # nothing of it is the guess's
         warned = [w for w in again.report.warnings if "two job identities" in w]
-        assert len(warned) == 2 and all("default/ml/Job/train, resolved through the Kubernetes API" in w
-                                        and "not stored again as default/ml/Pod/train-" in w for w in warned)
+        assert len(warned) == 2 and all(
+            "default/ml/Job/train, resolved through the Kubernetes API" in w
+            and "not stored again as default/ml/Pod/train-" in w
+            for w in warned
+        )
 
 
 def test_kubeconfig_after_no_kube_takes_the_window_over(store_url: str) -> None:
@@ -114,14 +117,23 @@ def test_pods_sharing_a_gpu_are_not_one_identity(store_url: str) -> None:
     """Time-slicing: two pods of two jobs on one GPU both keep their (divided) GPU time."""
     tr = load_trace("h200-demo-cluster")
     gpu = make_gpus(1, "n9")
-    feeds = [(tr, [TraceJob(PodRef("a", "left"), gpu, "resnet50_bf16_training"),
-                   TraceJob(PodRef("b", "right"), gpu, "resnet50_bf16_training")])]
+    feeds = [
+        (
+            tr,
+            [
+                TraceJob(PodRef("a", "left"), gpu, "resnet50_bf16_training"),
+                TraceJob(PodRef("b", "right"), gpu, "resnet50_bf16_training"),
+            ],
+        )
+    ]
     src = ReplaySource(feeds, end=END, duration=timedelta(hours=1))
     with Store.open(store_url) as store:
         res = run_audit(src, NO_KUBE, store, WINDOW, now=END)
         assert not [w for w in res.report.warnings if "two job identities" in w]
         assert sorted((s["job"], s["gpu_hours"]) for s in store.summaries()) == [
-            ("Pod/left", pytest.approx(0.5, abs=0.01)), ("Pod/right", pytest.approx(0.5, abs=0.01))]
+            ("Pod/left", pytest.approx(0.5, abs=0.01)),
+            ("Pod/right", pytest.approx(0.5, abs=0.01)),
+        ]
 
 
 def test_other_clusters_pods_of_the_same_name_are_theirs(store_url: str) -> None:
@@ -140,8 +152,10 @@ def test_upgrade_to_0006_records_the_owners_of_stored_buckets(store_url: str) ->
     with Store.open("sqlite://") as ref:
         run_audit(source(), NO_KUBE, ref, WINDOW, now=END)
         with ref._engine.connect() as conn:
-            rows = {t: [dict(r) for r in conn.execute(sa.select(t)).mappings()]
-                    for t in (JobRow.__table__, BucketRow.__table__)}
+            rows = {
+                t: [dict(r) for r in conn.execute(sa.select(t)).mappings()]
+                for t in (JobRow.__table__, BucketRow.__table__)
+            }
             owners = sorted(tuple(r) for r in conn.execute(sa.select(PodOwnerRow.__table__)).all())
     assert len(owners) == 2
     # ids past the ones the new store hands out (explicit ids leave PostgreSQL's sequence behind)

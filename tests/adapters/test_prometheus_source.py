@@ -74,7 +74,7 @@ def _requests_total(url: str) -> float:
     text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
     total = 0.0
     for line in text.splitlines():
-        if line.startswith("prometheus_http_requests_total{") and '/api/v1/' in line:
+        if line.startswith("prometheus_http_requests_total{") and "/api/v1/" in line:
             total += float(line.rsplit(" ", 1)[1])
     return total
 
@@ -155,8 +155,13 @@ _STATE = {
     "dcgm-4.6": {Metric.GPU_UTIL: 80, Metric.SM_CLOCK: 1980, Metric.POWER: 350.5},  # same field ids, same values
     "exporter-4.9": {Metric.GPU_UTIL: 0.8, Metric.SM_CLOCK: 1.98e9, Metric.POWER: 350.5},  # ratio, hertz
 }
-_RATIOS = {Metric.SM_ACTIVE: 0.4, Metric.TENSOR_ACTIVE: 0.2, Metric.FP32_ACTIVE: 0.15, Metric.FP16_ACTIVE: 0.05,
-           Metric.DRAM_ACTIVE: 0.1}
+_RATIOS = {
+    Metric.SM_ACTIVE: 0.4,
+    Metric.TENSOR_ACTIVE: 0.2,
+    Metric.FP32_ACTIVE: 0.15,
+    Metric.FP16_ACTIVE: 0.05,
+    Metric.DRAM_ACTIVE: 0.1,
+}
 
 
 @pytest.mark.parametrize("generation", ["classic", "dcgm-4.6", "exporter-4.9"])
@@ -208,10 +213,14 @@ def test_a_percent_under_the_4_9_naming_is_garbage_not_a_ratio(prometheus):
     case = f"c{uuid.uuid4().hex[:8]}"
     s, e = _window()
     labels = _gpu(case, 0, pod="p", namespace="ns")
-    prometheus.backfill(_om([
-        ("DCGM_FI_DEV_GPU_UTIL_RATIO", labels, _const(s, e, 80)),
-        ("DCGM_FI_DEV_SM_CLOCK_HERTZ", labels, _const(s, e, 1.98e9)),
-    ]))
+    prometheus.backfill(
+        _om(
+            [
+                ("DCGM_FI_DEV_GPU_UTIL_RATIO", labels, _const(s, e, 80)),
+                ("DCGM_FI_DEV_SM_CLOCK_HERTZ", labels, _const(s, e, 1.98e9)),
+            ]
+        )
+    )
     res = PrometheusSource(prometheus.url, matchers={"case": case}).read(Window(_utc(s), _utc(e)), WIDTH)
     util = [b for b in res.buckets if b.metric is Metric.GPU_UTIL]
     assert util and all(b.count == 0 for b in util)
@@ -267,7 +276,11 @@ def test_query_count_does_not_grow_with_pods(prometheus):
         series = []
         for i in range(n):
             labels = _gpu(case, i, pod=f"job-{i}", namespace=f"ns-{i % 5}")
-            for name, v in (("DCGM_FI_DEV_GPU_UTIL", 90), ("DCGM_FI_PROF_SM_ACTIVE", 0.6), ("DCGM_FI_PROF_DRAM_ACTIVE", 0.2)):
+            for name, v in (
+                ("DCGM_FI_DEV_GPU_UTIL", 90),
+                ("DCGM_FI_PROF_SM_ACTIVE", 0.6),
+                ("DCGM_FI_PROF_DRAM_ACTIVE", 0.2),
+            ):
                 series.append((name, labels, _const(s, e, v, step=30)))
         cases[n] = case
         prometheus.backfill(_om(series))
@@ -377,17 +390,25 @@ def _tls_files(d) -> tuple[str, str, str]:
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpu-auditor test CA")])
     ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - timedelta(minutes=5))
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
         .not_valid_after(now + timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(ca_key, hashes.SHA256())
     )
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
-        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
-        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + timedelta(days=1))
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=1))
         .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
@@ -425,9 +446,16 @@ class _OwnPrometheus:
         self.log_path = root / "log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [binary, f"--config.file={root}/prom.yml", f"--storage.tsdb.path={root}/data",
-             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=3650d", *args],
-            stdout=self._log, stderr=subprocess.STDOUT,
+            [
+                binary,
+                f"--config.file={root}/prom.yml",
+                f"--storage.tsdb.path={root}/data",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--storage.tsdb.retention.time=3650d",
+                *args,
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.time() + 30
         while True:
@@ -460,7 +488,9 @@ def secured_prometheus(tmp_path):
         f"basic_auth_users:\n  auditor: '{_bcrypt('s3cret')}'\n"
     )
     server = _OwnPrometheus(
-        tmp_path, [f"--web.config.file={tmp_path}/web.yml"], scheme="https",
+        tmp_path,
+        [f"--web.config.file={tmp_path}/web.yml"],
+        scheme="https",
         ssl_context=ssl.create_default_context(cafile=ca),
     )
     try:
@@ -480,14 +510,21 @@ def test_sample_limit_splits_the_query_by_time(tmp_path):
     (tmp_path / "in.om").write_text(_om(series))
     promtool = shutil.which("promtool")
     assert promtool
-    subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "in.om"), str(tmp_path / "data")],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "in.om"), str(tmp_path / "data")],
+        check=True,
+        capture_output=True,
+    )
     server = _OwnPrometheus(tmp_path, ["--query.max-samples=60"])
     try:
         src = PrometheusSource(server.url, matchers={"case": case})
         with pytest.raises(QueryRefused, match="too many samples"):
-            src.client.query_range('count_over_time(DCGM_FI_DEV_GPU_UTIL{case="limits"}[299999ms])',
-                                   (s + 300) * 1000 - 1, e * 1000 - 1, 300_000)
+            src.client.query_range(
+                'count_over_time(DCGM_FI_DEV_GPU_UTIL{case="limits"}[299999ms])',
+                (s + 300) * 1000 - 1,
+                e * 1000 - 1,
+                300_000,
+            )
         res = src.read(Window(_utc(s), _utc(e)), WIDTH)
         assert len(res.buckets) == 60 and {b.count for b in res.buckets} == {20}
         assert all(b.mean == pytest.approx(0.4) for b in res.buckets)
@@ -517,15 +554,41 @@ def test_cli_auth_flags_reach_a_secured_prometheus(secured_prometheus, tmp_path,
     url, ca = secured_prometheus
     pw = tmp_path / "pw"
     pw.write_text("s3cret\n")
-    rc = main(["doctor", "--prometheus", url, "--prometheus-user", "auditor", "--prometheus-password-file", str(pw),
-               "--prometheus-ca-file", ca, "--output", "json"])
+    rc = main(
+        [
+            "doctor",
+            "--prometheus",
+            url,
+            "--prometheus-user",
+            "auditor",
+            "--prometheus-password-file",
+            str(pw),
+            "--prometheus-ca-file",
+            ca,
+            "--output",
+            "json",
+        ]
+    )
     checks = {c["name"]: c for c in __import__("json").loads(capsys.readouterr().out)}
     assert checks["Prometheus reachable"]["status"] == "ok"
     assert rc == 1 and checks["DCGM series present"]["status"] == "fail"  # an empty server
     monkeypatch.setenv("GPU_AUDITOR_PROMETHEUS_PASSWORD", "wrong")
     rc = main(["doctor", "--prometheus", url, "--prometheus-user", "auditor", "--prometheus-ca-file", ca])
     assert rc == 1 and "HTTP 401" in capsys.readouterr().out
-    assert main(["doctor", "--prometheus", url, "--prometheus-user", "auditor", "--prometheus-ca-file", str(tmp_path / "nope")]) == 2
+    assert (
+        main(
+            [
+                "doctor",
+                "--prometheus",
+                url,
+                "--prometheus-user",
+                "auditor",
+                "--prometheus-ca-file",
+                str(tmp_path / "nope"),
+            ]
+        )
+        == 2
+    )
 
 
 def test_duplicate_series_are_not_double_counted(prometheus):
@@ -534,7 +597,11 @@ def test_duplicate_series_are_not_double_counted(prometheus):
     s, e = _window()
     series = [
         ("DCGM_FI_DEV_GPU_UTIL", _gpu(case, 0, pod="p", namespace="ns", instance="10.0.0.1:9400"), _const(s, e, 60)),
-        ("DCGM_FI_DEV_GPU_UTIL", _gpu(case, 0, pod="p", namespace="ns", instance="10.0.0.2:9400"), _const(s + 300, e, 60)),
+        (
+            "DCGM_FI_DEV_GPU_UTIL",
+            _gpu(case, 0, pod="p", namespace="ns", instance="10.0.0.2:9400"),
+            _const(s + 300, e, 60),
+        ),
     ]
     prometheus.backfill(_om(series))
     res = PrometheusSource(prometheus.url, matchers={"case": case}).read(Window(_utc(s), _utc(e)), WIDTH)

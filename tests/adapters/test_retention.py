@@ -39,19 +39,44 @@ def store(store_url: str):
 
 
 def _bucket(start: datetime, pod: str = "p-0") -> Bucket:
-    return Bucket(PodRef("ml", pod), GpuId(uuid=f"GPU-{pod}", model="NVIDIA H200"), Metric.SM_ACTIVE, start, start + W, 3.0, 10, 0.2, 0.4)
+    return Bucket(
+        PodRef("ml", pod),
+        GpuId(uuid=f"GPU-{pod}", model="NVIDIA H200"),
+        Metric.SM_ACTIVE,
+        start,
+        start + W,
+        3.0,
+        10,
+        0.2,
+        0.4,
+    )
 
 
 def _summary(cluster: str, name: str, end: datetime | None, computed: datetime) -> dict:
     return {
-        "cluster": cluster, "namespace": "ml", "job": f"Job/{name}", "team": "vision", "verdict": "healthy",
+        "cluster": cluster,
+        "namespace": "ml",
+        "job": f"Job/{name}",
+        "team": "vision",
+        "verdict": "healthy",
         "start": None if end is None else (end - timedelta(hours=1)).isoformat(),
-        "end": None if end is None else end.isoformat(), "computed_at": computed.isoformat(), "gpu_hours": 1.0,
+        "end": None if end is None else end.isoformat(),
+        "computed_at": computed.isoformat(),
+        "gpu_hours": 1.0,
     }
 
 
-def _job(store: Store, cluster: str, name: str, *, seen: datetime, buckets: list[datetime] = (), summary_end: datetime | None = None,
-         ended: datetime | None = None, through: datetime | None = None) -> int:
+def _job(
+    store: Store,
+    cluster: str,
+    name: str,
+    *,
+    seen: datetime,
+    buckets: list[datetime] = (),
+    summary_end: datetime | None = None,
+    ended: datetime | None = None,
+    through: datetime | None = None,
+) -> int:
     jid = store.upsert_job(JobRef(cluster, "ml", "Job", name, team="vision"), seen - timedelta(hours=1), seen)
     if buckets:
         store.replace_buckets(jid, [_bucket(t, pod=f"{name}-0") for t in buckets])  # a pod is one job's
@@ -70,20 +95,38 @@ def _run(store: Store, cluster: str | None, finished: datetime, *, operator: boo
     detail: dict = {"origin": OPERATOR_ORIGIN} if operator else {}
     if cluster is not None:
         detail["cluster"] = cluster
-    return store.record_run(Window(finished - W, finished), finished, finished, jobs=1, queries=1, status=status, detail=detail)
+    return store.record_run(
+        Window(finished - W, finished), finished, finished, jobs=1, queries=1, status=status, detail=detail
+    )
 
 
-def _episode(store: Store, cluster: str, name: str, *, at: datetime, close: bool, state: str = DONE,
-             seen: datetime | None = None) -> None:
+def _episode(
+    store: Store, cluster: str, name: str, *, at: datetime, close: bool, state: str = DONE, seen: datetime | None = None
+) -> None:
     """One violation of ``name`` opened at ``at`` with its first step decided and its action in
     ``state``; closed at ``at``, or still firing at ``seen``."""
     repo = DecisionStore(store)
     job = JobIdent(cluster, "ml", "Job", name)
     v = repo.open_violation(job, "low-sm", at, {})
     key = f"{cluster}/ml/Job/{name}#low-sm#v{v.episode}#s0"
-    assert repo.claim_step(job, "low-sm", v, 0, dedup_key=key, mode="enforce", action_names=["requeue"],
-                           action_keys=[key + "#requeue"], now=at, dry_run=False, verdict="low_sm_efficiency",
-                           reason="r", evidence={}) is not None
+    assert (
+        repo.claim_step(
+            job,
+            "low-sm",
+            v,
+            0,
+            dedup_key=key,
+            mode="enforce",
+            action_names=["requeue"],
+            action_keys=[key + "#requeue"],
+            now=at,
+            dry_run=False,
+            verdict="low_sm_efficiency",
+            reason="r",
+            evidence={},
+        )
+        is not None
+    )
     repo.finish_action(key + "#requeue", state, at)
     if close:
         repo.close_violation(job, "low-sm", at)
@@ -94,8 +137,17 @@ def _episode(store: Store, cluster: str, name: str, *, at: datetime, close: bool
 def _delivery(store: Store, cluster: str, week: str, at: datetime) -> None:
     rs = ReportStore(store)
     key = f"{cluster}#{week}#*#slack"
-    assert rs.claim(dedup_key=key, cluster=cluster, week=week, team="*", channel="slack", now=at, holder="h",
-                    claim_timeout=timedelta(minutes=15), max_attempts=5)
+    assert rs.claim(
+        dedup_key=key,
+        cluster=cluster,
+        week=week,
+        team="*",
+        channel="slack",
+        now=at,
+        holder="h",
+        claim_timeout=timedelta(minutes=15),
+        max_attempts=5,
+    )
     rs.finish(key, ok=True, now=at, holder="h", error=None, detail={})
 
 
@@ -109,11 +161,24 @@ def _fill(store: Store, cluster: str) -> dict[str, int]:
         "ended": _job(store, cluster, "ended", seen=mid, buckets=[mid - W], summary_end=mid, ended=mid, through=mid),
         # still running, not folded since 40 days ago (the operator was down): the folded bucket
         # goes, the two unfolded ones (from 38 days ago on) stay until a cycle folds them
-        "running": _job(store, cluster, "running", seen=NOW, summary_end=NOW - 40 * DAY, through=NOW - 40 * DAY,
-                        buckets=[NOW - 50 * DAY, NOW - 38 * DAY, NOW - 2 * W]),
+        "running": _job(
+            store,
+            cluster,
+            "running",
+            seen=NOW,
+            summary_end=NOW - 40 * DAY,
+            through=NOW - 40 * DAY,
+            buckets=[NOW - 50 * DAY, NOW - 38 * DAY, NOW - 2 * W],
+        ),
         # a one-shot audit's job (no aggregate, never ended): old buckets go, the job stays
-        "audited": _job(store, cluster, "audited", seen=NOW - 40 * DAY, buckets=[NOW - 40 * DAY, NOW - 34 * DAY],
-                        summary_end=NOW - 40 * DAY),
+        "audited": _job(
+            store,
+            cluster,
+            "audited",
+            seen=NOW - 40 * DAY,
+            buckets=[NOW - 40 * DAY, NOW - 34 * DAY],
+            summary_end=NOW - 40 * DAY,
+        ),
     }
     _run(store, cluster, NOW - 700 * DAY, operator=True)  # an old cycle: goes
     _run(store, cluster, NOW - 600 * DAY, operator=False)  # a one-shot audit: goes
@@ -149,14 +214,32 @@ def _counts(store_url: str) -> dict[str, dict[str, int]]:
         for cluster in ("east", "west"):
             c = {"c": cluster}
             out[cluster] = {
-                "gpu_buckets": conn.execute(sa.text("SELECT count(*) FROM gpu_buckets b JOIN jobs j ON j.id = b.job_id WHERE j.cluster = :c"), c).scalar_one(),
-                "job_aggregates": conn.execute(
-                    sa.text("SELECT count(*) FROM job_aggregates a JOIN jobs j ON j.id = a.job_id WHERE j.cluster = :c"), c
+                "gpu_buckets": conn.execute(
+                    sa.text("SELECT count(*) FROM gpu_buckets b JOIN jobs j ON j.id = b.job_id WHERE j.cluster = :c"), c
                 ).scalar_one(),
-                **{t: conn.execute(sa.text(f"SELECT count(*) FROM {t} WHERE cluster = :c"), c).scalar_one()
-                   for t in ("gpu_pod_owners", "job_summaries", "jobs", "policy_actions", "policy_decisions", "policy_violations", "report_deliveries")},
-                "audit_runs": sum(1 for (d,) in conn.execute(sa.text("SELECT detail FROM audit_runs"))
-                                  if (json.loads(d) if isinstance(d, str) else d).get("cluster") == cluster),
+                "job_aggregates": conn.execute(
+                    sa.text(
+                        "SELECT count(*) FROM job_aggregates a JOIN jobs j ON j.id = a.job_id WHERE j.cluster = :c"
+                    ),
+                    c,
+                ).scalar_one(),
+                **{
+                    t: conn.execute(sa.text(f"SELECT count(*) FROM {t} WHERE cluster = :c"), c).scalar_one()
+                    for t in (
+                        "gpu_pod_owners",
+                        "job_summaries",
+                        "jobs",
+                        "policy_actions",
+                        "policy_decisions",
+                        "policy_violations",
+                        "report_deliveries",
+                    )
+                },
+                "audit_runs": sum(
+                    1
+                    for (d,) in conn.execute(sa.text("SELECT detail FROM audit_runs"))
+                    if (json.loads(d) if isinstance(d, str) else d).get("cluster") == cluster
+                ),
             }
     engine.dispose()
     return out
@@ -185,7 +268,10 @@ def test_prune_deletes_per_table_rules_for_one_cluster_only(store: Store, store_
     assert store.aggregate(east["running"]) is not None
     assert [b.start for b in store.buckets(east["audited"])] == [NOW - 34 * DAY]
     repo = DecisionStore(store)
-    assert {a.job.name: a.state for a in repo.actions() if a.job.cluster == "east"} == {"running": DONE, "ended": WAITING}
+    assert {a.job.name: a.state for a in repo.actions() if a.job.cluster == "east"} == {
+        "running": DONE,
+        "ended": WAITING,
+    }
     assert [r["week"] for r in ReportStore(store).deliveries(cluster="east")] == ["2026-W48"]
     cursor = [r for r in store.runs() if r["detail"].get("cluster") == "east"]
     assert [(r["status"], r["finished"]) for r in cursor] == [("ok", NOW - 500 * DAY)]
@@ -231,7 +317,9 @@ def test_bad_retention_and_times_are_refused() -> None:
         Retention(buckets=DAY, summaries=-DAY)
 
 
-def test_store_prune_command_reads_the_settings_and_prints_per_table(store: Store, store_url: str, tmp_path, capsys, monkeypatch) -> None:
+def test_store_prune_command_reads_the_settings_and_prints_per_table(
+    store: Store, store_url: str, tmp_path, capsys, monkeypatch
+) -> None:
     _fill(store, "east")
     _fill(store, "west")
     before = _counts(store_url)
@@ -261,7 +349,9 @@ def test_store_prune_command_reads_the_settings_and_prints_per_table(store: Stor
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_a_dry_run_counts_exactly_what_the_prune_deletes_on_random_stores(store: Store, store_url: str, seed: int) -> None:
+def test_a_dry_run_counts_exactly_what_the_prune_deletes_on_random_stores(
+    store: Store, store_url: str, seed: int
+) -> None:
     """Random ages and states around the cut-offs: the prune deletes what the dry run counted
     (no cascade deletes more), nothing of the other cluster, and nothing a rule keeps."""
     import random
@@ -275,12 +365,25 @@ def test_a_dry_run_counts_exactly_what_the_prune_deletes_on_random_stores(store:
         for i in range(12):
             ended = rnd.random() < 0.5
             seen = when()
-            _job(store, cluster, f"j{i}", seen=seen, buckets=sorted({when() for _ in range(3)}),
-                 summary_end=rnd.choice([None, seen]), ended=seen if ended else None,
-                 through=rnd.choice([None, when()]))
+            _job(
+                store,
+                cluster,
+                f"j{i}",
+                seen=seen,
+                buckets=sorted({when() for _ in range(3)}),
+                summary_end=rnd.choice([None, seen]),
+                ended=seen if ended else None,
+                through=rnd.choice([None, when()]),
+            )
             if rnd.random() < 0.7:
-                _episode(store, cluster, f"j{i}", at=when(), close=rnd.random() < 0.6,
-                         state=rnd.choice([DONE, WAITING, "claimed", "failed"]))
+                _episode(
+                    store,
+                    cluster,
+                    f"j{i}",
+                    at=when(),
+                    close=rnd.random() < 0.6,
+                    state=rnd.choice([DONE, WAITING, "claimed", "failed"]),
+                )
         for _ in range(3):
             _run(store, cluster, when(), operator=rnd.random() < 0.7, status=rnd.choice(["ok", "failed"]))
     repo = DecisionStore(store)
@@ -295,5 +398,7 @@ def test_a_dry_run_counts_exactly_what_the_prune_deletes_on_random_stores(store:
     assert prune(store, NOW, RET, cluster="east").total == 0
     for jid, ref, _first, _last in store.open_jobs("east"):  # running jobs keep what is not folded yet
         agg = store.aggregate(jid)
-        assert all(b.end > NOW - RET.buckets or (agg is not None and b.start >= agg.through) for b in store.buckets(jid)), ref.name
+        assert all(
+            b.end > NOW - RET.buckets or (agg is not None and b.start >= agg.through) for b in store.buckets(jid)
+        ), ref.name
     assert unfinished <= {a.dedup_key for a in repo.actions()}  # a restart must still finish these

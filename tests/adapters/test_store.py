@@ -124,7 +124,9 @@ def test_migrations_from_empty_database_match_the_models(store_url: str) -> None
         with engine.connect() as conn:
             names = set(sa.inspect(conn).get_table_names())
             assert {"jobs", "gpu_buckets", "job_summaries", "audit_runs", VERSION_TABLE} <= names
-            assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == [_head_revision()]
+            assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all() == [
+                _head_revision()
+            ]
             ours = sa.MetaData()
             for t in TABLES:
                 t.to_metadata(ours)
@@ -162,7 +164,9 @@ def test_concurrent_opens_from_separate_processes(store_url: str) -> None:
         "print(s.upsert_job(JobRef('c1', 'ml', 'Job', sys.argv[2]), t, t)); s.close()"
     )
     procs = [
-        subprocess.Popen([sys.executable, "-c", code, store_url, f"p{i}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        subprocess.Popen(
+            [sys.executable, "-c", code, store_url, f"p{i}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         for i in range(3)
     ]
     outs = [p.communicate(timeout=120) for p in procs]

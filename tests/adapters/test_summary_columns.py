@@ -77,7 +77,11 @@ def _store_at_0004_with(url: str, rows: dict[str, list[dict]]) -> None:
 
 
 def _reports(store: Store) -> tuple[dict, list[dict], dict]:
-    return generate(store, W, now=NOW, options=OPTS), list(iter_jobs(store, W, options=OPTS)), generate(store, W.shift(1), now=NOW, options=OPTS)
+    return (
+        generate(store, W, now=NOW, options=OPTS),
+        list(iter_jobs(store, W, options=OPTS)),
+        generate(store, W.shift(1), now=NOW, options=OPTS),
+    )
 
 
 def test_upgrade_from_0004_backfills_the_summary_columns(store_url: str) -> None:

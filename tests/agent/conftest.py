@@ -42,7 +42,9 @@ def _find_proto() -> Path:
         return proto
     if not os.path.exists(go):
         pytest.fail(f"kubelet proto not in the Go module cache ({proto}) and no go binary to download {module}")
-    out = subprocess.run([go, "mod", "download", "-json", module], capture_output=True, text=True, timeout=600, cwd=tempfile.gettempdir())
+    out = subprocess.run(
+        [go, "mod", "download", "-json", module], capture_output=True, text=True, timeout=600, cwd=tempfile.gettempdir()
+    )
     if out.returncode != 0:
         pytest.fail(f"go mod download {module} failed: {out.stderr or out.stdout}")
     proto = Path(json.loads(out.stdout)["Dir"]) / "pkg" / "apis" / "podresources" / "v1" / "api.proto"
@@ -61,9 +63,18 @@ def kubelet_api(tmp_path_factory: pytest.TempPathFactory) -> Any:
     (pkg / "__init__.py").write_text("")
     shutil.copy(proto, pkg / "api.proto")
     res = subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", f"-I{out}", f"--python_out={out}", f"--grpc_python_out={out}",
-         str(pkg / "api.proto")],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{out}",
+            f"--python_out={out}",
+            f"--grpc_python_out={out}",
+            str(pkg / "api.proto"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     if res.returncode != 0:
         pytest.fail(f"grpc_tools.protoc failed on {proto}: {res.stderr}")
@@ -117,10 +128,13 @@ class PodResourcesServer:
                     containers=[
                         pb.ContainerResources(
                             name=container,
-                            devices=[pb.ContainerDevices(
-                                resource_name=resource, device_ids=ids,
-                                topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=0)]),
-                            )],
+                            devices=[
+                                pb.ContainerDevices(
+                                    resource_name=resource,
+                                    device_ids=ids,
+                                    topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=0)]),
+                                )
+                            ],
                             cpu_ids=[2, 3],
                             memory=[pb.ContainerMemory(memory_type="memory", size=1 << 30)],
                         )

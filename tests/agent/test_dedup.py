@@ -13,14 +13,14 @@ def S(name: str, uuid: str, **labels: str) -> dict:
 
 def test_agent_wins_per_gpu_and_metric_exporter_fills_what_the_agent_lacks():
     items = [
-        S("DCGM_FI_DEV_GPU_UTIL", "GPU-1", pod="p"),                    # exporter
-        S("DCGM_FI_DEV_GPU_UTIL", "GPU-1", pod="p", **AGENT),           # agent: wins
-        S("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "GPU-1", pod="p"),          # exporter only: kept
-        S("DCGM_FI_PROF_SM_ACTIVE", "GPU-1", pod="p", **AGENT),          # agent only: kept
-        S("DCGM_FI_DEV_GPU_UTIL", "GPU-2", pod="q"),                     # another GPU, exporter only
-        S("DCGM_FI_DEV_GPU_UTIL", "GPU-3", GPU_I_ID="1"),                # MIG instances are separate devices
+        S("DCGM_FI_DEV_GPU_UTIL", "GPU-1", pod="p"),  # exporter
+        S("DCGM_FI_DEV_GPU_UTIL", "GPU-1", pod="p", **AGENT),  # agent: wins
+        S("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "GPU-1", pod="p"),  # exporter only: kept
+        S("DCGM_FI_PROF_SM_ACTIVE", "GPU-1", pod="p", **AGENT),  # agent only: kept
+        S("DCGM_FI_DEV_GPU_UTIL", "GPU-2", pod="q"),  # another GPU, exporter only
+        S("DCGM_FI_DEV_GPU_UTIL", "GPU-3", GPU_I_ID="1"),  # MIG instances are separate devices
         S("DCGM_FI_DEV_GPU_UTIL", "GPU-3", GPU_I_ID="2", **AGENT),
-        {"__name__": "DCGM_FI_DEV_GPU_UTIL"},                            # no device: kept for the caller to report
+        {"__name__": "DCGM_FI_DEV_GPU_UTIL"},  # no device: kept for the caller to report
     ]
     kept, dropped = prefer_one_source(items, labels=lambda x: x)
     assert dropped == [items[0]]
@@ -45,5 +45,7 @@ def test_uuid_spellings_and_custom_order():
 
 def test_promql_form():
     q = promql_prefer_agent('X{source="gpu-auditor-agent"}', 'X{source!="gpu-auditor-agent"}', "sum", 299999)
-    assert q == ('sum_over_time(X{source="gpu-auditor-agent"}[299999ms]) or on(UUID, GPU_I_ID) '
-                 'sum_over_time(X{source!="gpu-auditor-agent"}[299999ms])')
+    assert q == (
+        'sum_over_time(X{source="gpu-auditor-agent"}[299999ms]) or on(UUID, GPU_I_ID) '
+        'sum_over_time(X{source!="gpu-auditor-agent"}[299999ms])'
+    )

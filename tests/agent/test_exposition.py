@@ -19,8 +19,15 @@ from auditor.traces import load_trace
 
 GPU0 = Device(0, "GPU-aaaaaaaa-0000-0000-0000-000000000000", "NVIDIA H200", "00000000:19:00.0")
 GPU1 = Device(1, "GPU-bbbbbbbb-0000-0000-0000-000000000000", "NVIDIA H200", "00000000:3B:00.0")
-MIG = Device(2, "GPU-cccccccc-0000-0000-0000-000000000000", "NVIDIA H200", "00000000:4C:00.0",
-             gi_id="3", gi_profile="1g.18gb", mig_uuid="MIG-11111111-2222-3333-4444-555555555555")
+MIG = Device(
+    2,
+    "GPU-cccccccc-0000-0000-0000-000000000000",
+    "NVIDIA H200",
+    "00000000:4C:00.0",
+    gi_id="3",
+    gi_profile="1g.18gb",
+    mig_uuid="MIG-11111111-2222-3333-4444-555555555555",
+)
 POD = PodRef("ml", "train-0", "main")
 
 
@@ -47,13 +54,21 @@ def test_every_exported_name_is_one_the_audit_reads_or_a_known_dcgm_field():
     audit_read = {n for n in AUDIT_NAMES}
     for f in FIELDS:
         assert f.name.startswith("DCGM_FI_")
-    assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-            "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY"} <= audit_read & {f.name for f in FIELDS}
+    assert {
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+    } <= audit_read & {f.name for f in FIELDS}
 
 
 def test_labels_units_and_mean_over_the_scrape_interval():
     rows = {
-        GPU0.key: [{"DCGM_FI_DEV_GPU_UTIL": 100.0, "DCGM_FI_PROF_SM_ACTIVE": 0.01}, {"DCGM_FI_DEV_GPU_UTIL": 100.0, "DCGM_FI_PROF_SM_ACTIVE": 0.03}],
+        GPU0.key: [
+            {"DCGM_FI_DEV_GPU_UTIL": 100.0, "DCGM_FI_PROF_SM_ACTIVE": 0.01},
+            {"DCGM_FI_DEV_GPU_UTIL": 100.0, "DCGM_FI_PROF_SM_ACTIVE": 0.03},
+        ],
         GPU1.key: [{"DCGM_FI_DEV_GPU_UTIL": 0.0, "DCGM_FI_PROF_SM_ACTIVE": 0.0}],
     }
     from auditor.agent.podresources import Allocation
@@ -70,8 +85,16 @@ def test_labels_units_and_mean_over_the_scrape_interval():
     # mean of 0.01, 0.03, 0.01, 0.03: not the last point
     assert sm[GPU0.uuid][2] == pytest.approx(0.02)
     assert sm[GPU0.uuid][1] == {
-        "gpu": "0", "UUID": GPU0.uuid, "pci_bus_id": GPU0.pci_bus_id, "device": "nvidia0", "modelName": "NVIDIA H200",
-        "Hostname": "gpu-node-1", "container": "main", "namespace": "ml", "pod": "train-0", "source": "gpu-auditor-agent",
+        "gpu": "0",
+        "UUID": GPU0.uuid,
+        "pci_bus_id": GPU0.pci_bus_id,
+        "device": "nvidia0",
+        "modelName": "NVIDIA H200",
+        "Hostname": "gpu-node-1",
+        "container": "main",
+        "namespace": "ml",
+        "pod": "train-0",
+        "source": "gpu-auditor-agent",
     }
     # a GPU no pod holds: no pod labels at all (not pod="")
     assert not {"pod", "namespace", "container"} & set(sm[GPU1.uuid][1])
@@ -85,10 +108,14 @@ def test_labels_units_and_mean_over_the_scrape_interval():
     clock.t += 1
     agent.tick()  # row index 4 → 0.01
     series = _series(agent.render("prom-a")[0].decode())
-    assert [s[2] for s in series if s[0] == "DCGM_FI_PROF_SM_ACTIVE" and s[1]["UUID"] == GPU0.uuid] == [pytest.approx(0.01)]
+    assert [s[2] for s in series if s[0] == "DCGM_FI_PROF_SM_ACTIVE" and s[1]["UUID"] == GPU0.uuid] == [
+        pytest.approx(0.01)
+    ]
     # another scraper (a second Prometheus replica) gets its own complete window
     series = _series(agent.render("prom-b")[0].decode())
-    assert [s[2] for s in series if s[0] == "DCGM_FI_PROF_SM_ACTIVE" and s[1]["UUID"] == GPU0.uuid] == [pytest.approx(0.018)]
+    assert [s[2] for s in series if s[0] == "DCGM_FI_PROF_SM_ACTIVE" and s[1]["UUID"] == GPU0.uuid] == [
+        pytest.approx(0.018)
+    ]
 
 
 def test_profiling_series_are_absent_without_profiling_never_zero():
@@ -99,21 +126,30 @@ def test_profiling_series_are_absent_without_profiling_never_zero():
     names = {s[0] for s in _series(agent.render("p")[0].decode())}
     assert "DCGM_FI_DEV_GPU_UTIL" in names and "DCGM_FI_DEV_POWER_USAGE" in names
     assert not names & PROFILING
-    assert not any(s[0].startswith("DCGM_") and s[1]["UUID"] == GPU1.uuid for s in _series(agent.render("q")[0].decode()))
+    assert not any(
+        s[0].startswith("DCGM_") and s[1]["UUID"] == GPU1.uuid for s in _series(agent.render("q")[0].decode())
+    )
 
 
 def test_mig_instances_carry_gpu_instance_labels_and_parent_identity():
     from auditor.agent.podresources import Allocation
 
     rows = {MIG.key: [{"DCGM_FI_PROF_SM_ACTIVE": 0.5, "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.6}]}
-    agent, clock = _agent(rows, devices=(MIG,), owners=[Allocation("ml", "small", "c", "nvidia.com/mig-1g.18gb", (MIG.mig_uuid,))])
+    agent, clock = _agent(
+        rows, devices=(MIG,), owners=[Allocation("ml", "small", "c", "nvidia.com/mig-1g.18gb", (MIG.mig_uuid,))]
+    )
     agent.refresh_owners()
     clock.t += 1
     agent.tick()
     sm = [s for s in _series(agent.render("p")[0].decode()) if s[0] == "DCGM_FI_PROF_SM_ACTIVE"]
     assert len(sm) == 1
     labels = sm[0][1]
-    assert labels["UUID"] == MIG.uuid and labels["gpu"] == "2" and labels["GPU_I_ID"] == "3" and labels["GPU_I_PROFILE"] == "1g.18gb"
+    assert (
+        labels["UUID"] == MIG.uuid
+        and labels["gpu"] == "2"
+        and labels["GPU_I_ID"] == "3"
+        and labels["GPU_I_PROFILE"] == "1g.18gb"
+    )
     assert labels["pod"] == "small"
 
 
@@ -166,7 +202,9 @@ def test_http_server_serves_metrics_and_health():
         while agent.samples < 3 and time.time() < deadline:
             time.sleep(0.05)
         assert urllib.request.urlopen(f"http://{host}:{port}/healthz", timeout=5).status == 200
-        req = urllib.request.Request(f"http://{host}:{port}/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        req = urllib.request.Request(
+            f"http://{host}:{port}/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+        )
         resp = urllib.request.urlopen(req, timeout=5)
         assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
         assert b"DCGM_FI_DEV_GPU_UTIL{" in resp.read()
@@ -176,7 +214,9 @@ def test_http_server_serves_metrics_and_health():
         agent.stop()
 
 
-@pytest.mark.parametrize("value,expected", [("0.0.0.0:9400", ("0.0.0.0", 9400)), (":9400", ("0.0.0.0", 9400)), ("[::1]:80", ("::1", 80))])
+@pytest.mark.parametrize(
+    "value,expected", [("0.0.0.0:9400", ("0.0.0.0", 9400)), (":9400", ("0.0.0.0", 9400)), ("[::1]:80", ("::1", 80))]
+)
 def test_parse_listen(value, expected):
     assert parse_listen(value) == expected
 

@@ -7,8 +7,22 @@ import subprocess
 import sys
 import textwrap
 
-BLOCKED = ("sqlmodel", "sqlalchemy", "kubernetes", "requests", "prometheus_api_client", "alembic", "apscheduler",
-           "psycopg", "yaml", "jinja2", "matplotlib", "platformdirs", "pandas", "numpy")
+BLOCKED = (
+    "sqlmodel",
+    "sqlalchemy",
+    "kubernetes",
+    "requests",
+    "prometheus_api_client",
+    "alembic",
+    "apscheduler",
+    "psycopg",
+    "yaml",
+    "jinja2",
+    "matplotlib",
+    "platformdirs",
+    "pandas",
+    "numpy",
+)
 
 SCRIPT = textwrap.dedent(
     """

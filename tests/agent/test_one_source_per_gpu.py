@@ -44,9 +44,24 @@ def test_agent_series_win_over_dcgm_exporter_for_the_same_gpu(prometheus, capsys
     body = lambda text: text.replace("# EOF\n", "").rstrip("\n")  # noqa: E731
     prometheus.backfill(body(exporter) + "\n" + body(agent) + "\n# EOF\n")
 
-    rc = main(["audit", "--prometheus", prometheus.url, "--no-kube", "--match", f"case={case}",
-               "--start", (end - DURATION - timedelta(minutes=5)).isoformat(), "--end", end.isoformat(),
-               "--db", "sqlite://", "--output", "json"])
+    rc = main(
+        [
+            "audit",
+            "--prometheus",
+            prometheus.url,
+            "--no-kube",
+            "--match",
+            f"case={case}",
+            "--start",
+            (end - DURATION - timedelta(minutes=5)).isoformat(),
+            "--end",
+            end.isoformat(),
+            "--db",
+            "sqlite://",
+            "--output",
+            "json",
+        ]
+    )
     out = capsys.readouterr()
     assert rc == 0, out.err
     (job,) = json.loads(out.out)

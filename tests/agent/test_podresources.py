@@ -13,10 +13,24 @@ from auditor.errors import SourceUnavailable
 
 GPU0 = Device(0, "GPU-aaaaaaaa-0000-0000-0000-000000000000", "NVIDIA H200", "00000000:19:00.0")
 GPU1 = Device(1, "GPU-bbbbbbbb-0000-0000-0000-000000000000", "NVIDIA H200", "00000000:3B:00.0")
-MIG_A = Device(2, "GPU-cccccccc-0000-0000-0000-000000000000", "NVIDIA H200", "00000000:4C:00.0",
-               gi_id="3", gi_profile="1g.18gb", mig_uuid="MIG-11111111-2222-3333-4444-555555555555")
-MIG_B = Device(2, "GPU-cccccccc-0000-0000-0000-000000000000", "NVIDIA H200", "00000000:4C:00.0",
-               gi_id="5", gi_profile="3g.71gb", mig_uuid="MIG-66666666-2222-3333-4444-555555555555")
+MIG_A = Device(
+    2,
+    "GPU-cccccccc-0000-0000-0000-000000000000",
+    "NVIDIA H200",
+    "00000000:4C:00.0",
+    gi_id="3",
+    gi_profile="1g.18gb",
+    mig_uuid="MIG-11111111-2222-3333-4444-555555555555",
+)
+MIG_B = Device(
+    2,
+    "GPU-cccccccc-0000-0000-0000-000000000000",
+    "NVIDIA H200",
+    "00000000:4C:00.0",
+    gi_id="5",
+    gi_profile="3g.71gb",
+    mig_uuid="MIG-66666666-2222-3333-4444-555555555555",
+)
 GPU3 = Device(3, "GPU-dddddddd-0000-0000-0000-000000000000", "NVIDIA H200", "00000000:5D:00.0")
 DEVICES = [GPU0, GPU1, MIG_A, MIG_B, GPU3]
 
@@ -24,12 +38,22 @@ DEVICES = [GPU0, GPU1, MIG_A, MIG_B, GPU3]
 def test_our_messages_match_the_kubelet_proto_on_the_wire(kubelet_api):
     """Bytes from the kubelet's generated classes parse with ours, and ours parse with theirs."""
     pb = kubelet_api.pb2
-    theirs = pb.ListPodResourcesResponse(pod_resources=[
-        pb.PodResources(name="p", namespace="ns", containers=[pb.ContainerResources(
-            name="c", cpu_ids=[1], devices=[pb.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=["GPU-x", "GPU-y"])],
-            dynamic_resources=[pb.DynamicResource(claim_name="claim")],
-        )]),
-    ])
+    theirs = pb.ListPodResourcesResponse(
+        pod_resources=[
+            pb.PodResources(
+                name="p",
+                namespace="ns",
+                containers=[
+                    pb.ContainerResources(
+                        name="c",
+                        cpu_ids=[1],
+                        devices=[pb.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=["GPU-x", "GPU-y"])],
+                        dynamic_resources=[pb.DynamicResource(claim_name="claim")],
+                    )
+                ],
+            ),
+        ]
+    )
     request_cls, response_cls = messages()
     ours = response_cls.FromString(theirs.SerializeToString())
     assert [(a.namespace, a.pod, a.container, a.resource, a.device_ids) for a in _allocs(ours)] == [
@@ -98,9 +122,13 @@ def test_agent_keeps_the_last_answer_then_drops_stale_owners(kubelet):
     """A kubelet restart keeps labels for stale_after seconds; after that GPUs go unattributed, never misattributed."""
     kubelet.set_pods(("team-a", "train-0", "main", "nvidia.com/gpu", [GPU0.uuid]))
     now = [1000.0]
-    sampler = RecordedSampler([GPU0, GPU1], {GPU0.key: [{"DCGM_FI_DEV_GPU_UTIL": 100.0}], GPU1.key: [{"DCGM_FI_DEV_GPU_UTIL": 0.0}]})
+    sampler = RecordedSampler(
+        [GPU0, GPU1], {GPU0.key: [{"DCGM_FI_DEV_GPU_UTIL": 100.0}], GPU1.key: [{"DCGM_FI_DEV_GPU_UTIL": 0.0}]}
+    )
     client = PodResourcesClient(kubelet.socket_path, timeout=2)
-    agent = Agent(sampler, node_name="n1", pod_resources=client, stale_after=30, first_window=3600, clock=lambda: now[0])
+    agent = Agent(
+        sampler, node_name="n1", pod_resources=client, stale_after=30, first_window=3600, clock=lambda: now[0]
+    )
     agent.refresh_owners()
     agent.tick()
     kubelet.stop()

@@ -74,11 +74,20 @@ def scraping_prometheus():
             f"    static_configs:\n      - targets: ['{target}']\n"
         )
         log = open(d / "prometheus.log", "wb")
-        procs.append(subprocess.Popen(
-            [_prometheus_binary(), f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1d"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [
+                    _prometheus_binary(),
+                    f"--config.file={d / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={d / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--storage.tsdb.retention.time=1d",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         url = f"http://127.0.0.1:{port}"
         deadline = time.time() + 60
         while time.time() < deadline:
@@ -105,14 +114,18 @@ def scraping_prometheus():
         shutil.rmtree(d, ignore_errors=True)
 
 
-def test_real_prometheus_scrapes_the_agent_and_the_audit_gets_the_verdicts(kubelet, scraping_prometheus, tmp_path, capsys):
+def test_real_prometheus_scrapes_the_agent_and_the_audit_gets_the_verdicts(
+    kubelet, scraping_prometheus, tmp_path, capsys
+):
     trace = load_trace("h200-microbench")
     devices = [Device(i, fake_uuid(NODE, i), "NVIDIA H200", f"00000000:{0x19 + i:02X}:00.0") for i in WORKLOADS]
     sampler = RecordedSampler(devices, {d.key: trace_rows(trace, WORKLOADS[d.index][0]) for d in devices})
-    kubelet.set_pods(*[
-        ("bench", pod, "main", "nvidia.com/gpu", [devices[i].uuid]) for i, (_, pod, _) in WORKLOADS.items() if pod
-    ])
-    agent = Agent(sampler, node_name=NODE, interval=1.0, pod_resources=PodResourcesClient(kubelet.socket_path), refresh=2.0)
+    kubelet.set_pods(
+        *[("bench", pod, "main", "nvidia.com/gpu", [devices[i].uuid]) for i, (_, pod, _) in WORKLOADS.items() if pod]
+    )
+    agent = Agent(
+        sampler, node_name=NODE, interval=1.0, pod_resources=PodResourcesClient(kubelet.socket_path), refresh=2.0
+    )
     agent.start()
     try:
         host, port = agent.serve("127.0.0.1", 0)
@@ -123,18 +136,36 @@ def test_real_prometheus_scrapes_the_agent_and_the_audit_gets_the_verdicts(kubel
         time.sleep(max(0.0, end + 2 - time.time()))
 
         # what Prometheus stored: the agent's series, with the source label; the pod-less GPU has no pod label
-        q = urllib.parse.quote('count by (pod, source) (DCGM_FI_PROF_SM_ACTIVE)')
-        got = {(r["metric"].get("pod"), r["metric"].get("source")) for r in _get(f"{url}/api/v1/query?query={q}")["data"]["result"]}
+        q = urllib.parse.quote("count by (pod, source) (DCGM_FI_PROF_SM_ACTIVE)")
+        got = {
+            (r["metric"].get("pod"), r["metric"].get("source"))
+            for r in _get(f"{url}/api/v1/query?query={q}")["data"]["result"]
+        }
         assert got == {(pod, "gpu-auditor-agent") for _, pod, _ in WORKLOADS.values()}
         up = _get(f"{url}/api/v1/query?query=up")["data"]["result"]
         assert [r["value"][1] for r in up] == ["1"]
 
         iso = lambda t: datetime.fromtimestamp(t, timezone.utc).isoformat()  # noqa: E731
-        rc = main([
-            "audit", "--prometheus", url, "--no-kube", "--match", "source=gpu-auditor-agent",
-            "--start", iso(start), "--end", iso(end), "--bucket", f"{BUCKET}s",
-            "--db", f"sqlite:///{tmp_path}/audit.db", "--output", "json",
-        ])
+        rc = main(
+            [
+                "audit",
+                "--prometheus",
+                url,
+                "--no-kube",
+                "--match",
+                "source=gpu-auditor-agent",
+                "--start",
+                iso(start),
+                "--end",
+                iso(end),
+                "--bucket",
+                f"{BUCKET}s",
+                "--db",
+                f"sqlite:///{tmp_path}/audit.db",
+                "--output",
+                "json",
+            ]
+        )
         out = capsys.readouterr()
         assert rc == 0, out.err
         summaries = {s["job"]: s for s in json.loads(out.out)}
@@ -152,7 +183,11 @@ def test_real_prometheus_scrapes_the_agent_and_the_audit_gets_the_verdicts(kubel
         assert s["namespace"] == "bench"
         assert s["coverage"] >= 0.9, (job, s["coverage"])
         assert s["gpu_util"] == pytest.approx(means[Metric.GPU_UTIL], abs=0.03), job
-        for key, metric in (("sm_active", Metric.SM_ACTIVE), ("tensor_active", Metric.TENSOR_ACTIVE), ("dram_active", Metric.DRAM_ACTIVE)):
+        for key, metric in (
+            ("sm_active", Metric.SM_ACTIVE),
+            ("tensor_active", Metric.TENSOR_ACTIVE),
+            ("dram_active", Metric.DRAM_ACTIVE),
+        ):
             assert s[key] == pytest.approx(means[metric], abs=0.03), (job, key, s[key], means[metric])
     assert not wrong, wrong
     assert summaries["Pod/one-sm-spin"]["gpu_util"] >= 0.95 and summaries["Pod/one-sm-spin"]["sm_active"] <= 0.02

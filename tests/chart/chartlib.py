@@ -68,10 +68,18 @@ class Chart:
             args += ["--set", s]
         return args
 
-    def template_text(self, *, namespace: str = "gpu-auditor", release: str = "ga",
-                      values: Iterable[Path | str] = (), sets: Iterable[str] = (), check: bool = True) -> Result:
-        return self.helm("template", release, str(CHART), "--namespace", namespace,
-                         *self.value_args(values, sets), check=check)
+    def template_text(
+        self,
+        *,
+        namespace: str = "gpu-auditor",
+        release: str = "ga",
+        values: Iterable[Path | str] = (),
+        sets: Iterable[str] = (),
+        check: bool = True,
+    ) -> Result:
+        return self.helm(
+            "template", release, str(CHART), "--namespace", namespace, *self.value_args(values, sets), check=check
+        )
 
     def render(self, **kw: Any) -> list[dict]:
         """The rendered objects (empty documents dropped)."""
@@ -83,7 +91,9 @@ def find(objs: list[dict], kind: str, name: str | None = None) -> list[dict]:
 
 
 def pod_specs(objs: list[dict]) -> list[dict]:
-    return [o["spec"]["template"]["spec"] for o in objs if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet", "Job")]
+    return [
+        o["spec"]["template"]["spec"] for o in objs if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet", "Job")
+    ]
 
 
 def drop_release(chart: Chart, namespace: str, release: str) -> None:
@@ -93,7 +103,9 @@ def drop_release(chart: Chart, namespace: str, release: str) -> None:
     chart.helm("uninstall", release, "-n", namespace, "--ignore-not-found", check=False)
     pvcs = chart.kubectl("get", "pvc", "-n", namespace, "-o", "name", check=False).out.split()
     for pvc in pvcs:
-        chart.kubectl("patch", pvc, "-n", namespace, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False)
+        chart.kubectl(
+            "patch", pvc, "-n", namespace, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False
+        )
         chart.kubectl("delete", pvc, "-n", namespace, "--wait=false", check=False)
 
 
@@ -104,8 +116,12 @@ class ServiceAccount:
         self.chart, self.namespace, self.api_client = chart, namespace, api_client
         self.user = f"system:serviceaccount:{namespace}:{name}"
         self.groups = ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"]
-        self.as_args = [f"--as=system:serviceaccount:{namespace}:{name}", "--as-group=system:serviceaccounts",
-                        f"--as-group=system:serviceaccounts:{namespace}", "--as-group=system:authenticated"]
+        self.as_args = [
+            f"--as=system:serviceaccount:{namespace}:{name}",
+            "--as-group=system:serviceaccounts",
+            f"--as-group=system:serviceaccounts:{namespace}",
+            "--as-group=system:authenticated",
+        ]
 
     def can(self, *args: str) -> bool:
         res = self.chart.kubectl("auth", "can-i", *args, *self.as_args, check=False)
@@ -117,9 +133,13 @@ class ServiceAccount:
         auth can-i needs discovery to know a resource, the authorizer does not."""
         from kubernetes import client
 
-        review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
-            user=self.user, groups=self.groups,
-            resource_attributes=client.V1ResourceAttributes(verb=verb, group=group, resource=resource)))
+        review = client.V1SubjectAccessReview(
+            spec=client.V1SubjectAccessReviewSpec(
+                user=self.user,
+                groups=self.groups,
+                resource_attributes=client.V1ResourceAttributes(verb=verb, group=group, resource=resource),
+            )
+        )
         return client.AuthorizationV1Api(self.api_client).create_subject_access_review(review).status.allowed
 
     def run(self, *args: str, input: str | None = None, ok: bool = True) -> str:
@@ -127,5 +147,7 @@ class ServiceAccount:
         if ok:
             assert res.rc == 0, f"kubectl {' '.join(args)} as the ServiceAccount: {res.err}"
         else:
-            assert res.rc != 0 and "forbidden" in res.err.lower(), f"kubectl {' '.join(args)} should be Forbidden: {res.err or res.out}"
+            assert res.rc != 0 and "forbidden" in res.err.lower(), (
+                f"kubectl {' '.join(args)} should be Forbidden: {res.err or res.out}"
+            )
         return res.out

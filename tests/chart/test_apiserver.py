@@ -20,8 +20,12 @@ pytestmark = pytest.mark.testbed
 FULL_SECRETS = {
     "gpu-auditor-db": {"url": "postgresql://auditor:pw@db.example:5432/auditor"},
     "gpu-auditor-prometheus": {"token": "t0ken"},
-    "gpu-auditor-alerts": {"slack-url": "https://hooks.slack.example/x", "webhook-url": "https://hook.example/",
-                           "webhook-hmac": "k", "ml-infra-slack-url": "https://hooks.slack.example/y"},
+    "gpu-auditor-alerts": {
+        "slack-url": "https://hooks.slack.example/x",
+        "webhook-url": "https://hook.example/",
+        "webhook-hmac": "k",
+        "ml-infra-slack-url": "https://hooks.slack.example/y",
+    },
 }
 
 
@@ -36,7 +40,7 @@ def release_objects(chart: Chart, namespace: str, release: str) -> dict[str, lis
     sel = f"app.kubernetes.io/instance={release}"
     kinds = {
         "ns": "deployments,daemonsets,services,serviceaccounts,configmaps,persistentvolumeclaims,roles,rolebindings,"
-              "networkpolicies,poddisruptionbudgets,servicemonitors.monitoring.coreos.com,prometheusrules.monitoring.coreos.com",
+        "networkpolicies,poddisruptionbudgets,servicemonitors.monitoring.coreos.com,prometheusrules.monitoring.coreos.com",
         "cluster": "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings",
     }
     found: dict[str, list[str]] = {}
@@ -67,8 +71,11 @@ def test_install_creates_everything_and_uninstall_removes_it(chart: Chart, names
 
 def _install_and_uninstall(chart: Chart, namespace: str, release: str) -> None:
     chart.helm("install", release, str(CHART), "-n", namespace, "-f", str(FULL_VALUES), timeout=180)
-    rendered = [d for d in yaml.safe_load_all(chart.template_text(namespace=namespace, release=release,
-                                                                   values=[FULL_VALUES]).out) if d]
+    rendered = [
+        d
+        for d in yaml.safe_load_all(chart.template_text(namespace=namespace, release=release, values=[FULL_VALUES]).out)
+        if d
+    ]
     want: dict[str, list[str]] = {}
     for o in rendered:
         want.setdefault(o["kind"], []).append(o["metadata"]["name"])
@@ -117,8 +124,9 @@ def test_rbac_as_the_service_account(chart: Chart, namespace: str, kube_admin):
     other = f"{namespace}-w"  # a workload namespace
     client.CoreV1Api(kube_admin).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=other)))
     try:
-        chart.helm("install", release, str(CHART), "-n", namespace,
-                   "--set", "notifications.slack.webhookUrlSecret.name=slack")
+        chart.helm(
+            "install", release, str(CHART), "-n", namespace, "--set", "notifications.slack.webhookUrlSecret.name=slack"
+        )
         sa = ServiceAccount(chart, namespace, f"{release}-gpu-auditor", kube_admin)
         lease = f"{release}-gpu-auditor"
         chart.kubectl("create", "secret", "generic", "slack", "-n", namespace, "--from-literal=url=https://x")
@@ -129,14 +137,28 @@ def test_rbac_as_the_service_account(chart: Chart, namespace: str, kube_admin):
         chart.kubectl("apply", "-f", "-", input=WORKLOAD.format(ns=other))
 
         # Discovery, cluster-wide.
-        for verb, res in [("list", "pods"), ("watch", "pods"), ("list", "nodes"), ("list", "namespaces"),
-                          ("list", "jobs.batch"), ("list", "cronjobs.batch"), ("list", "replicasets.apps"),
-                          ("list", "deployments.apps"), ("list", "statefulsets.apps"), ("list", "pytorchjobs.kubeflow.org"),
-                          ("list", "trainjobs.trainer.kubeflow.org"), ("watch", "workloads.kueue.x-k8s.io"),
-                          ("list", "localqueues.kueue.x-k8s.io")]:
+        for verb, res in [
+            ("list", "pods"),
+            ("watch", "pods"),
+            ("list", "nodes"),
+            ("list", "namespaces"),
+            ("list", "jobs.batch"),
+            ("list", "cronjobs.batch"),
+            ("list", "replicasets.apps"),
+            ("list", "deployments.apps"),
+            ("list", "statefulsets.apps"),
+            ("list", "pytorchjobs.kubeflow.org"),
+            ("list", "trainjobs.trainer.kubeflow.org"),
+            ("watch", "workloads.kueue.x-k8s.io"),
+            ("list", "localqueues.kueue.x-k8s.io"),
+        ]:
             assert sa.can(verb, res, "-A"), (verb, res)
-        for group, res in [("ray.io", "rayjobs"), ("ray.io", "rayclusters"), ("jobset.x-k8s.io", "jobsets"),
-                           ("leaderworkerset.x-k8s.io", "leaderworkersets")]:
+        for group, res in [
+            ("ray.io", "rayjobs"),
+            ("ray.io", "rayclusters"),
+            ("jobset.x-k8s.io", "jobsets"),
+            ("leaderworkerset.x-k8s.io", "leaderworkersets"),
+        ]:
             assert sa.sar("watch", group, res) and sa.sar("patch", group, res), (group, res)
             assert not sa.sar("delete", group, res), (group, res)
         # Real calls through RBAC: discover, annotate, record an Event, hold the Lease.
@@ -144,18 +166,37 @@ def test_rbac_as_the_service_account(chart: Chart, namespace: str, kube_admin):
         sa.run("get", "workloads.kueue.x-k8s.io", "-A")
         sa.run("annotate", "pod", "gpu-pod", "-n", other, "gpu-auditor.io/verdict=low_sm_efficiency")
         sa.run("annotate", "job", "train", "-n", other, "gpu-auditor.io/verdict=low_sm_efficiency")
-        event = {"apiVersion": "events.k8s.io/v1", "kind": "Event",
-                 "metadata": {"name": "train.gpu-auditor", "namespace": other},
-                 "eventTime": "2026-11-30T09:00:00.000000Z", "reportingController": "gpu-auditor.io/operator",
-                 "reportingInstance": "gpu-auditor-0", "action": "Audit", "reason": "LowSmEfficiency", "type": "Warning",
-                 "note": "GPU busy, SMs idle", "regarding": {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "namespace": other}}
+        event = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {"name": "train.gpu-auditor", "namespace": other},
+            "eventTime": "2026-11-30T09:00:00.000000Z",
+            "reportingController": "gpu-auditor.io/operator",
+            "reportingInstance": "gpu-auditor-0",
+            "action": "Audit",
+            "reason": "LowSmEfficiency",
+            "type": "Warning",
+            "note": "GPU busy, SMs idle",
+            "regarding": {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "namespace": other},
+        }
         sa.run("create", "-f", "-", input=json.dumps(event))
-        core_event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "train.core", "namespace": other},
-                      "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "namespace": other},
-                      "reason": "LowSmEfficiency", "message": "m", "type": "Warning", "source": {"component": "gpu-auditor"}}
+        core_event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": "train.core", "namespace": other},
+            "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "namespace": other},
+            "reason": "LowSmEfficiency",
+            "message": "m",
+            "type": "Warning",
+            "source": {"component": "gpu-auditor"},
+        }
         sa.run("create", "-f", "-", input=json.dumps(core_event), ok=False)  # the operator writes events.k8s.io only
-        lease_obj = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": lease, "namespace": namespace},
-                     "spec": {"holderIdentity": "pod-a", "leaseDurationSeconds": 15}}
+        lease_obj = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": lease, "namespace": namespace},
+            "spec": {"holderIdentity": "pod-a", "leaseDurationSeconds": 15},
+        }
         sa.run("create", "-f", "-", input=json.dumps(lease_obj))
         got = json.loads(sa.run("get", "lease", lease, "-n", namespace, "-o", "json"))
         got["spec"]["holderIdentity"] = "pod-b"
@@ -173,12 +214,28 @@ def test_rbac_as_the_service_account(chart: Chart, namespace: str, kube_admin):
         assert not sa.can("patch", "workloads.kueue.x-k8s.io", "-A")
         assert not sa.can("update", "workloads.kueue.x-k8s.io", "-A")
         assert not sa.can("list", "clusterqueues.kueue.x-k8s.io")  # no code reads one
-        sa.run("patch", "workloads.kueue.x-k8s.io", "train-1", "-n", other, "--type=merge", "-p", '{"spec":{"active":false}}', ok=False)
+        sa.run(
+            "patch",
+            "workloads.kueue.x-k8s.io",
+            "train-1",
+            "-n",
+            other,
+            "--type=merge",
+            "-p",
+            '{"spec":{"active":false}}',
+            ok=False,
+        )
         assert not sa.can("update", "jobs.batch", "-A")
         assert not sa.can("create", "leases", "-n", other)
         assert not sa.can("update", "leases/someone-else", "-n", namespace)
-        for verb, res in [("create", "clusterrolebindings"), ("escalate", "clusterroles"), ("impersonate", "users"),
-                          ("create", "pods"), ("update", "nodes"), ("delete", "jobs.batch")]:
+        for verb, res in [
+            ("create", "clusterrolebindings"),
+            ("escalate", "clusterroles"),
+            ("impersonate", "users"),
+            ("create", "pods"),
+            ("update", "nodes"),
+            ("delete", "jobs.batch"),
+        ]:
             assert not sa.can(verb, res, "-A"), (verb, res)
 
         # Requeue enabled: the Workload patch (deactivate, then reactivate) and Job suspend now pass.
@@ -186,8 +243,26 @@ def test_rbac_as_the_service_account(chart: Chart, namespace: str, kube_admin):
         assert sa.can("patch", "workloads.kueue.x-k8s.io", "-A") and sa.can("patch", "jobs.batch", "-A")
         assert not sa.can("update", "jobs.batch", "-A") and not sa.can("update", "workloads.kueue.x-k8s.io", "-A")
         assert not sa.can("list", "workloadpriorityclasses.kueue.x-k8s.io")
-        sa.run("patch", "workloads.kueue.x-k8s.io", "train-1", "-n", other, "--type=merge", "-p", '{"spec":{"active":false}}')
-        sa.run("patch", "workloads.kueue.x-k8s.io", "train-1", "-n", other, "--type=merge", "-p", '{"spec":{"active":true}}')
+        sa.run(
+            "patch",
+            "workloads.kueue.x-k8s.io",
+            "train-1",
+            "-n",
+            other,
+            "--type=merge",
+            "-p",
+            '{"spec":{"active":false}}',
+        )
+        sa.run(
+            "patch",
+            "workloads.kueue.x-k8s.io",
+            "train-1",
+            "-n",
+            other,
+            "--type=merge",
+            "-p",
+            '{"spec":{"active":true}}',
+        )
         sa.run("patch", "job", "train", "-n", other, "--type=merge", "-p", '{"spec":{"suspend":true}}')
         # Still denied with requeue on.
         assert not sa.can("get", "secrets", "-A") and not sa.can("delete", "pods", "-A")

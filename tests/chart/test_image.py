@@ -31,7 +31,9 @@ DOCKERFILE = ROOT / "operator" / "Dockerfile"
 def dockerfile_extras() -> list[str]:
     """The extras the image installs: the `[...]` of the Dockerfile's one wheel install line."""
     found = re.findall(r"pip install [^\n]*gpu_auditor-\*\.whl\)?\"?\[([A-Za-z0-9_,-]+)\]", DOCKERFILE.read_text())
-    assert len(found) == 1, f"expected one `pip install ...gpu_auditor-*.whl[EXTRAS]` line in {DOCKERFILE}, found {found}"
+    assert len(found) == 1, (
+        f"expected one `pip install ...gpu_auditor-*.whl[EXTRAS]` line in {DOCKERFILE}, found {found}"
+    )
     return found[0].split(",")
 
 
@@ -48,8 +50,11 @@ def _python_for_nobody() -> str:
         real = os.path.realpath(cand)
         if not os.path.exists(real):
             continue
-        probe = subprocess.run(NOBODY + ["env", "-i", real, "-c", "import sys, venv; print(sys.version_info >= (3, 11))"],
-                               capture_output=True, text=True)
+        probe = subprocess.run(
+            NOBODY + ["env", "-i", real, "-c", "import sys, venv; print(sys.version_info >= (3, 11))"],
+            capture_output=True,
+            text=True,
+        )
         if probe.returncode == 0 and probe.stdout.strip() == "True":
             return real
     pytest.fail("no Python >= 3.11 with the venv module that user nobody can run (e.g. Debian's python3, python3-venv)")
@@ -69,7 +74,9 @@ def build_context(work: Path) -> Path:
                 else:
                     src.mkdir(exist_ok=True)
                     shutil.copy2(ROOT / name, src / name)
-    assert (src / "pyproject.toml").is_file() and (src / "auditor" / "testbed").is_dir(), sorted(p.name for p in src.iterdir())
+    assert (src / "pyproject.toml").is_file() and (src / "auditor" / "testbed").is_dir(), sorted(
+        p.name for p in src.iterdir()
+    )
     return src
 
 
@@ -81,7 +88,19 @@ def installed():
     try:
         work.chmod(0o755)
         wheels = work / "wheels"
-        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(wheels), str(build_context(work))])
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--quiet",
+                "--wheel-dir",
+                str(wheels),
+                str(build_context(work)),
+            ]
+        )
         (wheel,) = wheels.glob("gpu_auditor-*.whl")
         venv = work / "venv"
         _run([_python_for_nobody(), "-m", "venv", str(venv)])
@@ -104,10 +123,22 @@ def run_locked_down(venv: Path, *args: str) -> subprocess.CompletedProcess:
         f"mount -t tmpfs -o size=64m,mode=1777 tmpfs {scratch}; "
         f'exec "$@"'
     )
-    env = ["env", "-i", "PATH=/usr/bin:/bin", f"HOME={scratch}", f"TMPDIR={scratch}",
-           f"MPLCONFIGDIR={scratch}/matplotlib", f"XDG_CACHE_HOME={scratch}/.cache", "PYTHONDONTWRITEBYTECODE=1"]
-    return subprocess.run(["unshare", "--mount", "sh", "-c", script, "sh", *NOBODY, *env, *args],
-                          capture_output=True, text=True, timeout=120)
+    env = [
+        "env",
+        "-i",
+        "PATH=/usr/bin:/bin",
+        f"HOME={scratch}",
+        f"TMPDIR={scratch}",
+        f"MPLCONFIGDIR={scratch}/matplotlib",
+        f"XDG_CACHE_HOME={scratch}/.cache",
+        "PYTHONDONTWRITEBYTECODE=1",
+    ]
+    return subprocess.run(
+        ["unshare", "--mount", "sh", "-c", script, "sh", *NOBODY, *env, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_wheel_ships_the_permissions_file(installed):
@@ -123,13 +154,15 @@ def test_cli_runs_as_nobody_on_a_read_only_root(installed):
     res = run_locked_down(venv, str(venv / "bin" / "gpu-auditor"), "--help")
     assert res.returncode == 0, res.stderr
     assert "usage: gpu-auditor" in res.stdout
-    probe = ("import os, importlib.resources as r, operator, yaml, kubernetes, sqlmodel, psycopg, alembic, apscheduler, matplotlib;"
-             "assert os.geteuid() == 65534;"
-             "assert operator.__file__ is None or 'site-packages' not in operator.__file__;"
-             "yaml.safe_load(r.files('auditor').joinpath('permissions.yaml').read_text());"
-             "open(os.path.join(os.environ['TMPDIR'], 'ok'), 'w').write('x');"
-             "print('imports-ok', flush=True);"
-             "open('/etc/probe', 'w')")
+    probe = (
+        "import os, importlib.resources as r, operator, yaml, kubernetes, sqlmodel, psycopg, alembic, apscheduler, matplotlib;"
+        "assert os.geteuid() == 65534;"
+        "assert operator.__file__ is None or 'site-packages' not in operator.__file__;"
+        "yaml.safe_load(r.files('auditor').joinpath('permissions.yaml').read_text());"
+        "open(os.path.join(os.environ['TMPDIR'], 'ok'), 'w').write('x');"
+        "print('imports-ok', flush=True);"
+        "open('/etc/probe', 'w')"
+    )
     res = run_locked_down(venv, str(venv / "bin" / "python"), "-c", probe)
     assert "imports-ok" in res.stdout, "imports or scratch writes failed as nobody: " + res.stderr
     assert res.returncode != 0 and "Read-only file system: '/etc/probe'" in res.stderr, res.stderr
@@ -144,16 +177,29 @@ def test_wheel_leaves_out_the_test_bed(installed):
     assert "auditor/agent/__main__.py" in names
     # the image's environment alone: a PYTHONPATH naming a checkout would import the source tree
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    res = subprocess.run([str(venv / "bin" / "python"), "-c", "import auditor.testbed"], capture_output=True, text=True,
-                         cwd=venv.parent, env=clean)
+    res = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import auditor.testbed"],
+        capture_output=True,
+        text=True,
+        cwd=venv.parent,
+        env=clean,
+    )
     assert res.returncode != 0 and "No module named 'auditor.testbed'" in res.stderr, res.stderr
-    dev_only = subprocess.run([str(venv / "bin" / "python"), "-c", "import cryptography"], capture_output=True, text=True,
-                              cwd=venv.parent, env=clean)
+    dev_only = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import cryptography"],
+        capture_output=True,
+        text=True,
+        cwd=venv.parent,
+        env=clean,
+    )
     assert dev_only.returncode != 0, "a dev-only dependency (cryptography) reached the image's environment"
 
 
-@pytest.mark.parametrize("argv", [["gpu-auditor", "agent", "--help"], ["gpu-auditor", "run", "--help"],
-                                  ["python", "-m", "auditor.agent", "--help"]], ids=["agent", "run", "python-m-agent"])
+@pytest.mark.parametrize(
+    "argv",
+    [["gpu-auditor", "agent", "--help"], ["gpu-auditor", "run", "--help"], ["python", "-m", "auditor.agent", "--help"]],
+    ids=["agent", "run", "python-m-agent"],
+)
 def test_every_image_command_starts(installed, argv):
     """The commands the chart's Deployment and DaemonSet start, as the image would run them."""
     _, venv = installed
@@ -167,10 +213,12 @@ def test_node_agent_has_what_it_needs_at_start(installed):
     pynvml (NVML) once it starts; building the pod-resources client (no connection yet) and
     importing pynvml prove the `agent` extra is in the image."""
     _, venv = installed
-    probe = ("from auditor.agent.podresources import PodResourcesClient;"
-             "PodResourcesClient('/nonexistent/kubelet.sock').close();"
-             "import pynvml;"
-             "print('agent-deps-ok')")
+    probe = (
+        "from auditor.agent.podresources import PodResourcesClient;"
+        "PodResourcesClient('/nonexistent/kubelet.sock').close();"
+        "import pynvml;"
+        "print('agent-deps-ok')"
+    )
     res = run_locked_down(venv, str(venv / "bin" / "python"), "-c", probe)
     assert res.returncode == 0 and "agent-deps-ok" in res.stdout, res.stderr
 

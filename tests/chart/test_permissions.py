@@ -40,7 +40,15 @@ def test_package_data_ships_the_copy():
 def test_shape():
     perm = load()
     assert perm["kind"] == "Permissions"
-    assert set(perm["features"]) >= {"discovery", "annotate", "events", "leaderElection", "settings", "kueueRead", "requeue"}
+    assert set(perm["features"]) >= {
+        "discovery",
+        "annotate",
+        "events",
+        "leaderElection",
+        "settings",
+        "kueueRead",
+        "requeue",
+    }
     for name, f in perm["features"].items():
         assert f["scope"] in SCOPES, name
         assert f["enabledBy"] in ENABLED_BY, name

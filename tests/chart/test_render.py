@@ -29,18 +29,34 @@ def test_lint_is_clean(chart: Chart, values):
 def test_defaults_render(chart: Chart):
     objs = chart.render()
     kinds = sorted(o["kind"] for o in objs)
-    assert kinds == sorted([
-        "ClusterRole", "ClusterRoleBinding", "ConfigMap", "ConfigMap", "Deployment", "NetworkPolicy",
-        "PersistentVolumeClaim", "Role", "RoleBinding", "Service", "ServiceAccount",
-        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
-    ])
+    assert kinds == sorted(
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "ConfigMap",
+            "Deployment",
+            "NetworkPolicy",
+            "PersistentVolumeClaim",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ]
+    )
     (dep,) = find(objs, "Deployment")
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
     (c,) = dep["spec"]["template"]["spec"]["containers"]
     assert c["command"] == ["gpu-auditor"]
     assert c["args"] == ["run", "--config", "/etc/gpu-auditor/settings.yaml"]
     assert {m["mountPath"] for m in c["volumeMounts"]} == {
-        "/etc/gpu-auditor/settings.yaml", "/etc/gpu-auditor/policies", "/tmp", "/var/lib/gpu-auditor"}
+        "/etc/gpu-auditor/settings.yaml",
+        "/etc/gpu-auditor/policies",
+        "/tmp",
+        "/var/lib/gpu-auditor",
+    }
     (pvc,) = find(objs, "PersistentVolumeClaim")
     assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
     assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
@@ -48,23 +64,40 @@ def test_defaults_render(chart: Chart):
 
 def test_full_values_render_every_feature(chart: Chart):
     objs = chart.render(values=[FULL_VALUES])
-    for kind in ("ServiceMonitor", "PrometheusRule", "DaemonSet", "Deployment", "ClusterRole", "Role", "PodDisruptionBudget"):
+    for kind in (
+        "ServiceMonitor",
+        "PrometheusRule",
+        "DaemonSet",
+        "Deployment",
+        "ClusterRole",
+        "Role",
+        "PodDisruptionBudget",
+    ):
         assert find(objs, kind), kind
     assert not find(objs, "PersistentVolumeClaim")
     cms = {o["metadata"]["name"] for o in find(objs, "ConfigMap")}
-    assert cms == {"ga-gpu-auditor-settings", "ga-gpu-auditor-policies", "ga-gpu-auditor-dashboard", "ga-gpu-auditor-dcgm-counters"}
+    assert cms == {
+        "ga-gpu-auditor-settings",
+        "ga-gpu-auditor-policies",
+        "ga-gpu-auditor-dashboard",
+        "ga-gpu-auditor-dcgm-counters",
+    }
     (dep,) = find(objs, "Deployment")
     assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
     (c,) = dep["spec"]["template"]["spec"]["containers"]
     assert c["image"].startswith("registry.example.com/gpu-auditor@sha256:")
-    secret_env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})}
+    secret_env = {
+        e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})
+    }
     assert secret_env["GPU_AUDITOR_DATABASE_URL"] == {"name": "gpu-auditor-db", "key": "url"}
     assert secret_env["GPU_AUDITOR_PROMETHEUS_TOKEN"] == {"name": "gpu-auditor-prometheus", "key": "token"}
     assert secret_env["GPU_AUDITOR_SLACK_WEBHOOK_URL"]["key"] == "slack-url"
     assert secret_env["GPU_AUDITOR_ROUTE_ML_INFRA_SLACK_WEBHOOK_URL"]["key"] == "ml-infra-slack-url"
     (ds,) = find(objs, "DaemonSet")
     vol = next(v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "pod-resources")
-    mount = next(m for m in ds["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] if m["name"] == "pod-resources")
+    mount = next(
+        m for m in ds["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] if m["name"] == "pod-resources"
+    )
     assert vol["hostPath"]["path"] == "/var/lib/kubelet/pod-resources" and mount["readOnly"] is True
     assert ds["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     # Prometheus finds the agents through a headless Service and keeps the pod labels they set.
@@ -75,7 +108,9 @@ def test_full_values_render_every_feature(chart: Chart):
     assert agent_svc["spec"]["clusterIP"] == "None"
     pod_labels = ds["spec"]["template"]["metadata"]["labels"]
     assert all(pod_labels.get(k) == v for k, v in agent_svc["spec"]["selector"].items())
-    assert all(agent_svc["metadata"]["labels"].get(k) == v for k, v in agent_sm["spec"]["selector"]["matchLabels"].items())
+    assert all(
+        agent_svc["metadata"]["labels"].get(k) == v for k, v in agent_sm["spec"]["selector"]["matchLabels"].items()
+    )
 
 
 def test_settings_file(chart: Chart):
@@ -143,10 +178,14 @@ def test_rbac_follows_features(chart: Chart):
     for objs in (off, on):
         cluster = rules_of(objs, "ClusterRole")
         assert not grants(cluster, "", "events", "create") and not grants(cluster, "events.k8s.io", "events", "patch")
-        assert not grants(cluster, "kueue.x-k8s.io", "workloads", "update") and not grants(cluster, "batch", "jobs", "update")
+        assert not grants(cluster, "kueue.x-k8s.io", "workloads", "update") and not grants(
+            cluster, "batch", "jobs", "update"
+        )
         assert not any("workloadpriorityclasses" in r["resources"] for r in cluster)
     # Features switched off grant nothing.
-    bare = rules_of(chart.render(sets=["features.annotate=false", "features.events=false", "features.kueue=false"]), "ClusterRole")
+    bare = rules_of(
+        chart.render(sets=["features.annotate=false", "features.events=false", "features.kueue=false"]), "ClusterRole"
+    )
     assert not any(v in r["verbs"] for r in bare for v in ("patch", "create", "update"))
     assert not any("kueue.x-k8s.io" in r["apiGroups"] for r in bare)
 
@@ -155,8 +194,9 @@ def test_secret_access_is_limited_to_referenced_secrets(chart: Chart):
     (rule,) = [r for r in rules_of(chart.render(values=[FULL_VALUES]), "Role") if "secrets" in r["resources"]]
     assert rule["verbs"] == ["get"]
     assert rule["resourceNames"] == ["gpu-auditor-alerts", "gpu-auditor-db", "gpu-auditor-prometheus"]
-    assert not [r for r in rules_of(chart.render(), "Role") if "secrets" in r["resources"]], \
+    assert not [r for r in rules_of(chart.render(), "Role") if "secrets" in r["resources"]], (
         "no Secret referenced: no Secret access at all (an empty resourceNames would mean all)"
+    )
 
 
 def test_replicas(chart: Chart):
@@ -174,7 +214,10 @@ def test_replicas(chart: Chart):
         (["store.type=mysql"], "value must be one of 'sqlite', 'postgresql'"),
         (["audit.interval=5 minutes"], "'5 minutes' does not match pattern"),
         (["prometheus.url=prometheus:9090"], "at '/prometheus/url'"),
-        (["securityContext.readOnlyRootFilesystem=false"], "at '/securityContext/readOnlyRootFilesystem': value must be true"),
+        (
+            ["securityContext.readOnlyRootFilesystem=false"],
+            "at '/securityContext/readOnlyRootFilesystem': value must be true",
+        ),
         (["podSecurityContext.runAsNonRoot=false"], "at '/podSecurityContext/runAsNonRoot'"),
         (["prometheusRule.alerts.minCoverage=1.5"], "at '/prometheusRule/alerts/minCoverage'"),
         (["nodeAgent.capabilitiesAdd={NET_ADMIN}"], "at '/nodeAgent/capabilitiesAdd/0'"),

@@ -27,8 +27,13 @@ GPU = 'container="c", modelName="NVIDIA H200", Hostname="node-1"'
 
 
 def rule_groups(chart: Chart, convention: str, scrape: str = "15s") -> dict:
-    objs = chart.render(sets=["prometheusRule.enabled=true", f"prometheusRule.labelConvention={convention}",
-                              f"prometheusRule.scrapeInterval={scrape}"])
+    objs = chart.render(
+        sets=[
+            "prometheusRule.enabled=true",
+            f"prometheusRule.labelConvention={convention}",
+            f"prometheusRule.scrapeInterval={scrape}",
+        ]
+    )
     (rule,) = find(objs, "PrometheusRule")
     return {"groups": rule["spec"]["groups"]}
 
@@ -37,9 +42,11 @@ def series(convention: str, metric: str, ns: str, pod: str, uuid: str) -> str:
     if convention == "pod":
         return f'{metric}{{namespace="{ns}", pod="{pod}", UUID="{uuid}", {GPU}}}'
     # honorLabels false: the workload's labels are exported_*, pod/namespace name the exporter.
-    return (f'{metric}{{exported_namespace="{ns}", exported_pod="{pod}", exported_container="c", '
-            f'namespace="gpu-operator", pod="dcgm-exporter-x1", container="exporter", UUID="{uuid}", '
-            f'modelName="NVIDIA H200", Hostname="node-1"}}')
+    return (
+        f'{metric}{{exported_namespace="{ns}", exported_pod="{pod}", exported_container="c", '
+        f'namespace="gpu-operator", pod="dcgm-exporter-x1", container="exporter", UUID="{uuid}", '
+        f'modelName="NVIDIA H200", Hostname="node-1"}}'
+    )
 
 
 def test_promtool_check_rules(chart: Chart, testbed, tmp_path: Path):
@@ -63,21 +70,34 @@ def test_promtool_unit_tests(chart: Chart, testbed, tmp_path: Path, convention: 
     inputs = []
     for i, (pod, (util, sm)) in enumerate(pods.items()):
         uuid = f"GPU-{i}"
-        inputs.append({"series": series(convention, "DCGM_FI_DEV_GPU_UTIL", "team-a", pod, uuid), "values": f"{util}+0{n}"})
-        inputs.append({"series": series(convention, "DCGM_FI_PROF_SM_ACTIVE", "team-a", pod, uuid), "values": f"{sm}+0{n}"})
+        inputs.append(
+            {"series": series(convention, "DCGM_FI_DEV_GPU_UTIL", "team-a", pod, uuid), "values": f"{util}+0{n}"}
+        )
+        inputs.append(
+            {"series": series(convention, "DCGM_FI_PROF_SM_ACTIVE", "team-a", pod, uuid), "values": f"{sm}+0{n}"}
+        )
     # A GPU whose exporter has no profiling counters: GPU_UTIL only.
-    inputs.append({"series": series(convention, "DCGM_FI_DEV_GPU_UTIL", "team-b", "noprof", "GPU-9"), "values": f"90+0{n}"})
+    inputs.append(
+        {"series": series(convention, "DCGM_FI_DEV_GPU_UTIL", "team-b", "noprof", "GPU-9"), "values": f"90+0{n}"}
+    )
     # dcgm-exporter 4.9's names (GPU_UTIL a 0–1 ratio, clocks in Hz): read like the classic ones.
-    for name, v in (("DCGM_FI_DEV_GPU_UTIL_RATIO", "1"), ("DCGM_FI_PROF_SM_UTIL_RATIO", "0.25"),
-                    ("DCGM_FI_DEV_SM_CLOCK_HERTZ", "1980000000")):
+    for name, v in (
+        ("DCGM_FI_DEV_GPU_UTIL_RATIO", "1"),
+        ("DCGM_FI_PROF_SM_UTIL_RATIO", "0.25"),
+        ("DCGM_FI_DEV_SM_CLOCK_HERTZ", "1980000000"),
+    ):
         inputs.append({"series": series(convention, name, "team-d", "lowsm49", "GPU-7"), "values": f"{v}+0{n}"})
     # DCGM 4.6 names without a 4.9-only one: GPU_UTIL_RATIO may be a percent (4.6) or a ratio
     # (4.9), so it is not recorded; the profiling ratios are.
     for name, v in (("DCGM_FI_DEV_GPU_UTIL_RATIO", "80"), ("DCGM_FI_PROF_SM_UTIL_RATIO", "0.5")):
         inputs.append({"series": series(convention, name, "team-d", "ratio46", "GPU-6"), "values": f"{v}+0{n}"})
     # A garbage GPU_UTIL reading (DCGM #199) is clamped to 100 % before summing.
-    inputs.append({"series": series(convention, "DCGM_FI_DEV_GPU_UTIL", "team-c", "garbage", "GPU-8"),
-                   "values": "4294967295 " + " ".join(["50"] * 40)})
+    inputs.append(
+        {
+            "series": series(convention, "DCGM_FI_DEV_GPU_UTIL", "team-c", "garbage", "GPU-8"),
+            "values": "4294967295 " + " ".join(["50"] * 40),
+        }
+    )
     rec = 'namespace="team-a", pod="lowsm", container="c", UUID="GPU-0", modelName="NVIDIA H200"'
     rec49 = 'namespace="team-d", pod="lowsm49", container="c", UUID="GPU-7", modelName="NVIDIA H200"'
     rec46 = 'namespace="team-d", pod="ratio46", container="c", UUID="GPU-6", modelName="NVIDIA H200"'
@@ -86,61 +106,121 @@ def test_promtool_unit_tests(chart: Chart, testbed, tmp_path: Path, convention: 
         # promtool evaluates every group at evaluation_interval (it ignores a group's own
         # interval), so this must be the recording group's 5m or windows overlap.
         "evaluation_interval": "5m",
-        "tests": [{
-            "interval": "19s",
-            "input_series": inputs,
-            "promql_expr_test": [
-                # (5m, 10m] holds 16 samples (19 s apart) of 0.25: sum 4, count 16.
-                {"expr": "pod_gpu:dcgm_sm_active:count5m{pod=\"lowsm\"}", "eval_time": "10m",
-                 "exp_samples": [{"labels": f"pod_gpu:dcgm_sm_active:count5m{{{rec}}}", "value": 16}]},
-                {"expr": "pod_gpu:dcgm_sm_active:sum5m{pod=\"lowsm\"}", "eval_time": "10m",
-                 "exp_samples": [{"labels": f"pod_gpu:dcgm_sm_active:sum5m{{{rec}}}", "value": 4}]},
-                # GPU_UTIL (100 %) recorded as a ratio: mean 1.
-                {"expr": "pod_gpu:dcgm_gpu_util:sum5m{pod=\"lowsm\"} / pod_gpu:dcgm_gpu_util:count5m", "eval_time": "10m",
-                 "exp_samples": [{"labels": f"{{{rec}}}", "value": 1}]},
-                # 4.9 names: the same sums and counts as the classic names give.
-                {"expr": 'pod_gpu:dcgm_sm_active:sum5m{pod="lowsm49"} / pod_gpu:dcgm_sm_active:count5m', "eval_time": "10m",
-                 "exp_samples": [{"labels": f"{{{rec49}}}", "value": 0.25}]},
-                {"expr": 'pod_gpu:dcgm_gpu_util:sum5m{pod="lowsm49"} / pod_gpu:dcgm_gpu_util:count5m', "eval_time": "10m",
-                 "exp_samples": [{"labels": f"{{{rec49}}}", "value": 1}]},
-                # 4.6 names alone: SM activity recorded, GPU_UTIL_RATIO (unit unknown) not.
-                {"expr": 'pod_gpu:dcgm_sm_active:count5m{pod="ratio46"}', "eval_time": "10m",
-                 "exp_samples": [{"labels": f"pod_gpu:dcgm_sm_active:count5m{{{rec46}}}", "value": 16}]},
-                {"expr": 'pod_gpu:dcgm_gpu_util:count5m{pod="ratio46"}', "eval_time": "10m", "exp_samples": []},
-                # Long-window mean from sum and count: exact.
-                {"expr": 'sum_over_time(pod_gpu:dcgm_sm_active:sum5m{pod="healthy"}[1h]) / sum_over_time(pod_gpu:dcgm_sm_active:count5m{pod="healthy"}[1h])',
-                 "eval_time": "90m",
-                 "exp_samples": [{"labels": '{namespace="team-a", pod="healthy", container="c", UUID="GPU-1", modelName="NVIDIA H200"}', "value": 0.75}]},
-                # Garbage clamped: first 5 minutes (the reading at 0 in (−5m, 0]) = 1.0.
-                {"expr": 'pod_gpu:dcgm_gpu_util:sum5m{pod="garbage"}', "eval_time": "0m",
-                 "exp_samples": [{"labels": 'pod_gpu:dcgm_gpu_util:sum5m{namespace="team-c", pod="garbage", container="c", '
-                                            'UUID="GPU-8", modelName="NVIDIA H200"}', "value": 1}]},
-            ],
-            "alert_rule_test": [
-                {"eval_time": "70m", "alertname": "GpuAuditorLowSmEfficiency", "exp_alerts": [{
-                    "exp_labels": {"severity": "warning", "namespace": ns, "pod": pod},
-                    "exp_annotations": {
-                        "summary": f"GPU busy but SMs mostly idle: {ns}/{pod}",
-                        "description": "1 GPU(s) of this pod averaged GPU utilization above 0.8 but SM activity below 0.3 over 1h: "
-                                       "few thread blocks, a kernel on one SM, or collective waits. `gpu-auditor explain` shows the job's numbers.",
-                    }} for ns, pod in (("team-a", "lowsm"), ("team-d", "lowsm49"))]},
-                # Not yet: fewer than 80 % of the window's samples (coverage guard).
-                {"eval_time": "40m", "alertname": "GpuAuditorLowSmEfficiency", "exp_alerts": []},
-                {"eval_time": "100m", "alertname": "GpuAuditorIdleGpu", "exp_alerts": [{
-                    "exp_labels": {"severity": "warning", "namespace": "team-a", "pod": "idle"},
-                    "exp_annotations": {
-                        "summary": "GPUs allocated but idle: team-a/idle",
-                        "description": "1 GPU(s) of this pod averaged GPU utilization below 0.05 over 1h.",
-                    }}]},
-                {"eval_time": "40m", "alertname": "GpuAuditorProfilingMetricsMissing", "exp_alerts": [{
-                    "exp_labels": {"severity": "warning", "UUID": "GPU-9", "modelName": "NVIDIA H200"},
-                    "exp_annotations": {
-                        "summary": "No DCGM SM activity for GPU GPU-9",
-                        "description": "dcgm-exporter reports this GPU but not DCGM_FI_PROF_SM_ACTIVE, so its jobs cannot be judged "
-                                       "(verdict insufficient_data). Enable the profiling counters (dcgmCounters in the gpu-auditor chart).",
-                    }}]},
-            ],
-        }],
+        "tests": [
+            {
+                "interval": "19s",
+                "input_series": inputs,
+                "promql_expr_test": [
+                    # (5m, 10m] holds 16 samples (19 s apart) of 0.25: sum 4, count 16.
+                    {
+                        "expr": 'pod_gpu:dcgm_sm_active:count5m{pod="lowsm"}',
+                        "eval_time": "10m",
+                        "exp_samples": [{"labels": f"pod_gpu:dcgm_sm_active:count5m{{{rec}}}", "value": 16}],
+                    },
+                    {
+                        "expr": 'pod_gpu:dcgm_sm_active:sum5m{pod="lowsm"}',
+                        "eval_time": "10m",
+                        "exp_samples": [{"labels": f"pod_gpu:dcgm_sm_active:sum5m{{{rec}}}", "value": 4}],
+                    },
+                    # GPU_UTIL (100 %) recorded as a ratio: mean 1.
+                    {
+                        "expr": 'pod_gpu:dcgm_gpu_util:sum5m{pod="lowsm"} / pod_gpu:dcgm_gpu_util:count5m',
+                        "eval_time": "10m",
+                        "exp_samples": [{"labels": f"{{{rec}}}", "value": 1}],
+                    },
+                    # 4.9 names: the same sums and counts as the classic names give.
+                    {
+                        "expr": 'pod_gpu:dcgm_sm_active:sum5m{pod="lowsm49"} / pod_gpu:dcgm_sm_active:count5m',
+                        "eval_time": "10m",
+                        "exp_samples": [{"labels": f"{{{rec49}}}", "value": 0.25}],
+                    },
+                    {
+                        "expr": 'pod_gpu:dcgm_gpu_util:sum5m{pod="lowsm49"} / pod_gpu:dcgm_gpu_util:count5m',
+                        "eval_time": "10m",
+                        "exp_samples": [{"labels": f"{{{rec49}}}", "value": 1}],
+                    },
+                    # 4.6 names alone: SM activity recorded, GPU_UTIL_RATIO (unit unknown) not.
+                    {
+                        "expr": 'pod_gpu:dcgm_sm_active:count5m{pod="ratio46"}',
+                        "eval_time": "10m",
+                        "exp_samples": [{"labels": f"pod_gpu:dcgm_sm_active:count5m{{{rec46}}}", "value": 16}],
+                    },
+                    {"expr": 'pod_gpu:dcgm_gpu_util:count5m{pod="ratio46"}', "eval_time": "10m", "exp_samples": []},
+                    # Long-window mean from sum and count: exact.
+                    {
+                        "expr": (
+                            'sum_over_time(pod_gpu:dcgm_sm_active:sum5m{pod="healthy"}[1h])'
+                            ' / sum_over_time(pod_gpu:dcgm_sm_active:count5m{pod="healthy"}[1h])'
+                        ),
+                        "eval_time": "90m",
+                        "exp_samples": [
+                            {
+                                "labels": '{namespace="team-a", pod="healthy", container="c", UUID="GPU-1", modelName="NVIDIA H200"}',
+                                "value": 0.75,
+                            }
+                        ],
+                    },
+                    # Garbage clamped: first 5 minutes (the reading at 0 in (−5m, 0]) = 1.0.
+                    {
+                        "expr": 'pod_gpu:dcgm_gpu_util:sum5m{pod="garbage"}',
+                        "eval_time": "0m",
+                        "exp_samples": [
+                            {
+                                "labels": 'pod_gpu:dcgm_gpu_util:sum5m{namespace="team-c", pod="garbage", container="c", '
+                                'UUID="GPU-8", modelName="NVIDIA H200"}',
+                                "value": 1,
+                            }
+                        ],
+                    },
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "70m",
+                        "alertname": "GpuAuditorLowSmEfficiency",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {"severity": "warning", "namespace": ns, "pod": pod},
+                                "exp_annotations": {
+                                    "summary": f"GPU busy but SMs mostly idle: {ns}/{pod}",
+                                    "description": "1 GPU(s) of this pod averaged GPU utilization above 0.8 but SM activity below 0.3 over 1h: "
+                                    "few thread blocks, a kernel on one SM, or collective waits. `gpu-auditor explain` shows the job's numbers.",
+                                },
+                            }
+                            for ns, pod in (("team-a", "lowsm"), ("team-d", "lowsm49"))
+                        ],
+                    },
+                    # Not yet: fewer than 80 % of the window's samples (coverage guard).
+                    {"eval_time": "40m", "alertname": "GpuAuditorLowSmEfficiency", "exp_alerts": []},
+                    {
+                        "eval_time": "100m",
+                        "alertname": "GpuAuditorIdleGpu",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {"severity": "warning", "namespace": "team-a", "pod": "idle"},
+                                "exp_annotations": {
+                                    "summary": "GPUs allocated but idle: team-a/idle",
+                                    "description": "1 GPU(s) of this pod averaged GPU utilization below 0.05 over 1h.",
+                                },
+                            }
+                        ],
+                    },
+                    {
+                        "eval_time": "40m",
+                        "alertname": "GpuAuditorProfilingMetricsMissing",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {"severity": "warning", "UUID": "GPU-9", "modelName": "NVIDIA H200"},
+                                "exp_annotations": {
+                                    "summary": "No DCGM SM activity for GPU GPU-9",
+                                    "description": "dcgm-exporter reports this GPU but not DCGM_FI_PROF_SM_ACTIVE, so its jobs cannot be judged "
+                                    "(verdict insufficient_data). Enable the profiling counters (dcgmCounters in the gpu-auditor chart).",
+                                },
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
     }
     (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests, sort_keys=False))
     res = chart.run([str(testbed.promtool), "test", "rules", str(tmp_path / "tests.yaml")], check=False)

@@ -29,8 +29,14 @@ VERDICT = "gpu-auditor.io/verdict"
 
 def write_grants(objs: list[dict]) -> set[tuple[str, str]]:
     """(group, resource) of every cluster-wide patch/update grant of the rendered ClusterRole."""
-    return {(g, r) for o in find(objs, "ClusterRole") for rule in o["rules"]
-            if {"patch", "update"} & set(rule["verbs"]) for g in rule["apiGroups"] for r in rule["resources"]}
+    return {
+        (g, r)
+        for o in find(objs, "ClusterRole")
+        for rule in o["rules"]
+        if {"patch", "update"} & set(rule["verbs"])
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+    }
 
 
 def fenced(policy: dict) -> set[tuple[str, str]]:
@@ -39,8 +45,11 @@ def fenced(policy: dict) -> set[tuple[str, str]]:
     return {(g, r) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
 
 
-@pytest.mark.parametrize("sets", [[], ["requeue.enabled=true"], ["features.annotate=false", "requeue.enabled=true"]],
-                         ids=["defaults", "requeue", "requeue-only"])
+@pytest.mark.parametrize(
+    "sets",
+    [[], ["requeue.enabled=true"], ["features.annotate=false", "requeue.enabled=true"]],
+    ids=["defaults", "requeue", "requeue-only"],
+)
 def test_fence_covers_every_cluster_wide_write_grant(chart: Chart, sets):
     objs = chart.render(sets=sets)
     (policy,) = find(objs, "ValidatingAdmissionPolicy")
@@ -52,8 +61,9 @@ def test_fence_covers_every_cluster_wide_write_grant(chart: Chart, sets):
     assert cond["expression"] == "request.userInfo.username == 'system:serviceaccount:gpu-auditor:ga-gpu-auditor'"
 
 
-@pytest.mark.parametrize("sets", [["rbac.writeFence.enabled=false"], ["features.annotate=false"]],
-                         ids=["switched-off", "nothing-to-fence"])
+@pytest.mark.parametrize(
+    "sets", [["rbac.writeFence.enabled=false"], ["features.annotate=false"]], ids=["switched-off", "nothing-to-fence"]
+)
 def test_no_fence_when_off_or_nothing_to_fence(chart: Chart, sets):
     objs = chart.render(sets=sets)
     assert not find(objs, "ValidatingAdmissionPolicy") and not find(objs, "ValidatingAdmissionPolicyBinding")
@@ -79,17 +89,25 @@ def test_fence_field_lists_match_the_apiserver_schemas(chart: Chart, kube_admin)
     """A field the fence does not list could be changed with a requeue: the lists must be the
     apiserver's JobSpec and the Kueue CRD's Workload spec, less the fields a requeue writes."""
     (policy,) = find(chart.render(sets=["requeue.enabled=true"]), "ValidatingAdmissionPolicy")
-    (spec_rule,) = [v["expression"] for v in policy["spec"]["validations"] if "request.resource.resource == 'jobs'" in v["expression"]]
-    versions = {(r["apiGroups"][0], r["resources"][0]): r["apiVersions"]
-                for r in policy["spec"]["matchConstraints"]["resourceRules"]}
+    (spec_rule,) = [
+        v["expression"]
+        for v in policy["spec"]["validations"]
+        if "request.resource.resource == 'jobs'" in v["expression"]
+    ]
+    versions = {
+        (r["apiGroups"][0], r["resources"][0]): r["apiVersions"]
+        for r in policy["spec"]["matchConstraints"]["resourceRules"]
+    }
     assert versions[("batch", "jobs")] == ["v1"] and versions[("kueue.x-k8s.io", "workloads")] == ["v1beta2"]
     assert policy["spec"]["matchConstraints"]["matchPolicy"] == "Equivalent"
 
     openapi = call_json(kube_admin, "/openapi/v3/apis/batch/v1")
     job_spec = set(openapi["components"]["schemas"]["io.k8s.api.batch.v1.JobSpec"]["properties"])
     assert _spec_fields(spec_rule, "jobs") == job_spec - {"suspend"}
-    crd = call_json(kube_admin, resource_path("apiextensions.k8s.io/v1", "customresourcedefinitions", None,
-                                              "workloads.kueue.x-k8s.io"))
+    crd = call_json(
+        kube_admin,
+        resource_path("apiextensions.k8s.io/v1", "customresourcedefinitions", None, "workloads.kueue.x-k8s.io"),
+    )
     (v1beta2,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1beta2"]
     wl_spec = set(v1beta2["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"])
     assert _spec_fields(spec_rule, "workloads") == wl_spec - {"active"}
@@ -112,29 +130,115 @@ def _wait_for(probe, what: str, timeout: float = 30.0) -> None:
 
 
 def _objects(chart: Chart, ns: str) -> None:
-    chart.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [
-        {"apiVersion": "v1", "kind": "Pod",
-         "metadata": {"name": "gpu-pod", "labels": {"app": "train"}, "annotations": {"team.example/owner": "a"}},
-         "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}},
-        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
-         "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}},
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
-         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
-                  "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "web", "image": "busybox"}]}}}},
-        {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train"},
-         "spec": {"suspend": True, "parallelism": 1,
-                  "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}},
-        {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "nightly"},
-         "spec": {"schedule": "0 3 * * *", "jobTemplate": {"spec": {"template": {"spec": {
-             "restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}}}},
-        {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "pt"},
-         "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": {"spec": {
-             "containers": [{"name": "pytorch", "image": "busybox"}]}}}}}},
-        {"apiVersion": KV, "kind": "Workload", "metadata": {"name": "train-1"},
-         "spec": {"active": True, "queueName": "team-a", "priority": 100,
-                  "podSets": [{"name": "main", "count": 1, "template": {"spec": {
-                      "restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}]}},
-    ]}))
+    chart.kubectl(
+        "apply",
+        "-n",
+        ns,
+        "-f",
+        "-",
+        input=json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "List",
+                "items": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": {
+                            "name": "gpu-pod",
+                            "labels": {"app": "train"},
+                            "annotations": {"team.example/owner": "a"},
+                        },
+                        "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]},
+                    },
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": {"name": "probe"},
+                        "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]},
+                    },
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "Deployment",
+                        "metadata": {"name": "web"},
+                        "spec": {
+                            "replicas": 1,
+                            "selector": {"matchLabels": {"app": "web"}},
+                            "template": {
+                                "metadata": {"labels": {"app": "web"}},
+                                "spec": {"containers": [{"name": "web", "image": "busybox"}]},
+                            },
+                        },
+                    },
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "metadata": {"name": "train"},
+                        "spec": {
+                            "suspend": True,
+                            "parallelism": 1,
+                            "template": {
+                                "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}
+                            },
+                        },
+                    },
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "CronJob",
+                        "metadata": {"name": "nightly"},
+                        "spec": {
+                            "schedule": "0 3 * * *",
+                            "jobTemplate": {
+                                "spec": {
+                                    "template": {
+                                        "spec": {
+                                            "restartPolicy": "Never",
+                                            "containers": [{"name": "c", "image": "busybox"}],
+                                        }
+                                    }
+                                }
+                            },
+                        },
+                    },
+                    {
+                        "apiVersion": "kubeflow.org/v1",
+                        "kind": "PyTorchJob",
+                        "metadata": {"name": "pt"},
+                        "spec": {
+                            "pytorchReplicaSpecs": {
+                                "Master": {
+                                    "replicas": 1,
+                                    "template": {"spec": {"containers": [{"name": "pytorch", "image": "busybox"}]}},
+                                }
+                            }
+                        },
+                    },
+                    {
+                        "apiVersion": KV,
+                        "kind": "Workload",
+                        "metadata": {"name": "train-1"},
+                        "spec": {
+                            "active": True,
+                            "queueName": "team-a",
+                            "priority": 100,
+                            "podSets": [
+                                {
+                                    "name": "main",
+                                    "count": 1,
+                                    "template": {
+                                        "spec": {
+                                            "restartPolicy": "Never",
+                                            "containers": [{"name": "c", "image": "busybox"}],
+                                        }
+                                    },
+                                }
+                            ],
+                        },
+                    },
+                ],
+            }
+        ),
+    )
 
 
 def test_fence_denies_other_writes_and_passes_the_operators(chart: Chart, namespace: str, kube_admin, testbed):
@@ -148,34 +252,87 @@ def test_fence_denies_other_writes_and_passes_the_operators(chart: Chart, namesp
         policy = f"{name}-write-fence"
         sa = ServiceAccount(chart, namespace, name, kube_admin)
         _objects(chart, other)
-        _wait_for(lambda: _denied_by_fence(_as_sa(sa, "label", "pod", "probe", "-n", other, "probe=1", "--overwrite"), policy),
-                  "the fence denies the ServiceAccount a label")
+        _wait_for(
+            lambda: _denied_by_fence(
+                _as_sa(sa, "label", "pod", "probe", "-n", other, "probe=1", "--overwrite"), policy
+            ),
+            "the fence denies the ServiceAccount a label",
+        )
 
         patch = ["--type=merge", "-p"]
         denied = {
-            "a Deployment's pod template": ("patch", "deployment", "web", *patch,
-                                            '{"spec":{"template":{"spec":{"containers":[{"name":"web","image":"evil"}]}}}}'),
-            "a suspended Job's pod template": ("patch", "job", "train", *patch,
-                                               '{"spec":{"template":{"spec":{"nodeSelector":{"pool":"x"}}}}}'),
+            "a Deployment's pod template": (
+                "patch",
+                "deployment",
+                "web",
+                *patch,
+                '{"spec":{"template":{"spec":{"containers":[{"name":"web","image":"evil"}]}}}}',
+            ),
+            "a suspended Job's pod template": (
+                "patch",
+                "job",
+                "train",
+                *patch,
+                '{"spec":{"template":{"spec":{"nodeSelector":{"pool":"x"}}}}}',
+            ),
             "a Job's parallelism": ("patch", "job", "train", *patch, '{"spec":{"parallelism":4}}'),
-            "a Job's suspend and parallelism at once": ("patch", "job", "train", *patch, '{"spec":{"suspend":false,"parallelism":4}}'),
+            "a Job's suspend and parallelism at once": (
+                "patch",
+                "job",
+                "train",
+                *patch,
+                '{"spec":{"suspend":false,"parallelism":4}}',
+            ),
             "a CronJob's schedule": ("patch", "cronjob", "nightly", *patch, '{"spec":{"schedule":"* * * * *"}}'),
-            "a PyTorchJob's image": ("patch", "pytorchjobs.kubeflow.org", "pt", "--type=json", "-p",
-                                     '[{"op":"replace","path":"/spec/pytorchReplicaSpecs/Master/template/spec/containers/0/image","value":"evil"}]'),
-            "a Workload's queue": ("patch", "workloads.kueue.x-k8s.io", "train-1", *patch, '{"spec":{"queueName":"vip"}}'),
-            "a Workload's spec.priority": ("patch", "workloads.kueue.x-k8s.io", "train-1", *patch, '{"spec":{"priority":1000}}'),
+            "a PyTorchJob's image": (
+                "patch",
+                "pytorchjobs.kubeflow.org",
+                "pt",
+                "--type=json",
+                "-p",
+                '[{"op":"replace","path":"/spec/pytorchReplicaSpecs/Master/template/spec/containers/0/image","value":"evil"}]',
+            ),
+            "a Workload's queue": (
+                "patch",
+                "workloads.kueue.x-k8s.io",
+                "train-1",
+                *patch,
+                '{"spec":{"queueName":"vip"}}',
+            ),
+            "a Workload's spec.priority": (
+                "patch",
+                "workloads.kueue.x-k8s.io",
+                "train-1",
+                *patch,
+                '{"spec":{"priority":1000}}',
+            ),
             "Kueue's priority boost on a Job": ("annotate", "job", "train", "kueue.x-k8s.io/priority-boost=-10"),
-            "another kueue annotation on a Workload": ("annotate", "workloads.kueue.x-k8s.io", "train-1", "kueue.x-k8s.io/x=y"),
+            "another kueue annotation on a Workload": (
+                "annotate",
+                "workloads.kueue.x-k8s.io",
+                "train-1",
+                "kueue.x-k8s.io/x=y",
+            ),
             "a pod label": ("label", "pod", "gpu-pod", "-n", other, "app=evil", "--overwrite"),
             "a Job label": ("label", "job", "train", "-n", other, "team=evil"),
             "another annotation": ("annotate", "pod", "gpu-pod", "example.com/x=y"),
             "a look-alike prefix": ("annotate", "pod", "gpu-pod", "gpu-auditor.io.evil.example/x=y"),
             "changing a foreign annotation": ("annotate", "pod", "gpu-pod", "team.example/owner=b", "--overwrite"),
             "removing a foreign annotation": ("annotate", "pod", "gpu-pod", "team.example/owner-"),
-            "ours plus a label in one patch": ("patch", "pod", "gpu-pod", *patch,
-                                               '{"metadata":{"annotations":{"gpu-auditor.io/x":"1"},"labels":{"app":"evil"}}}'),
-            "owner references": ("patch", "deployment", "web", *patch,
-                                 '{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"x","uid":"1"}]}}'),
+            "ours plus a label in one patch": (
+                "patch",
+                "pod",
+                "gpu-pod",
+                *patch,
+                '{"metadata":{"annotations":{"gpu-auditor.io/x":"1"},"labels":{"app":"evil"}}}',
+            ),
+            "owner references": (
+                "patch",
+                "deployment",
+                "web",
+                *patch,
+                '{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"x","uid":"1"}]}}',
+            ),
         }
         for what, args in denied.items():
             res = _as_sa(sa, *args, *([] if "-n" in args else ["-n", other]))
@@ -199,10 +356,17 @@ def test_fence_denies_other_writes_and_passes_the_operators(chart: Chart, namesp
         kube.reactivate(job)
         kube.deactivate(job)
 
-        got = {k: call_json(kube_admin, resource_path(v, p, other, n)) for k, (v, p, n) in {
-            "pod": ("v1", "pods", "gpu-pod"), "job": ("batch/v1", "jobs", "train"),
-            "deploy": ("apps/v1", "deployments", "web"), "cron": ("batch/v1", "cronjobs", "nightly"),
-            "pt": ("kubeflow.org/v1", "pytorchjobs", "pt"), "wl": (KV, "workloads", "train-1")}.items()}
+        got = {
+            k: call_json(kube_admin, resource_path(v, p, other, n))
+            for k, (v, p, n) in {
+                "pod": ("v1", "pods", "gpu-pod"),
+                "job": ("batch/v1", "jobs", "train"),
+                "deploy": ("apps/v1", "deployments", "web"),
+                "cron": ("batch/v1", "cronjobs", "nightly"),
+                "pt": ("kubeflow.org/v1", "pytorchjobs", "pt"),
+                "wl": (KV, "workloads", "train-1"),
+            }.items()
+        }
         for k in ("pod", "job", "deploy", "cron", "pt"):
             assert got[k]["metadata"]["annotations"][VERDICT] == "low_sm_efficiency", k
         assert got["pod"]["metadata"]["labels"] == {"app": "train"}
@@ -211,17 +375,28 @@ def test_fence_denies_other_writes_and_passes_the_operators(chart: Chart, namesp
         assert not got["job"]["spec"]["template"]["spec"].get("nodeSelector")
         assert got["deploy"]["spec"]["template"]["spec"]["containers"][0]["image"] == "busybox"
         assert got["cron"]["spec"]["schedule"] == "0 3 * * *"
-        assert got["pt"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["image"] == "busybox"
-        assert (got["wl"]["spec"]["active"], got["wl"]["spec"]["priority"], got["wl"]["spec"]["queueName"]) == (True, 100, "team-a")
+        assert (
+            got["pt"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["image"]
+            == "busybox"
+        )
+        assert (got["wl"]["spec"]["active"], got["wl"]["spec"]["priority"], got["wl"]["spec"]["queueName"]) == (
+            True,
+            100,
+            "team-a",
+        )
         assert got["wl"]["metadata"]["annotations"]["kueue.x-k8s.io/priority-boost"] == "-10"
 
         # Only this ServiceAccount is fenced: the admin still changes labels.
         chart.kubectl("label", "pod", "gpu-pod", "-n", other, "app=relabelled", "--overwrite")
 
         # Switched off, RBAC alone decides again (and lets it relabel: what the fence is for).
-        chart.helm("upgrade", release, str(CHART), "-n", namespace, "--reuse-values", "--set", "rbac.writeFence.enabled=false")
-        _wait_for(lambda: _as_sa(sa, "label", "pod", "gpu-pod", "-n", other, "app=evil", "--overwrite").rc == 0,
-                  "without the fence, RBAC lets the ServiceAccount relabel a pod")
+        chart.helm(
+            "upgrade", release, str(CHART), "-n", namespace, "--reuse-values", "--set", "rbac.writeFence.enabled=false"
+        )
+        _wait_for(
+            lambda: _as_sa(sa, "label", "pod", "gpu-pod", "-n", other, "app=evil", "--overwrite").rc == 0,
+            "without the fence, RBAC lets the ServiceAccount relabel a pod",
+        )
         chart.helm("uninstall", release, "-n", namespace)
     finally:
         drop_release(chart, namespace, release)

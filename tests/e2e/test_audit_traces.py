@@ -78,9 +78,18 @@ class DataSet:
         self.trace, self.case, self.end, self.start, self.phases = trace, case, end, start, phases
 
 
-def _build(trace: traces.Trace, end: datetime, *, convention: str, hostname: str, namespace: str,
-           include: set[Metric] | None = None, dcgm46: bool = False, no_sm: tuple[str, ...] = (),
-           naming: Naming | None = None) -> tuple[str, DataSet]:
+def _build(
+    trace: traces.Trace,
+    end: datetime,
+    *,
+    convention: str,
+    hostname: str,
+    namespace: str,
+    include: set[Metric] | None = None,
+    dcgm46: bool = False,
+    no_sm: tuple[str, ...] = (),
+    naming: Naming | None = None,
+) -> tuple[str, DataSet]:
     case = f"e2e{uuid.uuid4().hex[:10]}"
     phases = trace.phases()
     jobs = [
@@ -95,8 +104,16 @@ def _build(trace: traces.Trace, end: datetime, *, convention: str, hostname: str
     ]
     longest = max(j.duration for j in jobs)
     text = traces.trace_to_openmetrics(
-        trace, jobs, end=end, duration=longest, interval=INTERVAL, convention=convention,
-        include=include, hostname_label=hostname, dcgm46_names=dcgm46, naming=naming,
+        trace,
+        jobs,
+        end=end,
+        duration=longest,
+        interval=INTERVAL,
+        convention=convention,
+        include=include,
+        hostname_label=hostname,
+        dcgm46_names=dcgm46,
+        naming=naming,
     )
     start = end - longest
     start = datetime.fromtimestamp(start.timestamp() // 300 * 300, timezone.utc)
@@ -128,22 +145,45 @@ def _backfill_all(prometheus) -> dict[str, DataSet]:
         "demo-exported": _build(demo, end, convention="exported_pod", hostname="hostname", namespace="demo"),
         # the same workloads as DCGM 4.6 and dcgm-exporter 4.9 name them (4.9: GPU_UTIL a ratio, clocks in Hz)
         "demo-4.6": _build(demo, end, convention="pod", hostname="hostname", namespace="demo", naming=Naming.DCGM46),
-        "demo-4.9": _build(demo, end, convention="pod", hostname="hostname", namespace="demo", naming=Naming.EXPORTER49),
+        "demo-4.9": _build(
+            demo, end, convention="pod", hostname="hostname", namespace="demo", naming=Naming.EXPORTER49
+        ),
         "demo-no-fp32": _build(
-            demo, end, convention="pod", hostname="Hostname", namespace="demo",
+            demo,
+            end,
+            convention="pod",
+            hostname="Hostname",
+            namespace="demo",
             include=demo.metrics - {Metric.FP32_ACTIVE},
         ),
-        "no-sm": _build(micro, end, convention="pod", hostname="Hostname", namespace="nosm", no_sm=("one_sm_spin", "idle")),
+        "no-sm": _build(
+            micro, end, convention="pod", hostname="Hostname", namespace="nosm", no_sm=("one_sm_spin", "idle")
+        ),
     }
     prometheus.backfill("".join(t.replace("# EOF\n", "") for t, _ in everything.values()) + "# EOF\n")
     return {k: ds for k, (_, ds) in everything.items()}
 
 
 def _audit(prometheus, ds: DataSet, db: str, capsys, *extra: str) -> list[dict]:
-    rc = main([
-        "audit", "--prometheus", prometheus.url, "--no-kube", "--match", f"case={ds.case}",
-        "--start", ds.start.isoformat(), "--end", ds.end.isoformat(), "--db", db, "--output", "json", *extra,
-    ])
+    rc = main(
+        [
+            "audit",
+            "--prometheus",
+            prometheus.url,
+            "--no-kube",
+            "--match",
+            f"case={ds.case}",
+            "--start",
+            ds.start.isoformat(),
+            "--end",
+            ds.end.isoformat(),
+            "--db",
+            db,
+            "--output",
+            "json",
+            *extra,
+        ]
+    )
     out = capsys.readouterr()
     assert rc == 0, out.err
     return json.loads(out.out)
@@ -293,14 +333,28 @@ def test_audit_judges_with_the_configured_thresholds(prometheus, data, tmp_path,
     by_job = {s["job"]: s for s in _audit(prometheus, ds, f"sqlite:///{tmp_path}/b.db", capsys, "--config", str(cfg))}
     assert by_job["Pod/one-sm-spin"]["verdict"] == "low_sm_efficiency"
     monkeypatch.setenv("GPU_AUDITOR_THRESHOLDS__LOW_SM", "50")
-    rc = main(["audit", "--prometheus", prometheus.url, "--no-kube", "--start", ds.start.isoformat(),
-               "--end", ds.end.isoformat(), "--db", f"sqlite:///{tmp_path}/c.db"])
+    rc = main(
+        [
+            "audit",
+            "--prometheus",
+            prometheus.url,
+            "--no-kube",
+            "--start",
+            ds.start.isoformat(),
+            "--end",
+            ds.end.isoformat(),
+            "--db",
+            f"sqlite:///{tmp_path}/c.db",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "thresholds.low_sm (variable GPU_AUDITOR_THRESHOLDS__LOW_SM): 50 is out of range" in err, err
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "auditor.cli.main", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "auditor.cli.main", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_unreachable_prometheus_exits_1_naming_the_url(tmp_path):
@@ -311,8 +365,18 @@ def test_unreachable_prometheus_exits_1_naming_the_url(tmp_path):
     port = s.getsockname()[1]
     s.close()
     url = f"http://127.0.0.1:{port}"
-    r = _cli("audit", "--prometheus", url, "--no-kube", "--start", "now-1h", "--db", f"sqlite:///{tmp_path}/a.db",
-             "--prometheus-retries", "0")
+    r = _cli(
+        "audit",
+        "--prometheus",
+        url,
+        "--no-kube",
+        "--start",
+        "now-1h",
+        "--db",
+        f"sqlite:///{tmp_path}/a.db",
+        "--prometheus-retries",
+        "0",
+    )
     assert r.returncode == 1, r.stderr
     assert url in r.stderr and "unreachable" in r.stderr
 

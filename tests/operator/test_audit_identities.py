@@ -47,12 +47,35 @@ def test_kubeconfig_and_no_kube_audits_of_one_window_count_it_once(
     duration = cycle * math.ceil(timedelta(minutes=30) / cycle)
     end = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(minutes=1)  # backfill wants the past
     job = batch_job(kube_admin, namespace, "train", labels={"team": "research"})
-    replayed_job_pods(kube_admin, prometheus, namespace, job, case=case, phase="resnet50_bf16_training",
-                      end=end, duration=duration, interval=INTERVAL, labels={"team": "research"})
+    replayed_job_pods(
+        kube_admin,
+        prometheus,
+        namespace,
+        job,
+        case=case,
+        phase="resnet50_bf16_training",
+        end=end,
+        duration=duration,
+        interval=INTERVAL,
+        labels={"team": "research"},
+    )
     db = f"sqlite:///{tmp_path}/store.db"
     start = end - duration - timedelta(minutes=5)
-    common = ["audit", "--prometheus", prometheus.url, "--match", f"case={case}", "--start", start.isoformat(),
-              "--end", end.isoformat(), "--db", db, "--output", "json"]
+    common = [
+        "audit",
+        "--prometheus",
+        prometheus.url,
+        "--match",
+        f"case={case}",
+        "--start",
+        start.isoformat(),
+        "--end",
+        end.isoformat(),
+        "--db",
+        db,
+        "--output",
+        "json",
+    ]
     modes = {"kube": ["--kubeconfig", testbed.kubeconfig], "no-kube": ["--no-kube"]}
 
     assert main(common + modes[order[0]]) == 0, capsys.readouterr().err

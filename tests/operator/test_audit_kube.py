@@ -30,16 +30,41 @@ def test_audit_through_the_kubernetes_api(testbed, kube_admin, namespace, promet
     duration = cycle * math.ceil(timedelta(minutes=30) / cycle)
     end = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(minutes=1)
     job = batch_job(kube_admin, namespace, "spin", labels={"team": "kernels"})
-    create_pod(kube_admin, namespace, "spin-0-abcde", gpus=1, owner=job, labels={"team": "kernels"},
-               node=f"{case}-node", started=end - duration)
-    tj = traces.TraceJob(PodRef(namespace, "spin-0-abcde", "main"), traces.make_gpus(1, f"{case}-node"),
-                         "one_sm_spin", duration=duration)
+    create_pod(
+        kube_admin,
+        namespace,
+        "spin-0-abcde",
+        gpus=1,
+        owner=job,
+        labels={"team": "kernels"},
+        node=f"{case}-node",
+        started=end - duration,
+    )
+    tj = traces.TraceJob(
+        PodRef(namespace, "spin-0-abcde", "main"), traces.make_gpus(1, f"{case}-node"), "one_sm_spin", duration=duration
+    )
     text = traces.trace_to_openmetrics(trace, [tj], end=end, duration=duration, interval=INTERVAL)
     prometheus.backfill(re.sub(r"^([A-Za-z_:][A-Za-z0-9_:]*)\{", rf'\1{{case="{case}",', text, flags=re.M))
 
-    rc = main(["audit", "--prometheus", prometheus.url, "--kubeconfig", testbed.kubeconfig, "--match", f"case={case}",
-               "--start", (end - duration - timedelta(minutes=5)).isoformat(), "--end", end.isoformat(),
-               "--db", "sqlite://", "--output", "json"])
+    rc = main(
+        [
+            "audit",
+            "--prometheus",
+            prometheus.url,
+            "--kubeconfig",
+            testbed.kubeconfig,
+            "--match",
+            f"case={case}",
+            "--start",
+            (end - duration - timedelta(minutes=5)).isoformat(),
+            "--end",
+            end.isoformat(),
+            "--db",
+            "sqlite://",
+            "--output",
+            "json",
+        ]
+    )
     out = capsys.readouterr()
     assert rc == 0, out.err
     (summary,) = json.loads(out.out)

@@ -23,27 +23,44 @@ pytestmark = pytest.mark.testbed
 INTERVAL = timedelta(seconds=15)
 
 
-def test_two_cycles_8s_apart_after_the_data_ended_mid_bucket(testbed, kube_admin, namespace, prometheus, postgres_url) -> None:
+def test_two_cycles_8s_apart_after_the_data_ended_mid_bucket(
+    testbed, kube_admin, namespace, prometheus, postgres_url
+) -> None:
     case = f"ci{uuid.uuid4().hex[:8]}"
     # samples end 75 s into a bucket, two hours back (Prometheus's backfill wants the past)
     now = datetime.now(timezone.utc).replace(second=0, microsecond=0)
     end = now.replace(minute=now.minute // 5 * 5) - timedelta(hours=2) + timedelta(seconds=75)
     duration = timedelta(minutes=40)
     job = batch_job(kube_admin, namespace, "train", labels={"team": "research"})
-    replayed_job_pods(kube_admin, prometheus, namespace, job, case=case, phase="resnet50_bf16_training",
-                      end=end, duration=duration, interval=INTERVAL, labels={"team": "research"})
+    replayed_job_pods(
+        kube_admin,
+        prometheus,
+        namespace,
+        job,
+        case=case,
+        phase="resnet50_bf16_training",
+        end=end,
+        duration=duration,
+        interval=INTERVAL,
+        labels={"team": "research"},
+    )
 
     resolver = KubeResolver(api_client(KubeConfig(kubeconfig=testbed.kubeconfig)), cluster=case).start()
     try:
         assert resolver.wait_synced(60.0)
         with Store.open(postgres_url) as store:
-            runner = CycleRunner(store=store, source=PrometheusSource(prometheus.url, matchers={"case": case}),
-                                 resolver=resolver, cluster=case)
+            runner = CycleRunner(
+                store=store,
+                source=PrometheusSource(prometheus.url, matchers={"case": case}),
+                resolver=resolver,
+                cluster=case,
+            )
             now1 = end + timedelta(seconds=100)
             first = {s["job"]: s for s in runner.run(now1).summaries}["Job/train"]
             second_run = runner.run(now1 + timedelta(seconds=8))
             second = {s["job"]: s for s in second_run.summaries}.get("Job/train") or store.summary(
-                store.find_job(namespace, "Job", "train", case)[0])
+                store.find_job(namespace, "Job", "train", case)[0]
+            )
     finally:
         resolver.stop()
     assert first["scrape_interval_s"] == 15.0

@@ -69,9 +69,13 @@ class LeaseHistory:
         rv: str | None = None
         while not self._stop.is_set():
             try:
-                for ev in watch.Watch().stream(leases.list_namespaced_lease, self.namespace,
-                                               field_selector=f"metadata.name={self.name}",
-                                               resource_version=rv, timeout_seconds=5):
+                for ev in watch.Watch().stream(
+                    leases.list_namespaced_lease,
+                    self.namespace,
+                    field_selector=f"metadata.name={self.name}",
+                    resource_version=rv,
+                    timeout_seconds=5,
+                ):
                     obj = ev["object"]
                     rv = obj.metadata.resource_version
                     if ev["type"] == "DELETED" or rv in self._seen:
@@ -79,8 +83,14 @@ class LeaseHistory:
                     s = obj.spec
                     with self._lock:
                         self._seen.add(rv)
-                        self.versions.append({"holder": s.holder_identity or None, "acquired": s.acquire_time,
-                                              "renewed": s.renew_time, "transitions": s.lease_transitions or 0})
+                        self.versions.append(
+                            {
+                                "holder": s.holder_identity or None,
+                                "acquired": s.acquire_time,
+                                "renewed": s.renew_time,
+                                "transitions": s.lease_transitions or 0,
+                            }
+                        )
                     if self._stop.is_set():
                         return
             except k8s.ApiException as exc:
@@ -117,7 +127,9 @@ def _stalled() -> float:
             total += int(some.rsplit("total=", 1)[1]) / 1e6
         except (OSError, IndexError, ValueError):
             pass
-    cpu = Path("/proc/stat").read_text().split("\n", 1)[0].split()  # cpu user nice system idle iowait irq softirq steal …
+    cpu = (
+        Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    )  # cpu user nice system idle iowait irq softirq steal …
     return total + int(cpu[8]) / os.sysconf("SC_CLK_TCK")
 
 
@@ -163,8 +175,13 @@ def _wait_for(pred, timeout: float = PATIENCE, step: float = 0.05) -> float:
 def _start(cfg: Path, identity: str, log: Path) -> subprocess.Popen:
     exe = Path(sys.executable).with_name("gpu-auditor")
     env = {**os.environ, "GPU_AUDITOR_LEADER_ELECTION__IDENTITY": identity}
-    return subprocess.Popen([str(exe), "-v", "run", "--config", str(cfg)], env=env,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [str(exe), "-v", "run", "--config", str(cfg)],
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _readyz(log: Path) -> str | None:
@@ -198,26 +215,42 @@ def _seconds(a: datetime, b: datetime) -> float:
 
 def _cadence(versions: list[dict]) -> float:
     """The longest time between two renewals by the same holder: the retry period as it was."""
-    gaps = [_seconds(a["renewed"], b["renewed"])
-            for a, b in zip(versions, versions[1:]) if a["holder"] and a["holder"] == b["holder"]]
+    gaps = [
+        _seconds(a["renewed"], b["renewed"])
+        for a, b in zip(versions, versions[1:])
+        if a["holder"] and a["holder"] == b["holder"]
+    ]
     return max([RETRY, *gaps])
 
 
 def test_two_operators_one_leader_failover(testbed, namespace, prometheus, postgres_url, tmp_path):
     lease = f"lease-{uuid.uuid4().hex[:8]}"
     cfg = tmp_path / "settings.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "cluster": f"failover-{namespace}",
-        "kubernetes": {"kubeconfig": testbed.kubeconfig},
-        "prometheus": {"url": prometheus.url, "matchers": {"case": f"none-{uuid.uuid4().hex}"}, "label_convention": "pod"},
-        "store": {"url": postgres_url},
-        "interval": f"{INTERVAL:.0f}s",
-        "bucket_width": "1m",
-        "leader_election": {"namespace": namespace, "lease_name": lease, "lease_duration": f"{LEASE:.0f}s",
-                            "renew_deadline": f"{RENEW_DEADLINE:.0f}s", "retry_period": f"{RETRY}s"},
-        "features": {"kueue": False},
-        "http": {"port": 0},
-    }))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "cluster": f"failover-{namespace}",
+                "kubernetes": {"kubeconfig": testbed.kubeconfig},
+                "prometheus": {
+                    "url": prometheus.url,
+                    "matchers": {"case": f"none-{uuid.uuid4().hex}"},
+                    "label_convention": "pod",
+                },
+                "store": {"url": postgres_url},
+                "interval": f"{INTERVAL:.0f}s",
+                "bucket_width": "1m",
+                "leader_election": {
+                    "namespace": namespace,
+                    "lease_name": lease,
+                    "lease_duration": f"{LEASE:.0f}s",
+                    "renew_deadline": f"{RENEW_DEADLINE:.0f}s",
+                    "retry_period": f"{RETRY}s",
+                },
+                "features": {"kueue": False},
+                "http": {"port": 0},
+            }
+        )
+    )
     logs = {name: tmp_path / f"{name}.log" for name in "abc"}
     history = LeaseHistory(testbed.kubeconfig, namespace, lease)
     stall = StallClock()
@@ -267,22 +300,28 @@ def test_two_operators_one_leader_failover(testbed, namespace, prometheus, postg
     runs.sort(key=lambda r: r["started"])
     cycle = max((r["finished"] - r["started"]).total_seconds() for r in runs)
     cadence = _cadence(versions)
-    figures = (f"{len(versions)} Lease versions, longest renewal interval {cadence:.2f} s, longest cycle "
-               f"{cycle:.2f} s, standby start-ups {' and '.join(f'{t:.1f}' for t in startup)} s")
+    figures = (
+        f"{len(versions)} Lease versions, longest renewal interval {cadence:.2f} s, longest cycle "
+        f"{cycle:.2f} s, standby start-ups {' and '.join(f'{t:.1f}' for t in startup)} s"
+    )
 
     # the Lease went a → b → (released) → c → (released), never back
     assert history.gaps == 0, "the Lease watch had to re-list: versions may be missing"
     assert _changes([v["holder"] for v in versions]) == ["op-a", "op-b", None, "op-c", None], versions
     a_last, b_first = _takeover(versions, "op-a", "op-b")
     b_last, c_first = _takeover(versions, "op-b", "op-c")
-    assert b_first["transitions"] == a_last["transitions"] + 1 and c_first["transitions"] == b_last["transitions"] + 1, versions
+    assert (
+        b_first["transitions"] == a_last["transitions"] + 1 and c_first["transitions"] == b_last["transitions"] + 1
+    ), versions
     released = next(v for v in versions if v["holder"] is None and v["renewed"] >= b_last["renewed"])
 
     # only the leader audits: every cycle began while its operator held the Lease, and
     # leadership moved a → b → c, never back, never interleaved
-    terms = {"op-a": (a_last["acquired"], a_last["renewed"] + timedelta(seconds=RENEW_DEADLINE)),
-             "op-b": (b_first["acquired"], released["renewed"]),
-             "op-c": (c_first["acquired"], versions[-1]["renewed"])}
+    terms = {
+        "op-a": (a_last["acquired"], a_last["renewed"] + timedelta(seconds=RENEW_DEADLINE)),
+        "op-b": (b_first["acquired"], released["renewed"]),
+        "op-c": (c_first["acquired"], versions[-1]["renewed"]),
+    }
     assert _changes([r["detail"]["holder"] for r in runs]) == ["op-a", "op-b", "op-c"], runs
     for r in runs:
         start, end = terms[r["detail"]["holder"]]
@@ -295,12 +334,17 @@ def test_two_operators_one_leader_failover(testbed, namespace, prometheus, postg
     crash_audit = _seconds(a_last["renewed"], first_audit["op-b"])
     crash_stall = stall.between(a_last["renewed"], first_audit["op-b"])
     crash_bound = LEASE + 2 * cadence + cycle + crash_stall
-    why = (f"lease {LEASE} s + 2 retries of {cadence:.2f} s + one cycle ({cycle:.2f} s) + {crash_stall:.2f} s of "
-           f"measured stall = {crash_bound:.2f} s, one interval ({INTERVAL} s) more to audit; {figures}")
+    why = (
+        f"lease {LEASE} s + 2 retries of {cadence:.2f} s + one cycle ({cycle:.2f} s) + {crash_stall:.2f} s of "
+        f"measured stall = {crash_bound:.2f} s, one interval ({INTERVAL} s) more to audit; {figures}"
+    )
     assert LEASE - cadence < crash <= crash_bound, (
         f"B took the Lease {crash:.2f} s after crashed A's last renewal; allowed: more than lease - one retry "
-        f"(B may have begun the try that saw that renewal just before it was written), at most {why}")
-    assert crash_audit <= crash_bound + INTERVAL, f"B audited {crash_audit:.2f} s after A's last renewal; allowed: {why}"
+        f"(B may have begun the try that saw that renewal just before it was written), at most {why}"
+    )
+    assert crash_audit <= crash_bound + INTERVAL, (
+        f"B audited {crash_audit:.2f} s after A's last renewal; allowed: {why}"
+    )
 
     # a clean stop: B finished its running cycle and released the Lease (holder cleared); C took
     # it at its next try, without waiting for it to expire, and audited
@@ -310,17 +354,22 @@ def test_two_operators_one_leader_failover(testbed, namespace, prometheus, postg
     stop_stall = stall.between(term, first_audit["op-c"])
     assert handover <= cadence + cycle + stop_stall, (
         f"C took the released Lease {handover:.2f} s after the release; allowed: one retry of {cadence:.2f} s "
-        f"+ one cycle ({cycle:.2f} s) + {stop_stall:.2f} s of measured stall; {figures}")
+        f"+ one cycle ({cycle:.2f} s) + {stop_stall:.2f} s of measured stall; {figures}"
+    )
     stop_bound = 3 * cadence + 2 * cycle + stop_stall
-    why = (f"stopping B's elector, releasing and C's next try (3 retries of {cadence:.2f} s) + B's running cycle "
-           f"and one more ({cycle:.2f} s each) + {stop_stall:.2f} s of measured stall = {stop_bound:.2f} s, "
-           f"one interval ({INTERVAL} s) more to audit; {figures}")
+    why = (
+        f"stopping B's elector, releasing and C's next try (3 retries of {cadence:.2f} s) + B's running cycle "
+        f"and one more ({cycle:.2f} s each) + {stop_stall:.2f} s of measured stall = {stop_bound:.2f} s, "
+        f"one interval ({INTERVAL} s) more to audit; {figures}"
+    )
     assert stop <= stop_bound, f"C took the Lease {stop:.2f} s after SIGTERM to B; allowed: {why}"
     assert stop_audit <= stop_bound + INTERVAL, f"C audited {stop_audit:.2f} s after SIGTERM to B; allowed: {why}"
-    print(f"failover after a crash: Lease taken {crash:.2f} s, audit {crash_audit:.2f} s after the last renewal "
-          f"(bound {crash_bound:.2f} s, stall {crash_stall:.2f} s); after a clean stop: Lease taken {stop:.2f} s, "
-          f"audit {stop_audit:.2f} s after SIGTERM, {handover:.2f} s after the release "
-          f"(bound {stop_bound:.2f} s, stall {stop_stall:.2f} s); {figures}")
+    print(
+        f"failover after a crash: Lease taken {crash:.2f} s, audit {crash_audit:.2f} s after the last renewal "
+        f"(bound {crash_bound:.2f} s, stall {crash_stall:.2f} s); after a clean stop: Lease taken {stop:.2f} s, "
+        f"audit {stop_audit:.2f} s after SIGTERM, {handover:.2f} s after the release "
+        f"(bound {stop_bound:.2f} s, stall {stop_stall:.2f} s); {figures}"
+    )
 
     # no cycle's work done twice
     for prev, cur in zip(runs, runs[1:]):

@@ -58,14 +58,20 @@ spec:
 
 
 def _helm(testbed, *args: str) -> str:
-    out = subprocess.run([testbed.helm, *args], env={"KUBECONFIG": testbed.kubeconfig, "HOME": "/tmp"},
-                         capture_output=True, text=True, timeout=180)
+    out = subprocess.run(
+        [testbed.helm, *args],
+        env={"KUBECONFIG": testbed.kubeconfig, "HOME": "/tmp"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
 
-def test_one_cycle_as_the_charts_service_account(testbed, kube_admin, namespace, prometheus, postgres_url,
-                                                  tmp_path, capsys, caplog, monkeypatch) -> None:
+def test_one_cycle_as_the_charts_service_account(
+    testbed, kube_admin, namespace, prometheus, postgres_url, tmp_path, capsys, caplog, monkeypatch
+) -> None:
     api = kube_admin
     release, work_ns = namespace, f"{namespace}-w"
     case = f"sa{uuid.uuid4().hex[:8]}"
@@ -73,8 +79,18 @@ def test_one_cycle_as_the_charts_service_account(testbed, kube_admin, namespace,
     slack = Receiver()
     try:
         create(api, "v1", "namespaces", None, {"metadata": {"name": work_ns}})
-        create(api, KV, "localqueues", work_ns, {"apiVersion": KV, "kind": "LocalQueue", "metadata": {"name": "lq"},
-                                                 "spec": {"clusterQueue": f"cq-{case}"}})
+        create(
+            api,
+            KV,
+            "localqueues",
+            work_ns,
+            {
+                "apiVersion": KV,
+                "kind": "LocalQueue",
+                "metadata": {"name": "lq"},
+                "spec": {"clusterQueue": f"cq-{case}"},
+            },
+        )
         job = batch_job(api, work_ns, "train", labels={"kueue.x-k8s.io/queue-name": "lq"})
         job_workload(api, work_ns, job)  # Kueue's own Workload of the queued Job
 
@@ -84,8 +100,12 @@ def test_one_cycle_as_the_charts_service_account(testbed, kube_admin, namespace,
         # A running job: its samples go on past both cycles (each reads only what is new).
         end = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(minutes=2)
         create_pod(api, work_ns, "train-0-abcde", gpus=1, owner=job, node=f"{case}-node", started=end - duration)
-        tj = traces.TraceJob(PodRef(work_ns, "train-0-abcde", "main"), traces.make_gpus(1, f"{case}-node"),
-                             "one_sm_spin", duration=duration)
+        tj = traces.TraceJob(
+            PodRef(work_ns, "train-0-abcde", "main"),
+            traces.make_gpus(1, f"{case}-node"),
+            "one_sm_spin",
+            duration=duration,
+        )
         text = traces.trace_to_openmetrics(trace, [tj], end=end, duration=duration, interval=INTERVAL)
         prometheus.backfill(re.sub(r"^([A-Za-z_:][A-Za-z0-9_:]*)\{", rf'\1{{case="{case}",', text, flags=re.M))
 
@@ -95,19 +115,31 @@ def test_one_cycle_as_the_charts_service_account(testbed, kube_admin, namespace,
         monkeypatch.setenv("GPU_AUDITOR_SLACK_WEBHOOK_URL", slack.url)
         sa = f"{release}-gpu-auditor"
         cfg = tmp_path / "settings.yaml"
-        cfg.write_text(yaml.safe_dump({
-            "cluster": "test",
-            "kubernetes": {"kubeconfig": testbed.kubeconfig, "impersonate": f"system:serviceaccount:{namespace}:{sa}"},
-            "prometheus": {"url": prometheus.url, "matchers": {"case": case}, "label_convention": "pod"},
-            "store": {"url": postgres_url},
-            "leader_election": {"namespace": namespace, "lease_name": sa, "lease_duration": "6s",
-                                "renew_deadline": "4s", "retry_period": "1s"},
-            "features": {"annotate": True, "events": True, "kueue": True, "requeue": True},
-            "requeue": {"namespaces": [work_ns]},
-            "policies": {"builtin": False, "dir": str(policies)},
-            "notifications": {"slack": {"webhook_url_env": "GPU_AUDITOR_SLACK_WEBHOOK_URL"}},
-            "http": {"port": 0},
-        }))
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "cluster": "test",
+                    "kubernetes": {
+                        "kubeconfig": testbed.kubeconfig,
+                        "impersonate": f"system:serviceaccount:{namespace}:{sa}",
+                    },
+                    "prometheus": {"url": prometheus.url, "matchers": {"case": case}, "label_convention": "pod"},
+                    "store": {"url": postgres_url},
+                    "leader_election": {
+                        "namespace": namespace,
+                        "lease_name": sa,
+                        "lease_duration": "6s",
+                        "renew_deadline": "4s",
+                        "retry_period": "1s",
+                    },
+                    "features": {"annotate": True, "events": True, "kueue": True, "requeue": True},
+                    "requeue": {"namespaces": [work_ns]},
+                    "policies": {"builtin": False, "dir": str(policies)},
+                    "notifications": {"slack": {"webhook_url_env": "GPU_AUDITOR_SLACK_WEBHOOK_URL"}},
+                    "http": {"port": 0},
+                }
+            )
+        )
 
         caplog.set_level(logging.INFO)
         logs = ""

@@ -67,14 +67,33 @@ def grant_chart_permissions(api, namespace: str, sa: str, lease: str, features: 
     subject = [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}]
     rbac = "rbac.authorization.k8s.io/v1"
     create(api, rbac, "clusterroles", None, {"metadata": {"name": cr_name}, "rules": cluster_rules})
-    create(api, rbac, "clusterrolebindings", None, {
-        "metadata": {"name": cr_name}, "subjects": subject,
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cr_name}})
+    create(
+        api,
+        rbac,
+        "clusterrolebindings",
+        None,
+        {
+            "metadata": {"name": cr_name},
+            "subjects": subject,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cr_name},
+        },
+    )
     create(api, rbac, "roles", namespace, {"metadata": {"name": sa}, "rules": ns_rules})
-    create(api, rbac, "rolebindings", namespace, {
-        "metadata": {"name": sa}, "subjects": subject,
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa}})
-    return [resource_path(rbac, "clusterrolebindings", None, cr_name), resource_path(rbac, "clusterroles", None, cr_name)]
+    create(
+        api,
+        rbac,
+        "rolebindings",
+        namespace,
+        {
+            "metadata": {"name": sa},
+            "subjects": subject,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+        },
+    )
+    return [
+        resource_path(rbac, "clusterrolebindings", None, cr_name),
+        resource_path(rbac, "clusterroles", None, cr_name),
+    ]
 
 
 def _delete(api, paths: list[str]) -> None:
@@ -99,7 +118,9 @@ def _run_once(cfg: Path, capsys) -> list[dict]:
     return json.loads(out.out)
 
 
-def test_run_once_mixed_workloads(testbed, kube_admin, namespace, prometheus, postgres_url, cluster_objects, tmp_path, capsys, caplog):
+def test_run_once_mixed_workloads(
+    testbed, kube_admin, namespace, prometheus, postgres_url, cluster_objects, tmp_path, capsys, caplog
+):
     api, ns = kube_admin, namespace
     case = f"op{uuid.uuid4().hex[:10]}"
     node = f"{case}-gpu-node"
@@ -109,16 +130,34 @@ def test_run_once_mixed_workloads(testbed, kube_admin, namespace, prometheus, po
     # --- a GPU node, the namespace's team label, Kueue queues
     cluster_objects.append(resource_path("v1", "nodes", None, node))
     create(api, "v1", "nodes", None, {"metadata": {"name": node, "labels": {"nvidia.com/gpu.present": "true"}}})
-    call_json(api, resource_path("v1", "nodes", None, node) + "/status", method="PATCH",
-              body={"status": {"capacity": {"nvidia.com/gpu": "8", "cpu": "64", "memory": "1Ti", "pods": "110"},
-                               "allocatable": {"nvidia.com/gpu": "8", "cpu": "64", "memory": "1Ti", "pods": "110"}}},
-              content_type="application/merge-patch+json")
-    call_json(api, resource_path("v1", "namespaces", None, ns), method="PATCH",
-              body={"metadata": {"labels": {"team": "research"}}}, content_type="application/merge-patch+json")
+    call_json(
+        api,
+        resource_path("v1", "nodes", None, node) + "/status",
+        method="PATCH",
+        body={
+            "status": {
+                "capacity": {"nvidia.com/gpu": "8", "cpu": "64", "memory": "1Ti", "pods": "110"},
+                "allocatable": {"nvidia.com/gpu": "8", "cpu": "64", "memory": "1Ti", "pods": "110"},
+            }
+        },
+        content_type="application/merge-patch+json",
+    )
+    call_json(
+        api,
+        resource_path("v1", "namespaces", None, ns),
+        method="PATCH",
+        body={"metadata": {"labels": {"team": "research"}}},
+        content_type="application/merge-patch+json",
+    )
     cq = f"cq-{case}"
     kv = "kueue.x-k8s.io/v1beta2"
-    create(api, kv, "localqueues", ns, {"apiVersion": kv, "kind": "LocalQueue", "metadata": {"name": "lq"},
-                                        "spec": {"clusterQueue": cq}})
+    create(
+        api,
+        kv,
+        "localqueues",
+        ns,
+        {"apiVersion": kv, "kind": "LocalQueue", "metadata": {"name": "lq"}, "spec": {"clusterQueue": cq}},
+    )
 
     phases = {}  # pod name → (phase, gpus)
 
@@ -132,20 +171,60 @@ def test_run_once_mixed_workloads(testbed, kube_admin, namespace, prometheus, po
     train = batch_job(api, ns, "train")
     pods_for(train, ["train-0-abcde", "train-1-fghij"], 4, "resnet50_bf16_training", {"team": "vision"})
     # 2. Deployment → ReplicaSet → pod, team from the Deployment's label
-    dep = create(api, "apps/v1", "deployments", ns, {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "serve", "labels": {"team": "inference"}},
-        "spec": {"selector": {"matchLabels": {"app": "serve"}},
-                 "template": {"metadata": {"labels": {"app": "serve"}}, "spec": {"containers": [{"name": "main", "image": "x"}]}}}})
-    rs = create(api, "apps/v1", "replicasets", ns, {
-        "apiVersion": "apps/v1", "kind": "ReplicaSet",
-        "metadata": {"name": "serve-7d9f", "labels": {"app": "serve"}, "ownerReferences": [owner_ref(dep)]},
-        "spec": {"selector": {"matchLabels": {"app": "serve"}},
-                 "template": {"metadata": {"labels": {"app": "serve"}}, "spec": {"containers": [{"name": "main", "image": "x"}]}}}})
+    dep = create(
+        api,
+        "apps/v1",
+        "deployments",
+        ns,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "serve", "labels": {"team": "inference"}},
+            "spec": {
+                "selector": {"matchLabels": {"app": "serve"}},
+                "template": {
+                    "metadata": {"labels": {"app": "serve"}},
+                    "spec": {"containers": [{"name": "main", "image": "x"}]},
+                },
+            },
+        },
+    )
+    rs = create(
+        api,
+        "apps/v1",
+        "replicasets",
+        ns,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {"name": "serve-7d9f", "labels": {"app": "serve"}, "ownerReferences": [owner_ref(dep)]},
+            "spec": {
+                "selector": {"matchLabels": {"app": "serve"}},
+                "template": {
+                    "metadata": {"labels": {"app": "serve"}},
+                    "spec": {"containers": [{"name": "main", "image": "x"}]},
+                },
+            },
+        },
+    )
     pods_for(rs, ["serve-7d9f-x1"], 1, "notebook_idle_model_loaded", {"app": "serve"})
     # 3. PyTorchJob with a master and a worker, 2 GPUs each; team from the namespace label
-    ptj = create(api, "kubeflow.org/v1", "pytorchjobs", ns, {
-        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "ptj"},
-        "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": {"spec": {"containers": [{"name": "pytorch", "image": "x"}]}}}}}})
+    ptj = create(
+        api,
+        "kubeflow.org/v1",
+        "pytorchjobs",
+        ns,
+        {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": "ptj"},
+            "spec": {
+                "pytorchReplicaSpecs": {
+                    "Master": {"replicas": 1, "template": {"spec": {"containers": [{"name": "pytorch", "image": "x"}]}}}
+                }
+            },
+        },
+    )
     pods_for(ptj, ["ptj-master-0", "ptj-worker-0"], 2, "kernel_spin_waiting_4_blocks")
     # 4. Kueue-managed Job with its Workload (made by Kueue; its LocalQueue names the ClusterQueue): team from the queue
     queued = batch_job(api, ns, "queued", labels={"kueue.x-k8s.io/queue-name": "lq"})
@@ -160,7 +239,9 @@ def test_run_once_mixed_workloads(testbed, kube_admin, namespace, prometheus, po
 
     # --- DCGM history for every GPU pod
     jobs = [
-        traces.TraceJob(PodRef(ns, name, "main"), traces.make_gpus(int(g), f"{node}-{i}"), phase, duration=_whole(demo, phase))
+        traces.TraceJob(
+            PodRef(ns, name, "main"), traces.make_gpus(int(g), f"{node}-{i}"), phase, duration=_whole(demo, phase)
+        )
         for i, (name, (phase, g)) in enumerate(sorted(phases.items()))
     ]
     text = traces.trace_to_openmetrics(demo, jobs, end=end, duration=max(j.duration for j in jobs), interval=INTERVAL)
@@ -170,20 +251,29 @@ def test_run_once_mixed_workloads(testbed, kube_admin, namespace, prometheus, po
     sa, lease = "gpu-auditor", f"lease-{case}"
     cluster_objects.extend(grant_chart_permissions(api, ns, sa, lease, {"kueueRead"}))
     cfg = tmp_path / "settings.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "cluster": "test",
-        "log_level": "info",
-        "kubernetes": {"kubeconfig": testbed.kubeconfig, "impersonate": f"system:serviceaccount:{ns}:{sa}"},
-        "prometheus": {"url": prometheus.url, "matchers": {"case": case}, "label_convention": "pod"},
-        "store": {"url": postgres_url},
-        "interval": "5m",
-        "bucket_width": "5m",
-        "leader_election": {"namespace": ns, "lease_name": lease, "lease_duration": "6s",
-                            "renew_deadline": "4s", "retry_period": "1s"},
-        "features": {"annotate": False, "events": False, "kueue": True, "requeue": False},
-        "team_sources": ["podLabel:team", "jobLabel:team", "kueueQueue", "namespaceLabel:team", "namespace"],
-        "http": {"port": 0},
-    }))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "cluster": "test",
+                "log_level": "info",
+                "kubernetes": {"kubeconfig": testbed.kubeconfig, "impersonate": f"system:serviceaccount:{ns}:{sa}"},
+                "prometheus": {"url": prometheus.url, "matchers": {"case": case}, "label_convention": "pod"},
+                "store": {"url": postgres_url},
+                "interval": "5m",
+                "bucket_width": "5m",
+                "leader_election": {
+                    "namespace": ns,
+                    "lease_name": lease,
+                    "lease_duration": "6s",
+                    "renew_deadline": "4s",
+                    "retry_period": "1s",
+                },
+                "features": {"annotate": False, "events": False, "kueue": True, "requeue": False},
+                "team_sources": ["podLabel:team", "jobLabel:team", "kueueQueue", "namespaceLabel:team", "namespace"],
+                "http": {"port": 0},
+            }
+        )
+    )
 
     caplog.set_level(logging.INFO)
     out = _run_once(cfg, capsys)
@@ -198,7 +288,13 @@ def test_run_once_mixed_workloads(testbed, kube_admin, namespace, prometheus, po
     }
     for job, (team, gpus, verdict) in expect.items():
         s = by_job[job]
-        assert (s["team"], s["gpus"], s["verdict"]) == (team, gpus, verdict), (job, s["team"], s["gpus"], s["verdict"], s["findings"])
+        assert (s["team"], s["gpus"], s["verdict"]) == (team, gpus, verdict), (
+            job,
+            s["team"],
+            s["gpus"],
+            s["verdict"],
+            s["findings"],
+        )
         assert s["namespace"] == ns and s["cluster"] == "test" and s["final"] is False
     assert by_job["Job/train"]["uid"] == train["metadata"]["uid"]
     assert len(by_job["Job/train"]["kube"]["pods"]) == 2
@@ -213,7 +309,14 @@ def test_run_once_mixed_workloads(testbed, kube_admin, namespace, prometheus, po
         assert stored["Job/train"]["verdict"] == "healthy"
 
     # --- the Job "done" finishes, the PyTorchJob is deleted (its pods go): next cycle, final summaries
-    set_pod_status(api, ns, "done-0-qqqqq", phase="Succeeded", started=end - _whole(demo, "llm_batched_inference_bf16"), finished=end)
+    set_pod_status(
+        api,
+        ns,
+        "done-0-qqqqq",
+        phase="Succeeded",
+        started=end - _whole(demo, "llm_batched_inference_bf16"),
+        finished=end,
+    )
     for p in ("ptj-master-0", "ptj-worker-0"):
         call_json(api, resource_path("v1", "pods", ns, p), method="DELETE", query=[("gracePeriodSeconds", 0)])
     out2 = _run_once(cfg, capsys)
@@ -234,4 +337,3 @@ def test_run_once_mixed_workloads(testbed, kube_admin, namespace, prometheus, po
     # --- a third cycle finalizes nothing again
     out3 = _run_once(cfg, capsys)
     assert not [s for s in out3 if s.get("final")]
-

@@ -31,10 +31,20 @@ def _owned(obj: dict, body: dict) -> dict:
 
 
 def _statefulset(name: str, owner: dict, labels: dict) -> dict:
-    return _owned(owner, {
-        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": name, "labels": labels},
-        "spec": {"serviceName": name, "replicas": 1, "selector": {"matchLabels": labels},
-                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [CONTAINER]}}}})
+    return _owned(
+        owner,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "serviceName": name,
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": {"containers": [CONTAINER]}},
+            },
+        },
+    )
 
 
 def test_jobset_lws_and_rayjob_pods_resolve_to_their_top_owner(testbed, kube_admin, namespace):
@@ -42,34 +52,97 @@ def test_jobset_lws_and_rayjob_pods_resolve_to_their_top_owner(testbed, kube_adm
     started = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(minutes=5)
 
     # JobSet → Job → Pod, queued: Kueue's JobSet integration suspends it and makes its Workload
-    js = create(api, "jobset.x-k8s.io/v1alpha2", "jobsets", ns, {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-        "metadata": {"name": "pretrain", "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
-        "spec": {"replicatedJobs": [{"name": "workers", "replicas": 1, "template": {"spec": {
-            "parallelism": 1, "completions": 1, "template": pod_template(1)}}}]}})
-    js_job = create(api, "batch/v1", "jobs", ns, _owned(js, {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "pretrain-workers-0", "labels": {"jobset.sigs.k8s.io/jobset-name": "pretrain"}},
-        "spec": {"suspend": True, "template": pod_template(1)}}))
+    js = create(
+        api,
+        "jobset.x-k8s.io/v1alpha2",
+        "jobsets",
+        ns,
+        {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "metadata": {"name": "pretrain", "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
+            "spec": {
+                "replicatedJobs": [
+                    {
+                        "name": "workers",
+                        "replicas": 1,
+                        "template": {"spec": {"parallelism": 1, "completions": 1, "template": pod_template(1)}},
+                    }
+                ]
+            },
+        },
+    )
+    js_job = create(
+        api,
+        "batch/v1",
+        "jobs",
+        ns,
+        _owned(
+            js,
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": "pretrain-workers-0", "labels": {"jobset.sigs.k8s.io/jobset-name": "pretrain"}},
+                "spec": {"suspend": True, "template": pod_template(1)},
+            },
+        ),
+    )
     create_pod(api, ns, "pretrain-workers-0-0-abcde", gpus=1, owner=js_job, started=started)
 
     # LeaderWorkerSet → leader StatefulSet → leader Pod → worker StatefulSet → worker Pod
-    lws = create(api, "leaderworkerset.x-k8s.io/v1", "leaderworkersets", ns, {
-        "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "metadata": {"name": "serve"},
-        "spec": {"replicas": 1, "leaderWorkerTemplate": {"size": 2, "workerTemplate": {"spec": {"containers": [CONTAINER]}}}}})
-    leader_sts = create(api, "apps/v1", "statefulsets", ns, _statefulset("serve", lws, {"lws": "serve", "role": "leader"}))
+    lws = create(
+        api,
+        "leaderworkerset.x-k8s.io/v1",
+        "leaderworkersets",
+        ns,
+        {
+            "apiVersion": "leaderworkerset.x-k8s.io/v1",
+            "kind": "LeaderWorkerSet",
+            "metadata": {"name": "serve"},
+            "spec": {
+                "replicas": 1,
+                "leaderWorkerTemplate": {"size": 2, "workerTemplate": {"spec": {"containers": [CONTAINER]}}},
+            },
+        },
+    )
+    leader_sts = create(
+        api, "apps/v1", "statefulsets", ns, _statefulset("serve", lws, {"lws": "serve", "role": "leader"})
+    )
     leader = create_pod(api, ns, "serve-0", gpus=1, owner=leader_sts, started=started)
-    worker_sts = create(api, "apps/v1", "statefulsets", ns, _statefulset("serve-0", leader, {"lws": "serve", "role": "worker"}))
+    worker_sts = create(
+        api, "apps/v1", "statefulsets", ns, _statefulset("serve-0", leader, {"lws": "serve", "role": "worker"})
+    )
     create_pod(api, ns, "serve-0-1", gpus=1, owner=worker_sts, started=started)
 
     # RayJob → RayCluster → Pod
     head = {"rayStartParams": {}, "template": {"spec": {"containers": [CONTAINER]}}}
-    rayjob = create(api, "ray.io/v1", "rayjobs", ns, {
-        "apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "tune"},
-        "spec": {"entrypoint": "python tune.py", "rayClusterSpec": {"headGroupSpec": head}}})
-    cluster = create(api, "ray.io/v1", "rayclusters", ns, _owned(rayjob, {
-        "apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "tune-raycluster-x7k2p"},
-        "spec": {"headGroupSpec": head}}))
+    rayjob = create(
+        api,
+        "ray.io/v1",
+        "rayjobs",
+        ns,
+        {
+            "apiVersion": "ray.io/v1",
+            "kind": "RayJob",
+            "metadata": {"name": "tune"},
+            "spec": {"entrypoint": "python tune.py", "rayClusterSpec": {"headGroupSpec": head}},
+        },
+    )
+    cluster = create(
+        api,
+        "ray.io/v1",
+        "rayclusters",
+        ns,
+        _owned(
+            rayjob,
+            {
+                "apiVersion": "ray.io/v1",
+                "kind": "RayCluster",
+                "metadata": {"name": "tune-raycluster-x7k2p"},
+                "spec": {"headGroupSpec": head},
+            },
+        ),
+    )
     create_pod(api, ns, "tune-raycluster-x7k2p-head-q9z", gpus=1, owner=cluster, started=started)
 
     workload = job_workload(api, ns, js, timeout=30) if kueue_running() else None

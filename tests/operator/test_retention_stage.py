@@ -23,18 +23,40 @@ OLD = NOW - timedelta(days=50)
 
 def _operator(tmp_path, *, dry_run: bool = False) -> tuple[Operator, Store]:
     url = f"sqlite:///{tmp_path}/store.db"
-    settings = load_settings(None, environ={}, overrides={
-        "cluster": "east", "store": {"url": url, "retention": {"buckets": "35d", "summaries": "400d"}},
-        "leader_election": {"enabled": False}, "policies": {"builtin": False},
-        "prometheus": {"url": "http://127.0.0.1:9"}, "reports": {"weekly_schedule": ""},
-    })
+    settings = load_settings(
+        None,
+        environ={},
+        overrides={
+            "cluster": "east",
+            "store": {"url": url, "retention": {"buckets": "35d", "summaries": "400d"}},
+            "leader_election": {"enabled": False},
+            "policies": {"builtin": False},
+            "prometheus": {"url": "http://127.0.0.1:9"},
+            "reports": {"weekly_schedule": ""},
+        },
+    )
     store = Store.open(url)
     return Operator(settings, store=store, api=k8s.ApiClient(), clock=lambda: NOW, dry_run=dry_run), store
 
 
 def _old_bucket(store: Store, cluster: str) -> int:
     jid = store.upsert_job(JobRef(cluster, "ml", "Job", "train"), OLD - timedelta(hours=1), OLD)
-    store.replace_buckets(jid, [Bucket(PodRef("ml", "train-0"), GpuId("GPU-0"), Metric.SM_ACTIVE, OLD, OLD + timedelta(minutes=5), 1.0, 4, 0.2, 0.3)])
+    store.replace_buckets(
+        jid,
+        [
+            Bucket(
+                PodRef("ml", "train-0"),
+                GpuId("GPU-0"),
+                Metric.SM_ACTIVE,
+                OLD,
+                OLD + timedelta(minutes=5),
+                1.0,
+                4,
+                0.2,
+                0.3,
+            )
+        ],
+    )
     return jid
 
 

@@ -23,27 +23,41 @@ from auditor.settings import load_settings
 
 def _kubeconfig(tmp_path, contexts: dict[str, str | None], current: str) -> str:
     path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": current,
-        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": n, "context": {"cluster": "c", "user": "u", **({"namespace": ns} if ns else {})}}
-                     for n, ns in contexts.items()],
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": current,
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [
+                    {"name": n, "context": {"cluster": "c", "user": "u", **({"namespace": ns} if ns else {})}}
+                    for n, ns in contexts.items()
+                ],
+            }
+        )
+    )
     return str(path)
 
 
 def test_lease_namespace_outside_a_cluster_is_the_kubeconfig_contexts(tmp_path):
     kc = _kubeconfig(tmp_path, {"admin": "team-a", "bare": None}, current="admin")
     assert lease.lease_namespace(None, in_cluster=False, kubeconfig=kc, environ={}) == (
-        "team-a", "the kubeconfig context 'admin'")
+        "team-a",
+        "the kubeconfig context 'admin'",
+    )
     # an explicit context is the one read, as kubectl --context does
     assert lease.lease_namespace(None, in_cluster=False, kubeconfig=kc, context="bare", environ={}) == (
-        "default", "the kubeconfig context 'bare', which names no namespace")
+        "default",
+        "the kubeconfig context 'bare', which names no namespace",
+    )
     # the setting and $POD_NAMESPACE win over the kubeconfig
     assert lease.lease_namespace("ops", in_cluster=False, kubeconfig=kc, environ={"POD_NAMESPACE": "x"})[0] == "ops"
     assert lease.lease_namespace(None, in_cluster=False, kubeconfig=kc, environ={"POD_NAMESPACE": "x"}) == (
-        "x", "$POD_NAMESPACE")
+        "x",
+        "$POD_NAMESPACE",
+    )
 
 
 def test_lease_namespace_in_a_pod_is_its_service_accounts(tmp_path, monkeypatch):
@@ -57,8 +71,16 @@ def test_lease_namespace_in_a_pod_is_its_service_accounts(tmp_path, monkeypatch)
 
 def _status(code: int, reason: str, message: str, kind: str) -> ApiException:
     exc = ApiException(status=code, reason=reason)
-    exc.body = json.dumps({"kind": "Status", "status": "Failure", "message": message, "reason": reason,
-                           "details": {"name": "x", "kind": kind}, "code": code})
+    exc.body = json.dumps(
+        {
+            "kind": "Status",
+            "status": "Failure",
+            "message": message,
+            "reason": reason,
+            "details": {"name": "x", "kind": kind},
+            "code": code,
+        }
+    )
     return exc
 
 
@@ -68,7 +90,8 @@ def test_a_missing_namespace_is_told_from_a_missing_lease():
     assert not lease._namespace_missing(_status(403, "Forbidden", "no", "leases"))
     # one line with the server's message, never the raw body and headers
     assert lease._why(_status(404, "NotFound", 'namespaces "x" not found', "namespaces")) == (
-        '404 NotFound: namespaces "x" not found')
+        '404 NotFound: namespaces "x" not found'
+    )
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -78,8 +101,11 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def test_lease_flags_are_settings():
-    s = load_settings(None, overrides=run_cli.overrides_from_args(_args("--no-leader-election", "--lease-namespace", "ops")),
-                      environ={})
+    s = load_settings(
+        None,
+        overrides=run_cli.overrides_from_args(_args("--no-leader-election", "--lease-namespace", "ops")),
+        environ={},
+    )
     assert (s.leader_election.enabled, s.leader_election.namespace) == (False, "ops")
     s = load_settings(None, overrides=run_cli.overrides_from_args(_args()), environ={})
     assert (s.leader_election.enabled, s.leader_election.namespace) == (True, None)

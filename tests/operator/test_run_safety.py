@@ -61,17 +61,21 @@ def _kubeconfig(testbed, tmp_path: Path, namespace: str | None) -> str:
 
 def _settings(tmp_path: Path, kubeconfig: str, prometheus_url: str, case: str, store_url: str, **extra) -> Path:
     cfg = tmp_path / f"settings-{uuid.uuid4().hex[:6]}.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "cluster": "test",
-        "kubernetes": {"kubeconfig": kubeconfig},
-        "prometheus": {"url": prometheus_url, "matchers": {"case": case}, "label_convention": "pod"},
-        "store": {"url": store_url},
-        "policies": {"builtin": False},
-        # no weekly report: what a cycle sends must not depend on the day it runs
-        "reports": {"weekly_schedule": ""},
-        "http": {"port": 0},
-        **extra,
-    }))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "cluster": "test",
+                "kubernetes": {"kubeconfig": kubeconfig},
+                "prometheus": {"url": prometheus_url, "matchers": {"case": case}, "label_convention": "pod"},
+                "store": {"url": store_url},
+                "policies": {"builtin": False},
+                # no weekly report: what a cycle sends must not depend on the day it runs
+                "reports": {"weekly_schedule": ""},
+                "http": {"port": 0},
+                **extra,
+            }
+        )
+    )
     return cfg
 
 
@@ -136,11 +140,13 @@ def test_a_missing_lease_namespace_is_said_at_once(testbed, kube_admin, promethe
     assert gone.value.status == 404
 
 
-def test_the_lease_is_taken_in_the_kubeconfig_contexts_namespace(testbed, kube_admin, namespace, prometheus,
-                                                                  tmp_path, capsys):
+def test_the_lease_is_taken_in_the_kubeconfig_contexts_namespace(
+    testbed, kube_admin, namespace, prometheus, tmp_path, capsys
+):
     case = f"ln{uuid.uuid4().hex[:8]}"
-    cfg = _settings(tmp_path, _kubeconfig(testbed, tmp_path, namespace), prometheus.url, case,
-                    f"sqlite:///{tmp_path / 'store.db'}")
+    cfg = _settings(
+        tmp_path, _kubeconfig(testbed, tmp_path, namespace), prometheus.url, case, f"sqlite:///{tmp_path / 'store.db'}"
+    )
     assert _lease(kube_admin, namespace) is None
     rc, _out, err, _took = _run(capsys, "--config", str(cfg))
     assert rc == 0, err
@@ -152,13 +158,32 @@ def test_the_lease_is_taken_in_the_kubeconfig_contexts_namespace(testbed, kube_a
 def test_only_a_real_holder_is_named(testbed, kube_admin, namespace, prometheus, tmp_path, capsys):
     case = f"ln{uuid.uuid4().hex[:8]}"
     now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    create(kube_admin, LEASES, "leases", namespace, {
-        "apiVersion": LEASES, "kind": "Lease", "metadata": {"name": "gpu-auditor"},
-        "spec": {"holderIdentity": "gpu-auditor-7c9f-abcde", "leaseDurationSeconds": 3600,
-                 "acquireTime": now, "renewTime": now, "leaseTransitions": 3}})
-    cfg = _settings(tmp_path, _kubeconfig(testbed, tmp_path, namespace), prometheus.url, case,
-                    f"sqlite:///{tmp_path / 'store.db'}",
-                    leader_election={"lease_duration": "2s", "renew_deadline": "1500ms", "retry_period": "500ms"})
+    create(
+        kube_admin,
+        LEASES,
+        "leases",
+        namespace,
+        {
+            "apiVersion": LEASES,
+            "kind": "Lease",
+            "metadata": {"name": "gpu-auditor"},
+            "spec": {
+                "holderIdentity": "gpu-auditor-7c9f-abcde",
+                "leaseDurationSeconds": 3600,
+                "acquireTime": now,
+                "renewTime": now,
+                "leaseTransitions": 3,
+            },
+        },
+    )
+    cfg = _settings(
+        tmp_path,
+        _kubeconfig(testbed, tmp_path, namespace),
+        prometheus.url,
+        case,
+        f"sqlite:///{tmp_path / 'store.db'}",
+        leader_election={"lease_duration": "2s", "renew_deadline": "1500ms", "retry_period": "500ms"},
+    )
     rc, _out, err, _took = _run(capsys, "--config", str(cfg))
     assert rc == 1, err
     assert f"another operator (gpu-auditor-7c9f-abcde) holds the Lease {namespace}/gpu-auditor" in err, err
@@ -170,11 +195,18 @@ def test_a_refused_lease_is_said_at_once(testbed, kube_admin, namespace, prometh
     case = f"ln{uuid.uuid4().hex[:8]}"
     cleanup = grant_chart_permissions(kube_admin, namespace, "gpu-auditor", "another-lease", {"kueueRead"})
     try:
-        cfg = _settings(tmp_path, _kubeconfig(testbed, tmp_path, namespace), prometheus.url, case,
-                        f"sqlite:///{tmp_path / 'store.db'}",
-                        kubernetes={"kubeconfig": testbed.kubeconfig,
-                                    "impersonate": f"system:serviceaccount:{namespace}:gpu-auditor"},
-                        leader_election={"namespace": namespace})
+        cfg = _settings(
+            tmp_path,
+            _kubeconfig(testbed, tmp_path, namespace),
+            prometheus.url,
+            case,
+            f"sqlite:///{tmp_path / 'store.db'}",
+            kubernetes={
+                "kubeconfig": testbed.kubeconfig,
+                "impersonate": f"system:serviceaccount:{namespace}:gpu-auditor",
+            },
+            leader_election={"namespace": namespace},
+        )
         rc, _out, err, took = _run(capsys, "--config", str(cfg))
     finally:
         for path in cleanup:
@@ -190,8 +222,13 @@ def test_a_refused_lease_is_said_at_once(testbed, kube_admin, namespace, prometh
 def _spinning_job(api, prometheus, ns: str, case: str, end: datetime | None = None) -> dict:
     """A Kueue-managed Job (active Workload) whose one GPU spins one SM: low_sm_efficiency.
     Its samples end at ``end`` (default: two minutes from now, a job still running)."""
-    create(api, KV, "localqueues", ns, {"apiVersion": KV, "kind": "LocalQueue", "metadata": {"name": "lq"},
-                                        "spec": {"clusterQueue": f"cq-{case}"}})
+    create(
+        api,
+        KV,
+        "localqueues",
+        ns,
+        {"apiVersion": KV, "kind": "LocalQueue", "metadata": {"name": "lq"}, "spec": {"clusterQueue": f"cq-{case}"}},
+    )
     job = batch_job(api, ns, "train", labels={"kueue.x-k8s.io/queue-name": "lq"})
     job_workload(api, ns, job)  # Kueue's own Workload of the queued Job
     trace = traces.load_trace("h200-microbench")
@@ -199,8 +236,9 @@ def _spinning_job(api, prometheus, ns: str, case: str, end: datetime | None = No
     duration = cycle * math.ceil(timedelta(minutes=30) / cycle)
     end = end or datetime.now(timezone.utc).replace(microsecond=0) + timedelta(minutes=2)
     create_pod(api, ns, "train-0-abcde", gpus=1, owner=job, node=f"{case}-node", started=end - duration)
-    tj = traces.TraceJob(PodRef(ns, "train-0-abcde", "main"), traces.make_gpus(1, f"{case}-node"), "one_sm_spin",
-                         duration=duration)
+    tj = traces.TraceJob(
+        PodRef(ns, "train-0-abcde", "main"), traces.make_gpus(1, f"{case}-node"), "one_sm_spin", duration=duration
+    )
     text = traces.trace_to_openmetrics(trace, [tj], end=end, duration=duration, interval=INTERVAL)
     prometheus.backfill(re.sub(r"^([A-Za-z_:][A-Za-z0-9_:]*)\{", rf'\1{{case="{case}",', text, flags=re.M))
     return job
@@ -213,8 +251,12 @@ def _cluster_state(api, ns: str) -> dict:
     wl = job_workload(api, ns, job)
     events = call_json(api, resource_path("events.k8s.io/v1", "events", ns))["items"]
     return {
-        "job_annotations": {k: v for k, v in (job["metadata"].get("annotations") or {}).items() if k.startswith("gpu-auditor.io/")},
-        "pod_annotations": {k: v for k, v in (pod["metadata"].get("annotations") or {}).items() if k.startswith("gpu-auditor.io/")},
+        "job_annotations": {
+            k: v for k, v in (job["metadata"].get("annotations") or {}).items() if k.startswith("gpu-auditor.io/")
+        },
+        "pod_annotations": {
+            k: v for k, v in (pod["metadata"].get("annotations") or {}).items() if k.startswith("gpu-auditor.io/")
+        },
         "job_version": job["metadata"]["resourceVersion"],
         "workload_active": wl["spec"].get("active"),
         "workload_priority": wl["spec"].get("priority"),
@@ -223,8 +265,9 @@ def _cluster_state(api, ns: str) -> dict:
     }
 
 
-def test_dry_run_decides_and_records_but_changes_nothing(testbed, kube_admin, namespace, prometheus, postgres_url,
-                                                         tmp_path, capsys, monkeypatch):
+def test_dry_run_decides_and_records_but_changes_nothing(
+    testbed, kube_admin, namespace, prometheus, postgres_url, tmp_path, capsys, monkeypatch
+):
     api, ns = kube_admin, namespace
     case = f"dr{uuid.uuid4().hex[:8]}"
     _spinning_job(api, prometheus, ns, case)
@@ -235,7 +278,11 @@ def test_dry_run_decides_and_records_but_changes_nothing(testbed, kube_admin, na
     try:
         monkeypatch.setenv("GPU_AUDITOR_SLACK_WEBHOOK_URL", slack.url)
         cfg = _settings(
-            tmp_path, _kubeconfig(testbed, tmp_path, ns), prometheus.url, case, postgres_url,
+            tmp_path,
+            _kubeconfig(testbed, tmp_path, ns),
+            prometheus.url,
+            case,
+            postgres_url,
             policies={"builtin": False, "dir": str(policies)},
             features={"annotate": True, "events": True, "kueue": True, "requeue": True},
             requeue={"namespaces": [ns]},
@@ -253,7 +300,11 @@ def test_dry_run_decides_and_records_but_changes_nothing(testbed, kube_admin, na
             assert (summary["job"], summary["verdict"]) == ("Job/train", "low_sm_efficiency")
             (decision,) = summary["policy_decisions"]
             assert (decision["policy"], decision["step"], decision["actions"], decision["dry_run"]) == (
-                "requeue-low-sm", 0, ["annotate", "event", "notify"], True)
+                "requeue-low-sm",
+                0,
+                ["annotate", "event", "notify"],
+                True,
+            )
             assert "(dry-run)" in err and "dry run: nothing was written to the cluster" in err, err
             assert _cluster_state(api, ns) == before
         assert slack.requests == []
@@ -263,7 +314,12 @@ def test_dry_run_decides_and_records_but_changes_nothing(testbed, kube_admin, na
             repo = DecisionStore(store)
             (row,) = repo.decisions()
             assert (row["policy"], row["step"], row["actions"], row["dry_run"], row["violation_id"]) == (
-                "requeue-low-sm", 0, ["annotate", "event", "notify"], True, None)
+                "requeue-low-sm",
+                0,
+                ["annotate", "event", "notify"],
+                True,
+                None,
+            )
             assert row["dedup_key"].startswith("dry-run:") and row["evidence"]["would_do"] is True
             assert repo.actions() == [] and repo.open_violations() == []  # no ladder moved, no key taken
             runs = [r for r in store.runs() if (r["detail"] or {}).get("origin") == "operator"]
@@ -283,7 +339,9 @@ def test_dry_run_decides_and_records_but_changes_nothing(testbed, kube_admin, na
         slack.close()
 
 
-def test_every_now_of_a_cycle_is_the_operators_clock(testbed, kube_admin, namespace, prometheus, postgres_url, tmp_path):
+def test_every_now_of_a_cycle_is_the_operators_clock(
+    testbed, kube_admin, namespace, prometheus, postgres_url, tmp_path
+):
     """``Operator(clock=…)``: the cycle's window, its recorded run and the policy decisions all
     take their "now" from the clock, not from the wall (the data sits hours back from the wall
     only because Prometheus must hold it)."""
@@ -296,8 +354,14 @@ def test_every_now_of_a_cycle_is_the_operators_clock(testbed, kube_admin, namesp
     policies = tmp_path / "policies"
     policies.mkdir()
     (policies / "requeue.yaml").write_text(POLICY)
-    cfg = _settings(tmp_path, _kubeconfig(testbed, tmp_path, namespace), prometheus.url, case, postgres_url,
-                    policies={"builtin": False, "dir": str(policies)})
+    cfg = _settings(
+        tmp_path,
+        _kubeconfig(testbed, tmp_path, namespace),
+        prometheus.url,
+        case,
+        postgres_url,
+        policies={"builtin": False, "dir": str(policies)},
+    )
     result = Operator(load_settings(cfg, environ={}), clock=lambda: t, dry_run=True).run_once()
     assert result.window.end == t
     (summary,) = [x for x in result.summaries if x["namespace"] == namespace]

@@ -19,12 +19,18 @@ def test_runner_config_takes_routes_requeue_scope_and_feature_switches() -> None
     s = settings(
         features={"annotate": False, "events": True, "requeue": True},
         requeue={"namespaces": ["ml"], "queues": ["lq"], "max_per_hour": 2},
-        notifications={"slack": {"webhook_url_env": "SLACK"}, "webhook": {"url_env": "HOOK", "hmac_key_env": "KEY"},
-                       "routes": {"vision": {"slack_webhook_url_env": "VISION_SLACK"}}},
+        notifications={
+            "slack": {"webhook_url_env": "SLACK"},
+            "webhook": {"url_env": "HOOK", "hmac_key_env": "KEY"},
+            "routes": {"vision": {"slack_webhook_url_env": "VISION_SLACK"}},
+        },
     )
     cfg = runner_config(s, environ={"SLACK": "https://s", "HOOK": "https://h", "KEY": "k", "VISION_SLACK": "https://v"})
     assert (cfg.default_route.slack_url, cfg.default_route.webhook_url, cfg.default_route.webhook_secret) == (
-        "https://s", "https://h", "k")
+        "https://s",
+        "https://h",
+        "k",
+    )
     assert cfg.routes["vision"].slack_url == "https://v"
     assert cfg.disabled_actions == frozenset({ActionKind.ANNOTATE})
     assert cfg.requeue.enabled and cfg.requeue.max_per_hour == 2

@@ -30,8 +30,10 @@ def _one_cycle(api, tmp_path, name: str, thresholds: dict | None) -> dict[str, d
     jobs = [TraceJob(PodRef(ns, "spin", "main"), make_gpus(1, f"{ns}-node"), "one_sm_spin")]
     source = ReplaySource([(trace, jobs)], end=now, duration=timedelta(minutes=30))
     overrides: dict = {
-        "cluster": f"c-{name}", "leader_election": {"enabled": False},
-        "policies": {"builtin": False}, "reports": {"weekly_schedule": ""},
+        "cluster": f"c-{name}",
+        "leader_election": {"enabled": False},
+        "policies": {"builtin": False},
+        "reports": {"weekly_schedule": ""},
     }
     if thresholds is not None:
         overrides["thresholds"] = thresholds

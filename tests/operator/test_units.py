@@ -41,7 +41,13 @@ def _c(limits=None, requests=None, **extra):
         ({"initContainers": [_c({"nvidia.com/gpu": "1"})], "containers": [_c({"nvidia.com/gpu": "2"})]}, 2),
         ({"initContainers": [_c({"nvidia.com/gpu": "4"})], "containers": [_c({"nvidia.com/gpu": "2"})]}, 4),
         # a sidecar (restartPolicy Always) runs beside the app: it adds
-        ({"initContainers": [_c({"nvidia.com/gpu": "1"}, restartPolicy="Always")], "containers": [_c({"nvidia.com/gpu": "2"})]}, 3),
+        (
+            {
+                "initContainers": [_c({"nvidia.com/gpu": "1"}, restartPolicy="Always")],
+                "containers": [_c({"nvidia.com/gpu": "2"})],
+            },
+            3,
+        ),
         ({"containers": [_c({"nvidia.com/gpu": "garbage"})]}, 0),
     ],
 )
@@ -87,12 +93,20 @@ def test_bad_values_are_named(tmp_path):
 def test_environment_overrides_file_and_flags_override_environment(tmp_path):
     f = tmp_path / "s.yaml"
     f.write_text("interval: 5m\ncluster: a\nstore: {url_env: MY_DB}\n")
-    env = {"GPU_AUDITOR_INTERVAL": "1m", "GPU_AUDITOR_LEADER_ELECTION__LEASE_DURATION": "30s",
-           "GPU_AUDITOR_PROMETHEUS_URL": "http://p:9090", "MY_DB": "postgresql://u:hunter2@db/x",
-           "GPU_AUDITOR_PROMETHEUS_TOKEN": "not-a-setting"}
+    env = {
+        "GPU_AUDITOR_INTERVAL": "1m",
+        "GPU_AUDITOR_LEADER_ELECTION__LEASE_DURATION": "30s",
+        "GPU_AUDITOR_PROMETHEUS_URL": "http://p:9090",
+        "MY_DB": "postgresql://u:hunter2@db/x",
+        "GPU_AUDITOR_PROMETHEUS_TOKEN": "not-a-setting",
+    }
     s = load_settings(f, environ=env, overrides={"cluster": "b"})
     assert (s.interval, s.leader_election.lease_duration, s.prometheus.url, s.cluster) == (
-        timedelta(minutes=1), timedelta(seconds=30), "http://p:9090", "b")
+        timedelta(minutes=1),
+        timedelta(seconds=30),
+        "http://p:9090",
+        "b",
+    )
     assert s.database_url(env) == "postgresql://u:hunter2@db/x"
     with pytest.raises(BadInput, match="GPU_AUDITOR_LEADER_ELECTION__LEASE_DURATIO"):
         load_settings(None, environ={"GPU_AUDITOR_LEADER_ELECTION__LEASE_DURATIO": "3s"})
@@ -114,8 +128,14 @@ class _NoRuns:
 
 
 def test_catch_up_is_chunked_and_aligned():
-    r = CycleRunner(store=_NoRuns(), source=None, resolver=None, cluster="c", width=timedelta(minutes=5),
-                    catch_up_chunk=timedelta(hours=1))
+    r = CycleRunner(
+        store=_NoRuns(),
+        source=None,
+        resolver=None,
+        cluster="c",
+        width=timedelta(minutes=5),
+        catch_up_chunk=timedelta(hours=1),
+    )
     now = datetime(2026, 11, 30, 12, 7, 30, tzinfo=timezone.utc)
     w = r.plan(now, {})
     assert w.start == align_down(now - timedelta(minutes=5), timedelta(minutes=5)) and w.end == now

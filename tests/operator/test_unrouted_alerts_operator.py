@@ -38,8 +38,9 @@ spec:
 """
 
 
-def test_operator_counts_alerts_without_destination(testbed, kube_admin, namespace, prometheus, tmp_path, caplog,
-                                                    monkeypatch) -> None:
+def test_operator_counts_alerts_without_destination(
+    testbed, kube_admin, namespace, prometheus, tmp_path, caplog, monkeypatch
+) -> None:
     for var in ("GPU_AUDITOR_SLACK_WEBHOOK_URL", "GPU_AUDITOR_WEBHOOK_URL", "GPU_AUDITOR_DATABASE_URL"):
         monkeypatch.delenv(var, raising=False)
     case = f"ua{uuid.uuid4().hex[:8]}"
@@ -49,26 +50,34 @@ def test_operator_counts_alerts_without_destination(testbed, kube_admin, namespa
     end = datetime.now(timezone.utc).replace(microsecond=0)
     jobs = []
     for k, name in enumerate(("spin-a", "spin-b")):
-        create_pod(kube_admin, namespace, name, gpus=1, labels={"team": "nohook"}, node=f"{case}-n{k}",
-                   started=end - duration)
-        jobs.append(traces.TraceJob(PodRef(namespace, name, "main"), traces.make_gpus(1, f"{case}-n{k}"),
-                                    "one_sm_spin", duration=duration))
+        create_pod(
+            kube_admin, namespace, name, gpus=1, labels={"team": "nohook"}, node=f"{case}-n{k}", started=end - duration
+        )
+        jobs.append(
+            traces.TraceJob(
+                PodRef(namespace, name, "main"), traces.make_gpus(1, f"{case}-n{k}"), "one_sm_spin", duration=duration
+            )
+        )
     text = traces.trace_to_openmetrics(trace, jobs, end=end, duration=duration, interval=INTERVAL)
     prometheus.backfill(re.sub(r"^([A-Za-z_:][A-Za-z0-9_:]*)\{", rf'\1{{case="{case}",', text, flags=re.M))
 
     policies = tmp_path / "policies"
     policies.mkdir()
     (policies / "tell.yaml").write_text(POLICY)
-    settings = load_settings(None, environ={}, overrides={
-        "cluster": "t",
-        "kubernetes": {"kubeconfig": testbed.kubeconfig},
-        "prometheus": {"url": prometheus.url, "matchers": {"case": case}, "label_convention": "pod"},
-        "store": {"url": f"sqlite:///{tmp_path}/s.db"},
-        "leader_election": {"enabled": False},
-        "policies": {"builtin": False, "dir": str(policies)},
-        "reports": {"weekly_schedule": ""},
-        "http": {"port": 0},
-    })
+    settings = load_settings(
+        None,
+        environ={},
+        overrides={
+            "cluster": "t",
+            "kubernetes": {"kubeconfig": testbed.kubeconfig},
+            "prometheus": {"url": prometheus.url, "matchers": {"case": case}, "label_convention": "pod"},
+            "store": {"url": f"sqlite:///{tmp_path}/s.db"},
+            "leader_election": {"enabled": False},
+            "policies": {"builtin": False, "dir": str(policies)},
+            "reports": {"weekly_schedule": ""},
+            "http": {"port": 0},
+        },
+    )
     op = Operator(settings)
     try:
         with caplog.at_level(logging.WARNING, logger="auditor.policy.runner"):
@@ -83,5 +92,6 @@ def test_operator_counts_alerts_without_destination(testbed, kube_admin, namespa
     warned = [r.getMessage() for r in caplog.records if "not delivered" in r.getMessage()]
     assert len(warned) == 1 and "team nohook " in warned[0], warned
     value = op.metrics.registry.get_sample_value(
-        "gpu_auditor_policy_alerts_undelivered_total", {"team": "nohook", "reason": "no_destination"})
+        "gpu_auditor_policy_alerts_undelivered_total", {"team": "nohook", "reason": "no_destination"}
+    )
     assert value == 2.0

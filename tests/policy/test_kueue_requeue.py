@@ -42,7 +42,9 @@ from auditor.store.decisions import DecisionStore, JobIdent
 
 pytestmark = [
     pytest.mark.testbed,
-    pytest.mark.skipif(not kueue_running(), reason="the bed runs without the Kueue controller (GPU_AUDITOR_TESTBED_KUEUE=0)"),
+    pytest.mark.skipif(
+        not kueue_running(), reason="the bed runs without the Kueue controller (GPU_AUDITOR_TESTBED_KUEUE=0)"
+    ),
 ]
 
 
@@ -66,8 +68,15 @@ class Timeline:
 
         def run() -> None:
             try:
-                for ev in self._w.stream(custom.list_namespaced_custom_object, "kueue.x-k8s.io", "v1beta2", namespace,
-                                         "workloads", field_selector=f"metadata.name={name}", timeout_seconds=300):
+                for ev in self._w.stream(
+                    custom.list_namespaced_custom_object,
+                    "kueue.x-k8s.io",
+                    "v1beta2",
+                    namespace,
+                    "workloads",
+                    field_selector=f"metadata.name={name}",
+                    timeout_seconds=300,
+                ):
                     self.seen.append((time.monotonic() - self.t0, ev["object"]))
             except Exception:
                 if not self._stopped:
@@ -122,7 +131,9 @@ def quota(kube_admin, namespace):
 
 
 def _requeue_row(store: Store, ns: str) -> Any:
-    (row,) = [a for a in DecisionStore(store).actions(job=JobIdent("default", ns, "Job", "bad")) if a.action == "requeue"]
+    (row,) = [
+        a for a in DecisionStore(store).actions(job=JobIdent("default", ns, "Job", "bad")) if a.action == "requeue"
+    ]
     return row
 
 
@@ -131,7 +142,9 @@ def _job(api: Any, ns: str, name: str) -> dict:
 
 
 def _reactivate_at(api: Any, ns: str) -> datetime:
-    return datetime.fromisoformat(_job(api, ns, "bad")["metadata"]["annotations"]["gpu-auditor.io/reactivate-at"].replace("Z", "+00:00"))
+    return datetime.fromisoformat(
+        _job(api, ns, "bad")["metadata"]["annotations"]["gpu-auditor.io/reactivate-at"].replace("Z", "+00:00")
+    )
 
 
 def test_requeue_evicts_suspends_and_kueue_readmits_after_the_backoff(kube_admin, namespace, tmp_path, quota, capsys):
@@ -155,11 +168,20 @@ def test_requeue_evicts_suspends_and_kueue_readmits_after_the_backoff(kube_admin
 
         # 2. the policy runner escalates and requeues (its backoff 10 minutes of its clock)
         _store_job(store, ns, "bad", job["metadata"]["uid"], "bad-0-abcde", 0.97, 0.1)
-        summary = {**_summary(ns, "bad", "bad-0-abcde", job["metadata"]["uid"], "low_sm_efficiency", 0.97, 0.1),
-                   "queue": "lq"}
-        runner = PolicyRunner(parse_policies(POLICY, "p.yaml"), store, KubeActions(api, "test"), RunnerConfig(
-            routes={"ml": Route(slack_url=slack.url, webhook_url=hook.url, webhook_secret=SECRET)},
-            requeue=RequeueSettings(enabled=True, namespaces=frozenset({ns})), retry=FAST))
+        summary = {
+            **_summary(ns, "bad", "bad-0-abcde", job["metadata"]["uid"], "low_sm_efficiency", 0.97, 0.1),
+            "queue": "lq",
+        }
+        runner = PolicyRunner(
+            parse_policies(POLICY, "p.yaml"),
+            store,
+            KubeActions(api, "test"),
+            RunnerConfig(
+                routes={"ml": Route(slack_url=slack.url, webhook_url=hook.url, webhook_secret=SECRET)},
+                requeue=RequeueSettings(enabled=True, namespaces=frozenset({ns})),
+                retry=FAST,
+            ),
+        )
         minute = 0
         while call_json(api, resource_path(KV, "workloads", ns, wl["metadata"]["name"]))["spec"].get("active", True):
             assert minute < 8, "the runner never requeued the job"
@@ -200,10 +222,12 @@ def test_requeue_evicts_suspends_and_kueue_readmits_after_the_backoff(kube_admin
         back = seen + timedelta(minutes=10, seconds=30)  # the first cycle after the due time
         runner.run_cycle([summary], now=back, act=True)
         assert _reactivate_at(api, ns) == back  # when it really went back
-        reactivated = timeline.wait("our patch (spec.active true)", lambda w: w["spec"].get("active") is True,
-                                    after=released)
-        readmitted = timeline.wait("re-admitted", lambda w: _is(w, "Admitted") and _is(w, "Requeued", reason="Reactivated"),
-                                   after=reactivated)
+        reactivated = timeline.wait(
+            "our patch (spec.active true)", lambda w: w["spec"].get("active") is True, after=released
+        )
+        readmitted = timeline.wait(
+            "re-admitted", lambda w: _is(w, "Admitted") and _is(w, "Requeued", reason="Reactivated"), after=reactivated
+        )
         deadline = time.monotonic() + 30
         while _job(api, ns, "bad")["spec"]["suspend"]:
             assert time.monotonic() < deadline, "Kueue never unsuspended the re-admitted Job"
@@ -216,20 +240,28 @@ def test_requeue_evicts_suspends_and_kueue_readmits_after_the_backoff(kube_admin
         evictions = final["status"].get("schedulingStats", {}).get("evictions", [])
         assert [(e["reason"], e["count"]) for e in evictions] == [("Deactivated", 1)], evictions
         steps = timeline.transitions()
-        assert _in_order(steps, [
-            ("QuotaReserved", "True", "QuotaReserved"), ("Admitted", "True", "Admitted"),
-            ("Evicted", "True", "Deactivated"),
-            ("QuotaReserved", "False", "Pending"), ("Admitted", "False", "NoReservation"),
-            ("Requeued", "False", "Deactivated"),
-            ("Requeued", "True", "Reactivated"),
-            ("QuotaReserved", "True", "QuotaReserved"), ("Evicted", "False", "QuotaReserved"),
-            ("Admitted", "True", "Admitted"),
-        ]), steps
+        assert _in_order(
+            steps,
+            [
+                ("QuotaReserved", "True", "QuotaReserved"),
+                ("Admitted", "True", "Admitted"),
+                ("Evicted", "True", "Deactivated"),
+                ("QuotaReserved", "False", "Pending"),
+                ("Admitted", "False", "NoReservation"),
+                ("Requeued", "False", "Deactivated"),
+                ("Requeued", "True", "Reactivated"),
+                ("QuotaReserved", "True", "QuotaReserved"),
+                ("Evicted", "False", "QuotaReserved"),
+                ("Admitted", "True", "Admitted"),
+            ],
+        ), steps
         with capsys.disabled():
-            print(f"\nkueue requeue timings (s, watch clock): admitted at {admitted:.3f}; our deactivation → "
-                  f"Evicted +{evicted - requeued:.3f}, Job suspended by +{suspended - requeued:.3f}; pods removed → "
-                  f"quota released +{released - stopped:.3f}; our reactivation → re-admitted "
-                  f"+{readmitted - reactivated:.3f}, Job unsuspended by +{resumed - reactivated:.3f}\n{steps}")
+            print(
+                f"\nkueue requeue timings (s, watch clock): admitted at {admitted:.3f}; our deactivation → "
+                f"Evicted +{evicted - requeued:.3f}, Job suspended by +{suspended - requeued:.3f}; pods removed → "
+                f"quota released +{released - stopped:.3f}; our reactivation → re-admitted "
+                f"+{readmitted - reactivated:.3f}, Job unsuspended by +{resumed - reactivated:.3f}\n{steps}"
+            )
     finally:
         timeline.stop()
         store.close()
@@ -256,11 +288,17 @@ def test_quota_is_real_and_a_deleted_jobs_workload_releases_it(kube_admin, names
         assert time.monotonic() < deadline
         time.sleep(0.1)
     waiting = _condition(_workload_now(api, ns, second), "QuotaReserved")
-    assert (waiting["status"], waiting["reason"]) == ("False", "Pending") and "insufficient" in waiting["message"], waiting
+    assert (waiting["status"], waiting["reason"]) == ("False", "Pending") and "insufficient" in waiting["message"], (
+        waiting
+    )
     assert _job(api, ns, "second")["spec"]["suspend"] is True
     first_wl = job_workload(api, ns, first)["metadata"]["name"]
-    call_json(api, resource_path("batch/v1", "jobs", ns, "first"), method="DELETE",
-              query=[("propagationPolicy", "Background")])
+    call_json(
+        api,
+        resource_path("batch/v1", "jobs", ns, "first"),
+        method="DELETE",
+        query=[("propagationPolicy", "Background")],
+    )
     deadline = time.monotonic() + 60
     while not _is(_workload_now(api, ns, second), "Admitted"):
         assert time.monotonic() < deadline, "the second Job was never admitted after the first was deleted"
@@ -299,8 +337,12 @@ def test_a_demoted_job_is_admitted_after_a_competing_one(kube_admin, namespace, 
         wl = _workload_now(api, ns, older)
         assert wl["spec"]["priority"] == 100 and wl["spec"]["active"] is True
         assert wl["metadata"]["annotations"]["kueue.x-k8s.io/priority-boost"] == "-10"
-        call_json(api, resource_path("batch/v1", "jobs", ns, "blocker"), method="DELETE",
-                  query=[("propagationPolicy", "Background")])
+        call_json(
+            api,
+            resource_path("batch/v1", "jobs", ns, "blocker"),
+            method="DELETE",
+            query=[("propagationPolicy", "Background")],
+        )
         deadline = time.monotonic() + 60
         while not _is(_workload_now(api, ns, newer), "Admitted"):
             assert time.monotonic() < deadline, "the newer Job was never admitted"

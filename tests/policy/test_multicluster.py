@@ -25,11 +25,19 @@ pytestmark = pytest.mark.testbed
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=timezone.utc)
 #: one step (annotate) on low SM activity: the smallest ladder with a Kubernetes side effect
-POLICY = yaml.safe_dump({
-    "apiVersion": "gpu-auditor.io/v1alpha1", "kind": "GpuPolicy", "metadata": {"name": "low-sm"},
-    "spec": {"mode": "enforce", "verdicts": ["low_sm_efficiency"], "conditions": [{"field": "sm_active", "op": "<=", "value": 0.3}],
-             "escalation": [{"actions": ["annotate"]}]},
-})
+POLICY = yaml.safe_dump(
+    {
+        "apiVersion": "gpu-auditor.io/v1alpha1",
+        "kind": "GpuPolicy",
+        "metadata": {"name": "low-sm"},
+        "spec": {
+            "mode": "enforce",
+            "verdicts": ["low_sm_efficiency"],
+            "conditions": [{"field": "sm_active", "op": "<=", "value": 0.3}],
+            "escalation": [{"actions": ["annotate"]}],
+        },
+    }
+)
 
 
 class Crash(BaseException):
@@ -42,19 +50,36 @@ class CrashingActions(KubeActions):
 
 
 def _job(kube_admin, ns: str, name: str) -> str:
-    job = k8s.BatchV1Api(kube_admin).create_namespaced_job(ns, k8s.V1Job(
-        metadata=k8s.V1ObjectMeta(name=name),
-        spec=k8s.V1JobSpec(template=k8s.V1PodTemplateSpec(spec=k8s.V1PodSpec(
-            restart_policy="Never", containers=[k8s.V1Container(name="c", image="busybox")]))),
-    ))
+    job = k8s.BatchV1Api(kube_admin).create_namespaced_job(
+        ns,
+        k8s.V1Job(
+            metadata=k8s.V1ObjectMeta(name=name),
+            spec=k8s.V1JobSpec(
+                template=k8s.V1PodTemplateSpec(
+                    spec=k8s.V1PodSpec(restart_policy="Never", containers=[k8s.V1Container(name="c", image="busybox")])
+                )
+            ),
+        ),
+    )
     return job.metadata.uid
 
 
 def _summary(cluster: str, ns: str, name: str, uid: str) -> dict:
     return {
-        "cluster": cluster, "namespace": ns, "job": f"Job/{name}", "uid": uid, "team": "ml", "pods": [],
-        "verdict": "low_sm_efficiency", "gpu_util": 0.97, "sm_active": 0.1, "coverage": 0.99,
-        "gpu_hours": 1.0, "waste_gpu_hours": 0.9, "gpu_model": "NVIDIA H200", "gpus": 1,
+        "cluster": cluster,
+        "namespace": ns,
+        "job": f"Job/{name}",
+        "uid": uid,
+        "team": "ml",
+        "pods": [],
+        "verdict": "low_sm_efficiency",
+        "gpu_util": 0.97,
+        "sm_active": 0.1,
+        "coverage": 0.99,
+        "gpu_hours": 1.0,
+        "waste_gpu_hours": 0.9,
+        "gpu_model": "NVIDIA H200",
+        "gpus": 1,
     }
 
 

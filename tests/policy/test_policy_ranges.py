@@ -45,14 +45,26 @@ def problems(text: str) -> list[str]:
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("sm_active", "90", "p.yaml:9: spec.conditions.0.value: sm_active: 90 is out of range (0–1 ratio); "
-                            "ratios are 0–1: did you mean 0.9?"),
-        ("coverage", "1.5", "p.yaml:9: spec.conditions.0.value: coverage: 1.5 is out of range (0–1 ratio); "
-                            "ratios are 0–1: did you mean 0.015?"),
+        (
+            "sm_active",
+            "90",
+            "p.yaml:9: spec.conditions.0.value: sm_active: 90 is out of range (0–1 ratio); "
+            "ratios are 0–1: did you mean 0.9?",
+        ),
+        (
+            "coverage",
+            "1.5",
+            "p.yaml:9: spec.conditions.0.value: coverage: 1.5 is out of range (0–1 ratio); "
+            "ratios are 0–1: did you mean 0.015?",
+        ),
         ("gpu_util", "-0.2", "p.yaml:9: spec.conditions.0.value: gpu_util: -0.2 is out of range (0–1 ratio)"),
         ("mfu_estimate", "250", "p.yaml:9: spec.conditions.0.value: mfu_estimate: 250 is out of range (0–1 ratio)"),
-        ("sm_clock_mhz", "1410000000", "p.yaml:9: spec.conditions.0.value: sm_clock_mhz: 1.41e+09 is out of range "
-                                       "(0–10000 MHz); clocks are in MHz: did you mean 1410?"),
+        (
+            "sm_clock_mhz",
+            "1410000000",
+            "p.yaml:9: spec.conditions.0.value: sm_clock_mhz: 1.41e+09 is out of range "
+            "(0–10000 MHz); clocks are in MHz: did you mean 1410?",
+        ),
         ("power_w", "-5", "p.yaml:9: spec.conditions.0.value: power_w: -5 is out of range (0–5000 W)"),
         ("gpu_hours", "-1", "p.yaml:9: spec.conditions.0.value: gpu_hours: -1 is out of range (≥ 0 GPU-hours)"),
         ("gpus", ".nan", "p.yaml:9: spec.conditions.0.value: gpus: nan is not a finite number"),
@@ -63,8 +75,15 @@ def test_out_of_range_values_are_refused_with_file_line_and_hint(field, value, m
 
 
 def test_values_at_the_bounds_and_in_other_units_are_accepted():
-    for field, value in [("sm_active", "0"), ("sm_active", "1"), ("power_w", "700"), ("fb_used_mib", "81559"),
-                         ("sm_clock_mhz", "1980"), ("gpu_hours", "100"), ("gpus", "0.5")]:
+    for field, value in [
+        ("sm_active", "0"),
+        ("sm_active", "1"),
+        ("power_w", "700"),
+        ("fb_used_mib", "81559"),
+        ("sm_clock_mhz", "1980"),
+        ("gpu_hours", "100"),
+        ("gpus", "0.5"),
+    ]:
         (p,) = parse_policies(policy(field, value), "p.yaml")
         assert p.spec.conditions[0].value == float(value)
 
@@ -96,16 +115,24 @@ spec:
 def test_the_ratio_written_as_the_hint_says_fires():
     """What the refused policy meant (0.9, not 90) matches a job at SM activity 0.5."""
     (p,) = parse_policies(policy("sm_active", "0.9"), "p.yaml")
-    summary = {"cluster": "c", "namespace": "n", "job": "Job/j", "team": "t", "verdict": "low_sm_efficiency",
-               "sm_active": 0.5}
+    summary = {
+        "cluster": "c",
+        "namespace": "n",
+        "job": "Job/j",
+        "team": "t",
+        "verdict": "low_sm_efficiency",
+        "sm_active": 0.5,
+    }
     assert evaluate(p, summary, now=NOW).fires
 
 
 def test_missing_escalation_is_required_with_an_example():
     text = BASE.replace("FIELD", "sm_active").replace("VALUE", "0.3").split("  escalation:")[0]
     (msg,) = problems(text)
-    assert msg.startswith("p.yaml:4: spec.escalation: required: the ordered action steps, at least one, e.g. "
-                          "escalation: [{actions: [annotate, event]}]"), msg
+    assert msg.startswith(
+        "p.yaml:4: spec.escalation: required: the ordered action steps, at least one, e.g. "
+        "escalation: [{actions: [annotate, event]}]"
+    ), msg
 
 
 def _validate(*args: str) -> subprocess.CompletedProcess:
@@ -118,7 +145,9 @@ def test_validate_takes_a_single_file_and_runs_its_suite(tmp_path):
     assert r.stdout.splitlines() == ["ok  idle-gpus  (mode warn, 2 step(s))", "1 policy valid"]
     # the suite next to the file runs: break it and validate the file alone
     (tmp_path / "policy.yaml").write_text((ROOT / "policies/idle-gpus/policy.yaml").read_text())
-    (tmp_path / "suite.yaml").write_text("fire:\n  - name: never idle\n    summary: {verdict: healthy, gpu_util: 0.99}\n")
+    (tmp_path / "suite.yaml").write_text(
+        "fire:\n  - name: never idle\n    summary: {verdict: healthy, gpu_util: 0.99}\n"
+    )
     r = _validate(str(tmp_path / "policy.yaml"))
     assert r.returncode == 1 and "suite failure" in r.stderr and "never idle" in r.stderr
 
@@ -128,7 +157,10 @@ def test_validate_a_bad_file_names_file_and_line(tmp_path):
     bad.write_text(policy("sm_active", "90"))
     r = _validate(str(bad))
     assert r.returncode == 2
-    assert f"{bad}:9: spec.conditions.0.value: sm_active: 90 is out of range (0–1 ratio); ratios are 0–1: did you mean 0.9?" in r.stderr
+    assert (
+        f"{bad}:9: spec.conditions.0.value: sm_active: 90 is out of range (0–1 ratio); ratios are 0–1: did you mean 0.9?"
+        in r.stderr
+    )
 
 
 @pytest.mark.parametrize(

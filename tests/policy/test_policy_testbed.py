@@ -71,8 +71,14 @@ def _buckets(ns: str, pod: str, util: float, sm: float, minutes: int = 60) -> li
     return out
 
 
-def _job(kube_admin, ns: str, name: str, annotations: dict | None = None, kueue: bool = False,
-         priority_class: str | None = None) -> dict:
+def _job(
+    kube_admin,
+    ns: str,
+    name: str,
+    annotations: dict | None = None,
+    kueue: bool = False,
+    priority_class: str | None = None,
+) -> dict:
     batch = k8s.BatchV1Api(kube_admin)
     labels = {"kueue.x-k8s.io/queue-name": "team-a"} if kueue else {}
     if priority_class:
@@ -117,9 +123,21 @@ def priority_class(kube_admin):
 
 def _summary(ns: str, name: str, pod: str, uid: str, verdict: str, util: float, sm: float, team: str = "ml") -> dict:
     return {
-        "cluster": "default", "namespace": ns, "job": f"Job/{name}", "uid": uid, "team": team, "queue": "team-a",
-        "gpu_model": "NVIDIA H200", "gpus": 1, "pods": [pod], "verdict": verdict, "gpu_util": util,
-        "sm_active": sm, "coverage": 0.99, "gpu_hours": 1.0, "waste_gpu_hours": 1.0 - sm,
+        "cluster": "default",
+        "namespace": ns,
+        "job": f"Job/{name}",
+        "uid": uid,
+        "team": team,
+        "queue": "team-a",
+        "gpu_model": "NVIDIA H200",
+        "gpus": 1,
+        "pods": [pod],
+        "verdict": verdict,
+        "gpu_util": util,
+        "sm_active": sm,
+        "coverage": 0.99,
+        "gpu_hours": 1.0,
+        "waste_gpu_hours": 1.0 - sm,
     }
 
 
@@ -136,8 +154,11 @@ def _events(kube_admin, ns: str, name: str) -> list:
     from auditor.kube.client import call_json, resource_path
 
     items = call_json(kube_admin, resource_path("events.k8s.io/v1", "events", ns)).get("items") or []
-    return [SimpleNamespace(reason=e.get("reason"), type=e.get("type"), regarding=e["regarding"])
-            for e in items if (e.get("regarding") or {}).get("name") == name]
+    return [
+        SimpleNamespace(reason=e.get("reason"), type=e.get("type"), regarding=e["regarding"])
+        for e in items
+        if (e.get("regarding") or {}).get("name") == name
+    ]
 
 
 def _annotations(kube_admin, ns: str, name: str) -> dict:
@@ -145,7 +166,9 @@ def _annotations(kube_admin, ns: str, name: str) -> dict:
 
 
 def _wl(kube_admin, ns: str, name: str) -> dict:
-    return k8s.CustomObjectsApi(kube_admin).get_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", ns, "workloads", name)
+    return k8s.CustomObjectsApi(kube_admin).get_namespaced_custom_object(
+        "kueue.x-k8s.io", "v1beta2", ns, "workloads", name
+    )
 
 
 @pytest.fixture
@@ -156,8 +179,9 @@ def receivers():
     hook.close()
 
 
-def test_low_sm_job_escalates_once_and_requeues_through_kueue(kube_admin, namespace, tmp_path, receivers,
-                                                              priority_class):
+def test_low_sm_job_escalates_once_and_requeues_through_kueue(
+    kube_admin, namespace, tmp_path, receivers, priority_class
+):
     slack, hook = receivers
     ns = namespace
     bad = _job(kube_admin, ns, "bad", kueue=True, priority_class=priority_class)
@@ -220,7 +244,12 @@ def test_snooze_annotation_holds_every_action(kube_admin, namespace, tmp_path, r
     store = Store.open(f"sqlite:///{tmp_path}/s.db")
     _store_job(store, ns, "bad", bad["uid"], bad["pod"], 0.97, 0.1)
     s = _summary(ns, "bad", bad["pod"], bad["uid"], "low_sm_efficiency", 0.97, 0.1)
-    runner = PolicyRunner(parse_policies(POLICY, "p.yaml"), store, KubeActions(kube_admin), RunnerConfig(default_route=Route(slack_url=slack.url), retry=FAST))
+    runner = PolicyRunner(
+        parse_policies(POLICY, "p.yaml"),
+        store,
+        KubeActions(kube_admin),
+        RunnerConfig(default_route=Route(slack_url=slack.url), retry=FAST),
+    )
     try:
         ds = [runner.run_cycle([s], now=T0 + timedelta(minutes=m), act=True) for m in range(3)]
         assert all(d[0].blocked and d[0].blocked.startswith("snoozed") for d in ds)
@@ -237,7 +266,9 @@ def test_restart_between_steps_neither_repeats_nor_skips(kube_admin, namespace, 
     ns = namespace
     bad = _job(kube_admin, ns, "bad")
     s = _summary(ns, "bad", bad["pod"], bad["uid"], "low_sm_efficiency", 0.97, 0.1)
-    config = RunnerConfig(default_route=Route(slack_url=slack.url, webhook_url=hook.url, webhook_secret=SECRET), retry=FAST)
+    config = RunnerConfig(
+        default_route=Route(slack_url=slack.url, webhook_url=hook.url, webhook_secret=SECRET), retry=FAST
+    )
     policies = parse_policies(POLICY.replace("mode: enforce", "mode: warn"), "p.yaml")
 
     store = Store.open(postgres_url)
@@ -252,7 +283,9 @@ def test_restart_between_steps_neither_repeats_nor_skips(kube_admin, namespace, 
         store.close()
     store = Store.open(postgres_url)
     assert [d["step"] for d in DecisionStore(store).decisions(job=JobIdent("default", ns, "Job", "bad"))] == [0, 1]
-    PolicyRunner(policies, store, KubeActions(kube_admin), config).run_cycle([s], now=T0 + timedelta(minutes=4), act=True)
+    PolicyRunner(policies, store, KubeActions(kube_admin), config).run_cycle(
+        [s], now=T0 + timedelta(minutes=4), act=True
+    )
     try:
         steps = [d["step"] for d in DecisionStore(store).decisions(job=JobIdent("default", ns, "Job", "bad"))]
         assert steps == [0, 1, 2]  # annotate+event, notify, requeue (skipped: mode warn); each once
@@ -272,7 +305,9 @@ def test_webhook_500_then_200_one_delivery_valid_signature(kube_admin, namespace
     _store_job(store, ns, "bad", bad["uid"], bad["pod"], 0.97, 0.1)
     s = _summary(ns, "bad", bad["pod"], bad["uid"], "low_sm_efficiency", 0.97, 0.1)
     config = RunnerConfig(default_route=Route(webhook_url=hook.url, webhook_secret=SECRET), retry=FAST)
-    runner = PolicyRunner(parse_policies(POLICY.replace("mode: enforce", "mode: warn"), "p.yaml"), store, KubeActions(kube_admin), config)
+    runner = PolicyRunner(
+        parse_policies(POLICY.replace("mode: enforce", "mode: warn"), "p.yaml"), store, KubeActions(kube_admin), config
+    )
     try:
         for m in range(5):
             runner.run_cycle([s], now=T0 + timedelta(minutes=m), act=True)
@@ -299,7 +334,8 @@ def test_malformed_policy_rejected_with_line_while_loaded_ones_keep_running(kube
     reg = PolicyRegistry()
     assert reg.reload_dir(d) == []
     broken = POLICY.replace("mode: enforce", "mode: warn").replace(
-        "    - {field: sm_active, op: \"<=\", value: 0.3}\n  sustained", "    - {field: sm_activ, op: \"<=\", value: 0.3}\n  sustained"
+        '    - {field: sm_active, op: "<=", value: 0.3}\n  sustained',
+        '    - {field: sm_activ, op: "<=", value: 0.3}\n  sustained',
     )
     (d / "low-sm.yaml").write_text(broken)
     problems = reg.reload_dir(d)
@@ -326,7 +362,9 @@ def test_label_full_of_markup_arrives_escaped(kube_admin, namespace, tmp_path, r
     evil = "<!channel> <@U123ABC> <https://evil.example|click> <b>x</b> & @here"
     s = _summary(ns, "bad", bad["pod"], bad["uid"], "low_sm_efficiency", 0.97, 0.1, team=evil)
     config = RunnerConfig(routes={evil: Route(slack_url=slack.url)}, retry=FAST)
-    runner = PolicyRunner(parse_policies(POLICY.replace("mode: enforce", "mode: warn"), "p.yaml"), store, KubeActions(kube_admin), config)
+    runner = PolicyRunner(
+        parse_policies(POLICY.replace("mode: enforce", "mode: warn"), "p.yaml"), store, KubeActions(kube_admin), config
+    )
     try:
         for m in range(3):
             runner.run_cycle([s], now=T0 + timedelta(minutes=m), act=True)
@@ -351,25 +389,55 @@ def test_cli_act_alerts_through_the_charts_variables(prometheus, tmp_path, monke
     cycle = len(trace.steady("one_sm_spin")) * interval
     duration = cycle * math.ceil(timedelta(minutes=30) / cycle)
     end = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(minutes=1)
-    tj = traces.TraceJob(PodRef("ml", "spin-0", "main"), traces.make_gpus(1, f"{case}-node"), "one_sm_spin", duration=duration)
+    tj = traces.TraceJob(
+        PodRef("ml", "spin-0", "main"), traces.make_gpus(1, f"{case}-node"), "one_sm_spin", duration=duration
+    )
     text = traces.trace_to_openmetrics(trace, [tj], end=end, duration=duration, interval=interval)
     prometheus.backfill(re.sub(r"^([A-Za-z_:][A-Za-z0-9_:]*)\{", rf'\1{{case="{case}",', text, flags=re.M))
     policies = tmp_path / "policies"
     policies.mkdir()
     sm_low = {"field": "sm_active", "op": "<=", "value": 0.3}
-    (policies / "notify.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "gpu-auditor.io/v1alpha1", "kind": "GpuPolicy", "metadata": {"name": "notify-low-sm"},
-        "spec": {"mode": "warn", "verdicts": ["low_sm_efficiency"], "sustained": {"for": "10m", "conditions": [sm_low]},
-                 "escalation": [{"actions": ["notify"]}]},
-    }))
+    (policies / "notify.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "gpu-auditor.io/v1alpha1",
+                "kind": "GpuPolicy",
+                "metadata": {"name": "notify-low-sm"},
+                "spec": {
+                    "mode": "warn",
+                    "verdicts": ["low_sm_efficiency"],
+                    "sustained": {"for": "10m", "conditions": [sm_low]},
+                    "escalation": [{"actions": ["notify"]}],
+                },
+            }
+        )
+    )
     monkeypatch.setenv("GPU_AUDITOR_SLACK_WEBHOOK_URL", slack.url)
     monkeypatch.setenv("GPU_AUDITOR_WEBHOOK_URL", hook.url)
     monkeypatch.setenv("GPU_AUDITOR_WEBHOOK_HMAC_KEY", SECRET)
     monkeypatch.delenv("GPU_AUDITOR_WEBHOOK_SECRET", raising=False)
 
-    rc = main(["audit", "--prometheus", prometheus.url, "--no-kube", "--match", f"case={case}",
-               "--start", (end - duration - timedelta(minutes=5)).isoformat(), "--end", end.isoformat(),
-               "--db", f"sqlite:///{tmp_path}/a.db", "--output", "json", "--policies", str(policies), "--act"])
+    rc = main(
+        [
+            "audit",
+            "--prometheus",
+            prometheus.url,
+            "--no-kube",
+            "--match",
+            f"case={case}",
+            "--start",
+            (end - duration - timedelta(minutes=5)).isoformat(),
+            "--end",
+            end.isoformat(),
+            "--db",
+            f"sqlite:///{tmp_path}/a.db",
+            "--output",
+            "json",
+            "--policies",
+            str(policies),
+            "--act",
+        ]
+    )
     out = capsys.readouterr()
     assert rc == 0, out.err
     (summary,) = json.loads(out.out)

@@ -47,9 +47,13 @@ def test_errors_name_file_and_line() -> None:
 def test_missing_data_never_fires() -> None:
     (p,) = parse_policies(P, "p.yaml")
     assert evaluate(p, SUM, now=NOW, buckets=example_buckets({"sm_active": 0.1, "minutes": 60})).fires
-    assert not evaluate(p, {**SUM, "verdict": "insufficient_data"}, now=NOW, buckets=example_buckets({"sm_active": 0.1})).fires
+    assert not evaluate(
+        p, {**SUM, "verdict": "insufficient_data"}, now=NOW, buckets=example_buckets({"sm_active": 0.1})
+    ).fires
     assert not evaluate(p, SUM, now=NOW, buckets=None).fires
-    assert not evaluate(p, SUM, now=NOW, buckets=example_buckets({"gpu_util": 0.9, "minutes": 60})).fires  # no SM series
+    assert not evaluate(
+        p, SUM, now=NOW, buckets=example_buckets({"gpu_util": 0.9, "minutes": 60})
+    ).fires  # no SM series
     sparse = [b for i, b in enumerate(example_buckets({"sm_active": 0.1, "minutes": 60})) if i % 2]
     assert not evaluate(p, SUM, now=NOW, buckets=sparse).fires  # coverage 0.5 < 0.8
 
@@ -58,10 +62,18 @@ def test_exemptions_and_snooze() -> None:
     (p,) = parse_policies(P, "p.yaml")
     b = example_buckets({"sm_active": 0.1, "minutes": 60})
     assert evaluate(p, SUM, now=NOW, buckets=b, facts=JobFacts({"gpu-auditor.io/exempt": "true"})).exempt
-    assert evaluate(p, SUM, now=NOW, buckets=b, facts=JobFacts(namespace_annotations={"gpu-auditor.io/exempt": "p,q"})).exempt
+    assert evaluate(
+        p, SUM, now=NOW, buckets=b, facts=JobFacts(namespace_annotations={"gpu-auditor.io/exempt": "p,q"})
+    ).exempt
     expired = JobFacts({"gpu-auditor.io/exempt": (NOW - timedelta(hours=1)).isoformat()})
     assert not evaluate(p, SUM, now=NOW, buckets=b, facts=expired).exempt
-    snoozed = evaluate(p, SUM, now=NOW, buckets=b, facts=JobFacts({"gpu-auditor.io/snooze-until": (NOW + timedelta(hours=1)).isoformat()}))
+    snoozed = evaluate(
+        p,
+        SUM,
+        now=NOW,
+        buckets=b,
+        facts=JobFacts({"gpu-auditor.io/snooze-until": (NOW + timedelta(hours=1)).isoformat()}),
+    )
     assert snoozed.fires and snoozed.snoozed
 
 
@@ -148,13 +160,25 @@ def test_cli_validate_and_simulate(tmp_path) -> None:
     db = f"sqlite:///{tmp_path}/s.db"
     store = Store.open(db)
     jid = store.upsert_job(JobRef("default", "n", "Job", "j", None, "t"), now - timedelta(hours=2), now)
-    buckets = example_buckets({"gpu_util": 0.95, "sm_active": 0.1, "minutes": 120}, now=now.replace(second=0, microsecond=0))
+    buckets = example_buckets(
+        {"gpu_util": 0.95, "sm_active": 0.1, "minutes": 120}, now=now.replace(second=0, microsecond=0)
+    )
     store.replace_buckets(jid, buckets)
-    store.save_summary(jid, {**SUM, "cluster": "default", "gpu_util": 0.95, "coverage": 0.99,
-                             "start": (now - timedelta(hours=2)).isoformat(), "end": now.isoformat()})
+    store.save_summary(
+        jid,
+        {
+            **SUM,
+            "cluster": "default",
+            "gpu_util": 0.95,
+            "coverage": 0.99,
+            "start": (now - timedelta(hours=2)).isoformat(),
+            "end": now.isoformat(),
+        },
+    )
     store.close()
-    r = subprocess.run([_CLI, "policy", "simulate", "--since", "1d", "--db", db, "--output", "json"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [_CLI, "policy", "simulate", "--since", "1d", "--db", db, "--output", "json"], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)["policies"]["high-util-low-sm"]
     assert len(res["hits"]) == 1 and res["alerts"] == 1 and res["requeues"] == 0
@@ -167,17 +191,27 @@ def test_cli_runner_config_is_the_operators_over_the_charts_variables() -> None:
     from auditor.policy.config import chart_notifications, runner_config
     from auditor.settings import Settings
 
-    env = {"GPU_AUDITOR_SLACK_WEBHOOK_URL": "https://s", "GPU_AUDITOR_WEBHOOK_URL": "https://h",
-           "GPU_AUDITOR_WEBHOOK_HMAC_KEY": "k"}
+    env = {
+        "GPU_AUDITOR_SLACK_WEBHOOK_URL": "https://s",
+        "GPU_AUDITOR_WEBHOOK_URL": "https://h",
+        "GPU_AUDITOR_WEBHOOK_HMAC_KEY": "k",
+    }
     cfg = runner_config_from_env("c1", environ=env)
-    assert (cfg.cluster, cfg.default_route.slack_url, cfg.default_route.webhook_url, cfg.default_route.webhook_secret) == (
-        "c1", "https://s", "https://h", "k")
+    assert (
+        cfg.cluster,
+        cfg.default_route.slack_url,
+        cfg.default_route.webhook_url,
+        cfg.default_route.webhook_secret,
+    ) == ("c1", "https://s", "https://h", "k")
     assert cfg == runner_config(Settings(cluster="c1", notifications=chart_notifications()), environ=env)
     assert not cfg.requeue.enabled and cfg.disabled_actions == frozenset()
     # unset or empty: no destination, no key
     empty = runner_config_from_env(environ={"GPU_AUDITOR_WEBHOOK_URL": "", "GPU_AUDITOR_WEBHOOK_HMAC_KEY": ""})
     assert (empty.default_route.slack_url, empty.default_route.webhook_url, empty.default_route.webhook_secret) == (
-        None, None, None)
+        None,
+        None,
+        None,
+    )
 
 
 def test_cli_refuses_the_retired_webhook_key_variable(tmp_path) -> None:
@@ -192,9 +226,27 @@ def test_cli_refuses_the_retired_webhook_key_variable(tmp_path) -> None:
     with pytest.raises(BadInput, match="GPU_AUDITOR_WEBHOOK_SECRET is no longer read.*GPU_AUDITOR_WEBHOOK_HMAC_KEY"):
         runner_config_from_env(environ={"GPU_AUDITOR_WEBHOOK_SECRET": "k", "GPU_AUDITOR_WEBHOOK_HMAC_KEY": "k"})
     env = {**os.environ, "GPU_AUDITOR_WEBHOOK_SECRET": "k"}
-    r = subprocess.run([_CLI, "audit", "--prometheus", "http://127.0.0.1:9", "--prometheus-retries", "0", "--no-kube",
-                        "--start", "now-1h", "--db", f"sqlite:///{tmp_path}/a.db", "--policies", "policies", "--act"],
-                       capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [
+            _CLI,
+            "audit",
+            "--prometheus",
+            "http://127.0.0.1:9",
+            "--prometheus-retries",
+            "0",
+            "--no-kube",
+            "--start",
+            "now-1h",
+            "--db",
+            f"sqlite:///{tmp_path}/a.db",
+            "--policies",
+            "policies",
+            "--act",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 2, r.stderr
     assert "GPU_AUDITOR_WEBHOOK_HMAC_KEY" in r.stderr and "127.0.0.1:9" not in r.stderr
 

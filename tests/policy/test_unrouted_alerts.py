@@ -37,9 +37,18 @@ FAST = RetryPolicy(attempts=2, base=0.01, cap=0.05, max_wait=1, timeout=5)
 
 
 def summary(team: str, name: str) -> dict:
-    return {"cluster": "c1", "namespace": f"ns-{team}", "job": f"Job/{name}", "team": team,
-            "verdict": "low_sm_efficiency", "sm_active": 0.04, "gpu_util": 1.0, "coverage": 1.0,
-            "start": (T0 - timedelta(hours=2)).isoformat(), "end": T0.isoformat()}
+    return {
+        "cluster": "c1",
+        "namespace": f"ns-{team}",
+        "job": f"Job/{name}",
+        "team": team,
+        "verdict": "low_sm_efficiency",
+        "sm_active": 0.04,
+        "gpu_util": 1.0,
+        "coverage": 1.0,
+        "start": (T0 - timedelta(hours=2)).isoformat(),
+        "end": T0.isoformat(),
+    }
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.testbed)])
@@ -77,7 +86,10 @@ def test_alerts_without_destination_warn_once_per_team_count_and_list(db, caplog
 
     # every lost alert is a stored, skipped action naming the team and what to configure
     assert sorted((r.job.name, r.result["team"], r.result["reason"]) for r in rows) == [
-        ("a1", "a", NO_DESTINATION), ("a2", "a", NO_DESTINATION), ("b1", "b", NO_DESTINATION)]
+        ("a1", "a", NO_DESTINATION),
+        ("a2", "a", NO_DESTINATION),
+        ("b1", "b", NO_DESTINATION),
+    ]
     assert all("notifications.routes." in r.result["why"] for r in rows)
 
     # counted on the operator's /metrics (per team: a few labels, never one per job)

@@ -22,10 +22,34 @@ SAMPLES = 10  # per bucket: 30 s scrapes
 
 #: activity profiles: metric → mean (absent metric: not exported)
 PROFILES: dict[str, dict[Metric, float]] = {
-    "healthy": {Metric.GPU_UTIL: 0.97, Metric.SM_ACTIVE: 0.82, Metric.TENSOR_ACTIVE: 0.45, Metric.DRAM_ACTIVE: 0.35, Metric.POWER: 600.0},
-    "low_sm": {Metric.GPU_UTIL: 1.0, Metric.SM_ACTIVE: 0.04, Metric.TENSOR_ACTIVE: 0.0, Metric.DRAM_ACTIVE: 0.01, Metric.POWER: 180.0},
-    "idle": {Metric.GPU_UTIL: 0.0, Metric.SM_ACTIVE: 0.0, Metric.TENSOR_ACTIVE: 0.0, Metric.DRAM_ACTIVE: 0.0, Metric.POWER: 90.0},
-    "underutilized": {Metric.GPU_UTIL: 0.35, Metric.SM_ACTIVE: 0.25, Metric.TENSOR_ACTIVE: 0.1, Metric.DRAM_ACTIVE: 0.1, Metric.POWER: 300.0},
+    "healthy": {
+        Metric.GPU_UTIL: 0.97,
+        Metric.SM_ACTIVE: 0.82,
+        Metric.TENSOR_ACTIVE: 0.45,
+        Metric.DRAM_ACTIVE: 0.35,
+        Metric.POWER: 600.0,
+    },
+    "low_sm": {
+        Metric.GPU_UTIL: 1.0,
+        Metric.SM_ACTIVE: 0.04,
+        Metric.TENSOR_ACTIVE: 0.0,
+        Metric.DRAM_ACTIVE: 0.01,
+        Metric.POWER: 180.0,
+    },
+    "idle": {
+        Metric.GPU_UTIL: 0.0,
+        Metric.SM_ACTIVE: 0.0,
+        Metric.TENSOR_ACTIVE: 0.0,
+        Metric.DRAM_ACTIVE: 0.0,
+        Metric.POWER: 90.0,
+    },
+    "underutilized": {
+        Metric.GPU_UTIL: 0.35,
+        Metric.SM_ACTIVE: 0.25,
+        Metric.TENSOR_ACTIVE: 0.1,
+        Metric.DRAM_ACTIVE: 0.1,
+        Metric.POWER: 300.0,
+    },
     "no_sm": {Metric.GPU_UTIL: 0.95, Metric.POWER: 500.0},
 }
 
@@ -57,7 +81,9 @@ def store_jobs(store: Store, jobs: Iterable[GenJob], *, cluster: str = "c1", now
     """Write each job (buckets + summary); returns job name → its summary."""
     out = {}
     for k, job in enumerate(jobs):
-        ref = JobRef(cluster=cluster, namespace=f"ns-{job.team}", kind="Job", name=job.name, uid=f"uid-{k}", team=job.team)
+        ref = JobRef(
+            cluster=cluster, namespace=f"ns-{job.team}", kind="Job", name=job.name, uid=f"uid-{k}", team=job.team
+        )
         pod = PodRef(ref.namespace, f"{job.name}-0", "main")
         buckets = job_buckets(job, pod, host=f"node-{k}")
         end = job.start + WIDTH * max(1, round(job.hours * 3600 / WIDTH.total_seconds()))

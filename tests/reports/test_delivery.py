@@ -208,12 +208,20 @@ def test_only_teams_with_jobs_in_the_week_get_its_report(postgres_url: str, rece
     the trend, and the weeks before it read "no data" (null), never 0."""
     s = Store.open(postgres_url)
     try:
-        store_jobs(s, [GenJob("vision", "vision-train", WS + timedelta(days=1), 10, 2, "healthy"),
-                       GenJob("llm", "llm-old", WS - timedelta(days=5), 10, 2, "healthy")], now=FIRE)
+        store_jobs(
+            s,
+            [
+                GenJob("vision", "vision-train", WS + timedelta(days=1), 10, 2, "healthy"),
+                GenJob("llm", "llm-old", WS - timedelta(days=5), 10, 2, "healthy"),
+            ],
+            now=FIRE,
+        )
         send(s, receiver, FIRE + timedelta(minutes=1), "a")
         assert slack_counts(receiver) == Counter({"/slack/vision": 1, "/slack/admins": 1})
         assert sorted(webhook_keys(receiver)) == ["report/*/2026-W43/*/webhook", "report/*/2026-W43/vision/webhook"]
-        (cluster,) = [p.json["data"]["report"] for p in receiver.by_path("/hook") if p.json["data"]["key"].endswith("/*/webhook")]
+        (cluster,) = [
+            p.json["data"]["report"] for p in receiver.by_path("/hook") if p.json["data"]["key"].endswith("/*/webhook")
+        ]
         trend = {p["week"]: p for p in cluster["total"]["trend"]}
         assert trend["2026-W42"]["jobs"] == 1 and trend["2026-W42"]["gpu_hours"] == 20.0
         assert trend["2026-W41"]["jobs"] == 0 and trend["2026-W41"]["gpu_hours"] is None
@@ -232,18 +240,22 @@ def test_only_teams_with_jobs_in_the_week_get_its_report(postgres_url: str, rece
     ],
     ids=["mon-0759", "mon-0801", "sun-2359", "mon-0901"],
 )
-def test_the_operators_report_stage_follows_its_clock(postgres_url: str, receiver: Receiver, monkeypatch, now, due) -> None:
+def test_the_operators_report_stage_follows_its_clock(
+    postgres_url: str, receiver: Receiver, monkeypatch, now, due
+) -> None:
     """The operator's report stage decides from the ``now`` it is given, never the wall clock:
     the same store gives the same answer on any day the suite runs."""
     from auditor.operator_loop.reports import ReportStage
     from auditor.settings import Settings
 
     monkeypatch.setenv("GPU_AUDITOR_TEST_ADMIN_SLACK", f"{receiver.url}/slack/admins")
-    settings = Settings.model_validate({
-        "cluster": "c1",
-        "reports": {"weekly_schedule": "mon 08:00", "timezone": TZ},
-        "notifications": {"slack": {"webhook_url_env": "GPU_AUDITOR_TEST_ADMIN_SLACK"}},
-    })
+    settings = Settings.model_validate(
+        {
+            "cluster": "c1",
+            "reports": {"weekly_schedule": "mon 08:00", "timezone": TZ},
+            "notifications": {"slack": {"webhook_url_env": "GPU_AUDITOR_TEST_ADMIN_SLACK"}},
+        }
+    )
     s = Store.open(postgres_url)
     try:
         store_jobs(s, [GenJob("vision", "vision-train", WS + timedelta(days=1), 10, 2, "healthy")], now=FIRE)

@@ -46,9 +46,19 @@ PROBE = """<script>window.addEventListener('load', function () {
 def chromium(*args: str, tmp: Path) -> subprocess.CompletedProcess:
     profile = tmp / f"chromium-profile-{len(list(tmp.glob('chromium-profile-*')))}"
     cmd = [
-        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--hide-scrollbars", "--force-device-scale-factor=1", f"--user-data-dir={profile}", *args,
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        "--force-device-scale-factor=1",
+        f"--user-data-dir={profile}",
+        *args,
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -114,7 +124,13 @@ def expected(key: str, value: object, cur: str) -> str:
         return str(value)
     if key in KINDS:
         return fmt(KINDS[key], value, cur)
-    kind = {"sm_active": "ratio", "tensor_active": "ratio", "waste_cost": "money", "actions_total": "int", "week": "text"}.get(key, "hours")
+    kind = {
+        "sm_active": "ratio",
+        "tensor_active": "ratio",
+        "waste_cost": "money",
+        "actions_total": "int",
+        "week": "text",
+    }.get(key, "hours")
     return fmt(kind, value, cur) if kind != "text" else str(value)
 
 
@@ -125,10 +141,21 @@ def history(postgres_url: str):
     for i, team in enumerate(TEAMS[:5]):  # "speech" only has a configured name: an empty report
         for k in range(8):
             start = WS + timedelta(hours=11 * k + 3 * i)
-            jobs.append(GenJob(team, f"{team}-job-{k}", start, 2 + (k * 3 + i) % 9, 1 + (k + i) % 4, PROFILES[(k + i) % 5]))
+            jobs.append(
+                GenJob(team, f"{team}-job-{k}", start, 2 + (k * 3 + i) % 9, 1 + (k + i) % 4, PROFILES[(k + i) % 5])
+            )
         # history for the trend, and a job crossing into the week
         for back in (1, 2, 3):
-            jobs.append(GenJob(team, f"{team}-old-{back}", WS - timedelta(weeks=back) + timedelta(days=2), 6 + back + i, 2, PROFILES[(back + i) % 5]))
+            jobs.append(
+                GenJob(
+                    team,
+                    f"{team}-old-{back}",
+                    WS - timedelta(weeks=back) + timedelta(days=2),
+                    6 + back + i,
+                    2,
+                    PROFILES[(back + i) % 5],
+                )
+            )
         jobs.append(GenJob(team, f"{team}-cross", WS - timedelta(hours=5), 10, 1, "low_sm"))
     store_jobs(store, jobs, now=NOW)
     yield store, postgres_url
@@ -198,8 +225,19 @@ def test_html_report_in_chromium(history, tmp_path: Path) -> None:
     rows = list(csv.DictReader(io.StringIO(teams_csv(doc))))
     total = rows[-1]
     assert total["row"] == "total" and [r["team"] for r in rows[:-1]] == [t["team"] for t in doc["teams"]]
-    for key in ("jobs", "gpu_hours", "measured_gpu_hours", "unmeasured_gpu_hours", "sm_active_gpu_hours",
-                "tensor_active_gpu_hours", "efficiency", "waste_gpu_hours", "cost", "waste_cost", "actions_total"):
+    for key in (
+        "jobs",
+        "gpu_hours",
+        "measured_gpu_hours",
+        "unmeasured_gpu_hours",
+        "sm_active_gpu_hours",
+        "tensor_active_gpu_hours",
+        "efficiency",
+        "waste_gpu_hours",
+        "cost",
+        "waste_cost",
+        "actions_total",
+    ):
         assert float(total[key]) == pytest.approx(doc["total"][key], abs=0), key
         if key != "efficiency":
             assert sum(float(r[key] or 0) for r in rows[:-1]) == pytest.approx(doc["total"][key] or 0, abs=0.01), key
@@ -214,10 +252,30 @@ def test_html_report_in_chromium(history, tmp_path: Path) -> None:
 
     # and the CLI writes all four formats from the same store with the same numbers
     out = tmp_path / "cli"
-    assert main(["report", "--week", str(WEEK), "--format", "html,csv,md,json", "--out", str(out), "--db", url,
-                 "--price", "NVIDIA H200=3.25", "--price", "default=2"]) == 0
+    assert (
+        main(
+            [
+                "report",
+                "--week",
+                str(WEEK),
+                "--format",
+                "html,csv,md,json",
+                "--out",
+                str(out),
+                "--db",
+                url,
+                "--price",
+                "NVIDIA H200=3.25",
+                "--price",
+                "default=2",
+            ]
+        )
+        == 0
+    )
     cli_doc = json.loads((out / f"report-{WEEK}.json").read_text())
-    assert cli_doc["total"] == {**doc["total"]} and [t["team"] for t in cli_doc["teams"]] == [t for t in sorted(teams) if t not in ("*", "speech")]
+    assert cli_doc["total"] == {**doc["total"]} and [t["team"] for t in cli_doc["teams"]] == [
+        t for t in sorted(teams) if t not in ("*", "speech")
+    ]
     jobs_rows = list(csv.DictReader((out / f"jobs-{WEEK}.csv").open()))
     assert len(jobs_rows) == doc["total"]["jobs"]
     assert sum(float(r["gpu_hours"]) for r in jobs_rows) == pytest.approx(doc["total"]["gpu_hours"], abs=0.01)

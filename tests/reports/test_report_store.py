@@ -66,7 +66,9 @@ def test_week_totals_split_and_unmeasured(store: Store) -> None:
     # b: 4 of the cross job's 12 GPU-hours, 4 of early's 8 (2 of its 4 h on 2 GPUs were the week before)
     assert b["gpu_hours"] == pytest.approx(4 + 4, abs=1e-3)
     splits = {j["job"]: j for j in iter_jobs(store, W)}
-    assert splits["Job/cross"]["split"] == "rollup" and splits["Job/cross"]["week_fraction"] == pytest.approx(1 / 3, abs=1e-4)
+    assert splits["Job/cross"]["split"] == "rollup" and splits["Job/cross"]["week_fraction"] == pytest.approx(
+        1 / 3, abs=1e-4
+    )
     assert splits["Job/early"]["week_fraction"] == 0.5
     assert splits["Job/healthy"]["split"] == "inside"
     # the next and the previous week get the rest: nothing counted twice, nothing lost
@@ -76,7 +78,13 @@ def test_week_totals_split_and_unmeasured(store: Store) -> None:
     assert nxt["gpu_hours"] == pytest.approx(8, abs=1e-3) and prev["gpu_hours"] == pytest.approx(4, abs=1e-3)
     # the trend of the next week shows this week
     nxt_doc = generate(store, W.shift(1), now=NOW)
-    assert [p["week"] for p in nxt_doc["total"]["trend"]] == ["2026-W44", "2026-W45", "2026-W46", "2026-W47", "2026-W48"]
+    assert [p["week"] for p in nxt_doc["total"]["trend"]] == [
+        "2026-W44",
+        "2026-W45",
+        "2026-W46",
+        "2026-W47",
+        "2026-W48",
+    ]
     assert nxt_doc["total"]["trend"][3]["gpu_hours"] == doc["total"]["gpu_hours"]
     # a: no jobs next week but seen within the trend: an honest empty entry
     empty = by_team(nxt_doc)["a"]
@@ -91,7 +99,9 @@ def test_week_totals_split_and_unmeasured(store: Store) -> None:
 def test_time_split_when_the_rollup_is_gone(store: Store) -> None:
     store_jobs(store, [GenJob("c", "long", WE - timedelta(hours=6), 24, 1, "low_sm")], now=NOW)
     # retention removed the buckets: the split falls back to the summary's span
-    store.apply_retention(NOW + timedelta(days=400), bucket_retention=timedelta(days=1), summary_retention=timedelta(days=10_000))
+    store.apply_retention(
+        NOW + timedelta(days=400), bucket_retention=timedelta(days=1), summary_retention=timedelta(days=10_000)
+    )
     (row,) = list(iter_jobs(store, W))
     assert row["split"] == "time" and row["week_fraction"] == 0.25 and row["gpu_hours"] == 6.0
     assert row["waste_gpu_hours"] == pytest.approx(24 * 0.96 / 4, abs=1e-3)
@@ -103,9 +113,15 @@ def test_dst_week_split_in_berlin(store: Store) -> None:
     ws, we = week.bounds(zone(tz))
     assert we - ws == timedelta(hours=169)
     # a job from Sunday 20:00 UTC to Monday 02:00 UTC: 3 h before the Berlin week ends (23:00 UTC), 3 h after
-    store_jobs(store, [GenJob("d", "dst", datetime(2026, 10, 25, 20, tzinfo=UTC), 6, 1, "healthy")], now=we + timedelta(days=1))
+    store_jobs(
+        store, [GenJob("d", "dst", datetime(2026, 10, 25, 20, tzinfo=UTC), 6, 1, "healthy")], now=we + timedelta(days=1)
+    )
     doc = generate(store, week, now=we + timedelta(days=1), options=ReportOptions(timezone=tz))
-    assert doc["hours_in_week"] == 169.0 and doc["start"] == "2026-10-18T22:00:00Z" and doc["end"] == "2026-10-25T23:00:00Z"
+    assert (
+        doc["hours_in_week"] == 169.0
+        and doc["start"] == "2026-10-18T22:00:00Z"
+        and doc["end"] == "2026-10-25T23:00:00Z"
+    )
     assert by_team(doc)["d"]["gpu_hours"] == pytest.approx(3.0, abs=1e-3)
     nxt = generate(store, week.shift(1), now=we + timedelta(days=1), options=ReportOptions(timezone=tz))
     assert by_team(nxt)["d"]["gpu_hours"] == pytest.approx(3.0, abs=1e-3)
@@ -126,8 +142,17 @@ def test_named_team_without_jobs_gets_an_empty_report(store: Store) -> None:
 
 
 def test_per_job_rows_add_up_to_the_totals(store: Store) -> None:
-    jobs = [GenJob(f"t{k % 3}", f"j{k}", WS + timedelta(hours=7 * k - 5), 1 + k % 9, 1 + k % 4,
-                   ("healthy", "low_sm", "idle", "no_sm", "underutilized")[k % 5]) for k in range(24)]
+    jobs = [
+        GenJob(
+            f"t{k % 3}",
+            f"j{k}",
+            WS + timedelta(hours=7 * k - 5),
+            1 + k % 9,
+            1 + k % 4,
+            ("healthy", "low_sm", "idle", "no_sm", "underutilized")[k % 5],
+        )
+        for k in range(24)
+    ]
     store_jobs(store, jobs, now=NOW)
     doc = generate(store, W, now=NOW, options=ReportOptions(prices=PRICES))
     buf = io.StringIO()
@@ -137,7 +162,9 @@ def test_per_job_rows_add_up_to_the_totals(store: Store) -> None:
     total = doc["total"]
     for key in ("gpu_hours", "waste_gpu_hours"):
         assert sum(float(r[key] or 0) for r in rows) == pytest.approx(total[key], abs=1e-3 * len(rows))
-    assert sum(float(r["gpu_hours"]) for r in rows if r["waste_gpu_hours"] == "") == pytest.approx(total["unmeasured_gpu_hours"], abs=0.01)
+    assert sum(float(r["gpu_hours"]) for r in rows if r["waste_gpu_hours"] == "") == pytest.approx(
+        total["unmeasured_gpu_hours"], abs=0.01
+    )
     teams = list(csv.DictReader(io.StringIO(teams_csv(doc))))
     assert teams[-1]["row"] == "total"
     for key in ("jobs", "gpu_hours", "waste_gpu_hours", "unmeasured_gpu_hours", "cost", "waste_cost"):
@@ -177,7 +204,9 @@ def test_ledger_table_matches_migration(store: Store) -> None:
 
 def test_claims_are_exclusive(store: Store) -> None:
     rs = ReportStore(store)
-    kw = dict(cluster="c", week="2026-W47", team="a", channel="slack", claim_timeout=timedelta(minutes=15), max_attempts=3)
+    kw = dict(
+        cluster="c", week="2026-W47", team="a", channel="slack", claim_timeout=timedelta(minutes=15), max_attempts=3
+    )
     t0 = NOW
     assert rs.claim(dedup_key="k", now=t0, holder="one", **kw)
     assert not rs.claim(dedup_key="k", now=t0 + timedelta(minutes=1), holder="two", **kw)

@@ -24,9 +24,21 @@ WS = datetime(2026, 11, 16, tzinfo=UTC)
 WE = WS + timedelta(days=7)
 
 
-def g(team: str, verdict: str, hours: float, waste: float | None, model: str = "H200", tensor: float = 0.0, jobs: int = 1) -> Group:
+def g(
+    team: str, verdict: str, hours: float, waste: float | None, model: str = "H200", tensor: float = 0.0, jobs: int = 1
+) -> Group:
     measured = waste is not None
-    return Group(team, verdict, model, jobs, hours, hours if measured else 0.0, 0.0 if measured else hours, waste or 0.0, tensor * hours)
+    return Group(
+        team,
+        verdict,
+        model,
+        jobs,
+        hours,
+        hours if measured else 0.0,
+        0.0 if measured else hours,
+        waste or 0.0,
+        tensor * hours,
+    )
 
 
 def week(groups: list[Group], name: str = "2026-W47", start: datetime = WS) -> WeekData:
@@ -35,8 +47,14 @@ def week(groups: list[Group], name: str = "2026-W47", start: datetime = WS) -> W
 
 def test_totals_efficiency_cost_and_rounding() -> None:
     prices = Prices({"H200": 3.0}, default=1.5, currency="EUR")
-    cur = week([g("a", "healthy", 10, 2.0, tensor=0.5), g("a", "idle", 5, 5.0), g("a", "insufficient_data", 4, None, model="A100"),
-                g("b", "low_sm_efficiency", 1 / 3, 0.3)])
+    cur = week(
+        [
+            g("a", "healthy", 10, 2.0, tensor=0.5),
+            g("a", "idle", 5, 5.0),
+            g("a", "insufficient_data", 4, None, model="A100"),
+            g("b", "low_sm_efficiency", 1 / 3, 0.3),
+        ]
+    )
     doc = build_report(cur, [], timezone="UTC", prices=prices, generated_at=WE, top_n=5)
     a = {t["team"]: t for t in doc["teams"]}["a"]
     assert a["gpu_hours"] == 19 and a["measured_gpu_hours"] == 15 and a["unmeasured_gpu_hours"] == 4
@@ -78,22 +96,46 @@ def test_trend_and_empty_teams() -> None:
 
 
 def jw(start: datetime, end: datetime, hours: float, waste: float | None) -> JobWeek:
-    return JobWeek(1, "c", "ns", "Job/x", "t", "healthy", "H200", start, end, "inside", 1.0, hours, 0.5, 0.2, waste, 1.0)
+    return JobWeek(
+        1, "c", "ns", "Job/x", "t", "healthy", "H200", start, end, "inside", 1.0, hours, 0.5, 0.2, waste, 1.0
+    )
 
 
 def test_split_by_rollup_and_by_time() -> None:
     j = jw(WE - timedelta(hours=2), WE + timedelta(hours=6), 8.0, 4.0)
     # rollup: 24 of 96 busy samples in the week, SM 0.25 there
-    out = _split(j, WS, WE, busy="gpu_util", busy_samples={"gpu_util": 96}, sums={"gpu_util": (20.0, 24), "sm_active": (6.0, 24)}, has_buckets=True)
+    out = _split(
+        j,
+        WS,
+        WE,
+        busy="gpu_util",
+        busy_samples={"gpu_util": 96},
+        sums={"gpu_util": (20.0, 24), "sm_active": (6.0, 24)},
+        has_buckets=True,
+    )
     assert out.split == "rollup" and out.fraction == 0.25 and out.gpu_hours == 2.0 and out.sm_active == 0.25
     assert out.waste_gpu_hours == pytest.approx(1.5)
     # no buckets left: proportional to the span
-    out = _split(jw(WE - timedelta(hours=2), WE + timedelta(hours=6), 8.0, 4.0), WS, WE, busy="gpu_util",
-                 busy_samples={"gpu_util": 96}, sums={}, has_buckets=False)
+    out = _split(
+        jw(WE - timedelta(hours=2), WE + timedelta(hours=6), 8.0, 4.0),
+        WS,
+        WE,
+        busy="gpu_util",
+        busy_samples={"gpu_util": 96},
+        sums={},
+        has_buckets=False,
+    )
     assert out.split == "time" and out.fraction == 0.25 and out.gpu_hours == 2.0 and out.waste_gpu_hours == 1.0
     # unmeasured stays unmeasured; a fraction never exceeds 1
-    out = _split(jw(WS - timedelta(hours=1), WS + timedelta(hours=1), 2.0, None), WS, WE, busy="gpu_util",
-                 busy_samples={"gpu_util": 10}, sums={"gpu_util": (9.0, 12)}, has_buckets=True)
+    out = _split(
+        jw(WS - timedelta(hours=1), WS + timedelta(hours=1), 2.0, None),
+        WS,
+        WE,
+        busy="gpu_util",
+        busy_samples={"gpu_util": 10},
+        sums={"gpu_util": (9.0, 12)},
+        has_buckets=True,
+    )
     assert out.fraction == 1.0 and out.waste_gpu_hours is None
 
 
@@ -102,23 +144,42 @@ def test_cli_on_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 
     db = f"sqlite:///{tmp_path}/s.db"
     with Store.open(db) as s:
-        store_jobs(s, [GenJob("a", "j1", WS + timedelta(hours=5), 3, 1, "low_sm"), GenJob("b", "j2", WS + timedelta(days=2), 2, 2, "healthy")], now=WE)
+        store_jobs(
+            s,
+            [
+                GenJob("a", "j1", WS + timedelta(hours=5), 3, 1, "low_sm"),
+                GenJob("b", "j2", WS + timedelta(days=2), 2, 2, "healthy"),
+            ],
+            now=WE,
+        )
     out = tmp_path / "out"
     assert main(["report", "--week", "2026-W47", "--format", "csv,json,md", "--out", str(out), "--db", db]) == 0
     printed = capsys.readouterr().out.split()
-    assert sorted(Path(p).name for p in printed) == ["jobs-2026-W47.csv", "report-2026-W47.json", "report-2026-W47.md", "teams-2026-W47.csv"]
+    assert sorted(Path(p).name for p in printed) == [
+        "jobs-2026-W47.csv",
+        "report-2026-W47.json",
+        "report-2026-W47.md",
+        "teams-2026-W47.csv",
+    ]
     doc = json.loads((out / "report-2026-W47.json").read_text())
     rows = list(csv.DictReader(io.StringIO((out / "teams-2026-W47.csv").read_text())))
     assert float(rows[-1]["gpu_hours"]) == doc["total"]["gpu_hours"] == 7.0
     # one team, a team without jobs
     assert main(["report", "--week", "2026-W47", "--team", "a", "--format", "json", "--out", str(out), "--db", db]) == 0
     assert json.loads((out / "report-2026-W47-a.json").read_text())["total"]["gpu_hours"] == 3.0
-    assert main(["report", "--week", "2026-W47", "--team", "ghost", "--format", "html", "--out", str(out), "--db", db]) == 0
+    assert (
+        main(["report", "--week", "2026-W47", "--team", "ghost", "--format", "html", "--out", str(out), "--db", db])
+        == 0
+    )
     assert "No jobs of team ghost" in (out / "report-2026-W47-ghost.html").read_text()
     assert "No jobs" in capsys.readouterr().err
     # bad input → exit 2
-    for bad in (["--week", "2026-48"], ["--week", "2026-W47", "--format", "pdf"], ["--week", "2026-W47", "--price", "H200"],
-                ["--week", "2026-W47", "--timezone", "Nowhere/City"]):
+    for bad in (
+        ["--week", "2026-48"],
+        ["--week", "2026-W47", "--format", "pdf"],
+        ["--week", "2026-W47", "--price", "H200"],
+        ["--week", "2026-W47", "--timezone", "Nowhere/City"],
+    ):
         assert main(["report", *bad, "--out", str(out), "--db", db]) == 2
 
 
@@ -130,8 +191,16 @@ def test_options_and_destinations_from_settings() -> None:
     # the settings of today's operator: only the schedule → defaults
     o = options_from(SimpleNamespace(weekly_schedule="0 8 * * 1"))
     assert o.timezone == "UTC" and o.prices.default == 0.0 and o.top_n == 10 and o.teams == ()
-    o = options_from({"timezone": "Europe/Berlin", "prices": {"NVIDIA H200": 3.5, "default": 2}, "currency": "EUR",
-                      "top_n": 3, "teams": ["a"]}, cluster="prod")
+    o = options_from(
+        {
+            "timezone": "Europe/Berlin",
+            "prices": {"NVIDIA H200": 3.5, "default": 2},
+            "currency": "EUR",
+            "top_n": 3,
+            "teams": ["a"],
+        },
+        cluster="prod",
+    )
     assert o.prices.of("NVIDIA H200") == 3.5 and o.prices.of("A100") == 2.0 and o.prices.currency == "EUR"
     assert (o.timezone, o.top_n, o.teams, o.cluster) == ("Europe/Berlin", 3, ("a",), "prod")
     with pytest.raises(BadInput):
@@ -139,9 +208,17 @@ def test_options_and_destinations_from_settings() -> None:
     notifications = SimpleNamespace(
         slack=SimpleNamespace(webhook_url_env="ADMIN_SLACK"),
         webhook=SimpleNamespace(url_env="HOOK_URL", hmac_key_env="HOOK_KEY"),
-        routes={"vision": SimpleNamespace(slack_webhook_url_env="VISION_SLACK"), "llm": SimpleNamespace(slack_webhook_url_env="UNSET")},
+        routes={
+            "vision": SimpleNamespace(slack_webhook_url_env="VISION_SLACK"),
+            "llm": SimpleNamespace(slack_webhook_url_env="UNSET"),
+        },
     )
-    env = {"ADMIN_SLACK": "https://hooks.example/a", "HOOK_URL": "https://hook.example/x", "HOOK_KEY": "k", "VISION_SLACK": "https://hooks.example/v"}
+    env = {
+        "ADMIN_SLACK": "https://hooks.example/a",
+        "HOOK_URL": "https://hook.example/x",
+        "HOOK_KEY": "k",
+        "VISION_SLACK": "https://hooks.example/v",
+    }
     d = Destinations.from_settings(notifications, env)
     assert set(d.team_slack) == {"vision"} and d.admin_slack is not None and d.webhook is not None
     d = Destinations.from_settings(SimpleNamespace(), {})

@@ -38,7 +38,12 @@ WS, WE = W.bounds(zone("UTC"))
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """No store variables from the caller; the default SQLite file under tmp_path; no chart file."""
-    for var in ("GPU_AUDITOR_DATABASE_URL", "GPU_AUDITOR_CONFIG", "GPU_AUDITOR_STORE__URL", "GPU_AUDITOR_STORE__URL_ENV"):
+    for var in (
+        "GPU_AUDITOR_DATABASE_URL",
+        "GPU_AUDITOR_CONFIG",
+        "GPU_AUDITOR_STORE__URL",
+        "GPU_AUDITOR_STORE__URL_ENV",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     monkeypatch.setattr("auditor.settings.DEFAULT_SETTINGS_FILE", tmp_path / "no-chart" / "settings.yaml")
@@ -55,11 +60,15 @@ def seed(url: str) -> None:
     which ``policy simulate --since 1d`` sees whatever the clock."""
     wall = datetime.now(UTC).replace(second=0, microsecond=0)
     with Store.open(url) as s:
-        store_jobs(s, [
-            GenJob("a", "j1", WS + timedelta(hours=10), 3, 1, "low_sm"),
-            GenJob("b", "j2", WS + timedelta(days=2), 2, 2, "healthy"),
-            GenJob("sim", "recent", wall - timedelta(hours=3), 2, 1, "low_sm"),
-        ], now=wall)
+        store_jobs(
+            s,
+            [
+                GenJob("a", "j1", WS + timedelta(hours=10), 3, 1, "low_sm"),
+                GenJob("b", "j2", WS + timedelta(days=2), 2, 2, "healthy"),
+                GenJob("sim", "recent", wall - timedelta(hours=3), 2, 1, "low_sm"),
+            ],
+            now=wall,
+        )
 
 
 def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -73,7 +82,9 @@ def check_reads(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], ex
     """report, explain, policy simulate and actions, without --db, all read the store at ``url``."""
     shown = display_url(resolve(url))
     out_dir = tmp_path / "out"
-    rc, out, err = run_cli(["report", "--week", str(W), "--format", "json,md,html", "--out", str(out_dir), *extra], capsys)
+    rc, out, err = run_cli(
+        ["report", "--week", str(W), "--format", "json,md,html", "--out", str(out_dir), *extra], capsys
+    )
     assert rc == 0, err
     doc = json.loads((out_dir / f"report-{W}.json").read_text())
     assert doc["total"]["gpu_hours"] == 7.0 and sorted(t["team"] for t in doc["teams"]) == ["a", "b"]
@@ -119,18 +130,29 @@ def test_commands_read_the_store_the_settings_name(source: str, db: str, tmp_pat
 
 def _render_chart(helm: str, *sets: str) -> list[dict]:
     proc = subprocess.run(
-        [helm, "template", "ga", str(ROOT / "charts" / "gpu-auditor"), "--namespace", "gpu-auditor",
-         # what the test bed's apiserver (1.36) serves; `helm template` alone assumes none of it
-         "--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
-         *[a for s in sets for a in ("--set", s)]],
-        capture_output=True, text=True, timeout=120,
+        [
+            helm,
+            "template",
+            "ga",
+            str(ROOT / "charts" / "gpu-auditor"),
+            "--namespace",
+            "gpu-auditor",
+            # what the test bed's apiserver (1.36) serves; `helm template` alone assumes none of it
+            "--api-versions",
+            "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+            *[a for s in sets for a in ("--set", s)],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
 
-def test_commands_in_the_operators_pod_read_the_charts_store(testbed, postgres_url: str, tmp_path: Path,
-                                                             monkeypatch, capsys) -> None:
+def test_commands_in_the_operators_pod_read_the_charts_store(
+    testbed, postgres_url: str, tmp_path: Path, monkeypatch, capsys
+) -> None:
     """What `kubectl exec deploy/ga-gpu-auditor -- gpu-auditor report ...` sees: the rendered
     settings file at the chart's path and the Deployment's GPU_AUDITOR_DATABASE_URL; no flags."""
     objs = _render_chart(testbed.helm, "store.type=postgresql", "store.postgresql.urlSecret.name=ga-db")
@@ -170,8 +192,12 @@ def test_precedence_db_flag_then_variable_then_file(tmp_path: Path, monkeypatch)
         load_cli_settings(tmp_path / "missing.yaml", environ={})
 
 
-READERS = (["report", "--week", str(W), "--format", "json", "--out", "OUT"], ["explain", "ns-a/Job/j1"],
-           ["policy", "simulate", "--since", "7d"], ["actions"])
+READERS = (
+    ["report", "--week", str(W), "--format", "json", "--out", "OUT"],
+    ["explain", "ns-a/Job/j1"],
+    ["policy", "simulate", "--since", "7d"],
+    ["actions"],
+)
 
 
 def test_an_empty_store_is_an_error_naming_it(db: str, tmp_path: Path, monkeypatch, capsys) -> None:
@@ -209,6 +235,8 @@ def test_explain_of_a_jobs_pod_explains_the_job(db: str, capsys) -> None:
         ref = JobRef("c1", "ns-a", "StatefulSet", "j1-again", "uid-x", "a")
         start = WS + timedelta(days=3)
         jid = s.upsert_job(ref, start, start + timedelta(hours=1))
-        s.replace_buckets(jid, job_buckets(GenJob("a", "j1-again", start, 1, 1, "healthy"), PodRef("ns-a", "j1-0", "main"), "node-9"))
+        s.replace_buckets(
+            jid, job_buckets(GenJob("a", "j1-again", start, 1, 1, "healthy"), PodRef("ns-a", "j1-0", "main"), "node-9")
+        )
     rc, out, err = run_cli(["explain", "ns-a/Pod/j1-0", "--db", db], capsys)
     assert rc == 2 and "ns-a/StatefulSet/j1-again (cluster c1)" in err and "ns-a/Job/j1 (cluster c1)" in err

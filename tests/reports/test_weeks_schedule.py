@@ -70,7 +70,10 @@ def test_crontab_day_numbers_mean_what_crontab_says() -> None:
     assert nxt.strftime("%a %H:%M") == "Mon 08:00" and nxt.date().isoformat() == "2026-11-30"
     assert build_trigger("30 6 * * 0", "UTC").get_next_fire_time(None, utc(2026, 11, 24)).strftime("%a") == "Sun"
     assert build_trigger("0 8 * * 1-5", "UTC").get_next_fire_time(None, utc(2026, 11, 28)).strftime("%a") == "Mon"
-    assert build_trigger("mon 09:15", "UTC").get_next_fire_time(None, utc(2026, 11, 24)).strftime("%a %H:%M") == "Mon 09:15"
+    assert (
+        build_trigger("mon 09:15", "UTC").get_next_fire_time(None, utc(2026, 11, 24)).strftime("%a %H:%M")
+        == "Mon 09:15"
+    )
     for bad in ("0 8 * *", "0 25 * * 1", "0 8 * * 9", "every monday"):
         with pytest.raises(BadInput):
             build_trigger(bad, "UTC")

@@ -68,9 +68,18 @@ def test_rbac_denies_a_plain_service_account_via_impersonation(testbed):
     finally:
         api.close()
     out = subprocess.run(
-        [testbed.kubectl, f"--kubeconfig={testbed.kubeconfig}", "auth", "can-i", "list", "secrets", "-A",
-         "--as=system:serviceaccount:default:nobody"],
-        capture_output=True, text=True,
+        [
+            testbed.kubectl,
+            f"--kubeconfig={testbed.kubeconfig}",
+            "auth",
+            "can-i",
+            "list",
+            "secrets",
+            "-A",
+            "--as=system:serviceaccount:default:nobody",
+        ],
+        capture_output=True,
+        text=True,
     )
     assert out.stdout.strip() == "no"
 
@@ -78,26 +87,48 @@ def test_rbac_denies_a_plain_service_account_via_impersonation(testbed):
 def test_the_project_crds_are_established(kube_admin):
     crds = k8s.ApiextensionsV1Api(kube_admin).list_custom_resource_definition().items
     established = {
-        c.metadata.name for c in crds
+        c.metadata.name
+        for c in crds
         if any(cond.type == "Established" and cond.status == "True" for cond in c.status.conditions or [])
     }
-    for name in ("workloads.kueue.x-k8s.io", "clusterqueues.kueue.x-k8s.io", "localqueues.kueue.x-k8s.io",
-                 "resourceflavors.kueue.x-k8s.io", "servicemonitors.monitoring.coreos.com",
-                 "prometheusrules.monitoring.coreos.com", "pytorchjobs.kubeflow.org", "trainjobs.trainer.kubeflow.org"):
+    for name in (
+        "workloads.kueue.x-k8s.io",
+        "clusterqueues.kueue.x-k8s.io",
+        "localqueues.kueue.x-k8s.io",
+        "resourceflavors.kueue.x-k8s.io",
+        "servicemonitors.monitoring.coreos.com",
+        "prometheusrules.monitoring.coreos.com",
+        "pytorchjobs.kubeflow.org",
+        "trainjobs.trainer.kubeflow.org",
+    ):
         assert name in established
 
 
 def test_kueue_and_servicemonitor_objects_round_trip(kube_admin, namespace):
     custom = k8s.CustomObjectsApi(kube_admin)
     custom.create_namespaced_custom_object(
-        "kueue.x-k8s.io", "v1beta2", namespace, "localqueues",
-        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "team-a"},
-         "spec": {"clusterQueue": "gpu"}},
+        "kueue.x-k8s.io",
+        "v1beta2",
+        namespace,
+        "localqueues",
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": "team-a"},
+            "spec": {"clusterQueue": "gpu"},
+        },
     )
     custom.create_namespaced_custom_object(
-        "monitoring.coreos.com", "v1", namespace, "servicemonitors",
-        {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": {"name": "dcgm"},
-         "spec": {"selector": {"matchLabels": {"app": "dcgm-exporter"}}, "endpoints": [{"port": "metrics"}]}},
+        "monitoring.coreos.com",
+        "v1",
+        namespace,
+        "servicemonitors",
+        {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "ServiceMonitor",
+            "metadata": {"name": "dcgm"},
+            "spec": {"selector": {"matchLabels": {"app": "dcgm-exporter"}}, "endpoints": [{"port": "metrics"}]},
+        },
     )
     lq = custom.get_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", namespace, "localqueues", "team-a")
     assert lq["spec"]["clusterQueue"] == "gpu"
@@ -162,7 +193,9 @@ def test_gpu_nodes_can_be_faked(kube_admin):
     name = f"gpu-{uuid.uuid4().hex[:8]}"
     core.create_node(k8s.V1Node(metadata=k8s.V1ObjectMeta(name=name, labels={"nvidia.com/gpu.product": "NVIDIA-H200"})))
     try:
-        core.patch_node_status(name, {"status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"}}})
+        core.patch_node_status(
+            name, {"status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"}}}
+        )
         assert core.read_node(name).status.capacity["nvidia.com/gpu"] == "8"
     finally:
         core.delete_node(name)

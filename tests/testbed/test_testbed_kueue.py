@@ -42,14 +42,34 @@ def test_webhooks_are_the_modules_pointed_at_loopback():
     _, manifests = binaries.kueue_manifests()
     docs = list(yaml.safe_load_all(manifests.read_text()))
     hooks = kueue.webhook_configurations(docs, 9443, b"CA")
-    assert [h["metadata"]["name"] for h in hooks] == ["kueue-mutating-webhook-configuration",
-                                                      "kueue-validating-webhook-configuration"]
+    assert [h["metadata"]["name"] for h in hooks] == [
+        "kueue-mutating-webhook-configuration",
+        "kueue-validating-webhook-configuration",
+    ]
     served = {w["name"] for h in hooks for w in h["webhooks"]}
-    for name in ("mjob.kb.io", "vjob.kb.io", "mworkload.kb.io", "vworkload.kb.io", "vclusterqueue.kb.io",
-                 "mpytorchjob.kb.io", "vtrainjob.kb.io", "mjobset.kb.io", "vrayjob.kb.io", "mraycluster.kb.io"):
+    for name in (
+        "mjob.kb.io",
+        "vjob.kb.io",
+        "mworkload.kb.io",
+        "vworkload.kb.io",
+        "vclusterqueue.kb.io",
+        "mpytorchjob.kb.io",
+        "vtrainjob.kb.io",
+        "mjobset.kb.io",
+        "vrayjob.kb.io",
+        "mraycluster.kb.io",
+    ):
         assert name in served
-    for name in ("mpod.kb.io", "vpod.kb.io", "mdeployment.kb.io", "vstatefulset.kb.io", "mmpijob.kb.io",
-                 "mleaderworkerset.kb.io", "vrayservice.kb.io", "mappwrapper.kb.io"):
+    for name in (
+        "mpod.kb.io",
+        "vpod.kb.io",
+        "mdeployment.kb.io",
+        "vstatefulset.kb.io",
+        "mmpijob.kb.io",
+        "mleaderworkerset.kb.io",
+        "vrayservice.kb.io",
+        "mappwrapper.kb.io",
+    ):
         assert name not in served  # integrations the bed leaves off
     for h in hooks:
         for w in h["webhooks"]:
@@ -97,7 +117,18 @@ def test_a_queued_job_is_suspended_and_gets_kueues_workload(kube_admin, namespac
 @pytestmark_live
 def test_validating_webhooks_deny_what_kueue_forbids(testbed, kube_admin, namespace):
     batch_job(kube_admin, namespace, "gated", labels={"kueue.x-k8s.io/queue-name": "lq"})
-    out = subprocess.run([testbed.kubectl, f"--kubeconfig={testbed.kubeconfig}", "annotate", "job", "gated",
-                          "-n", namespace, "kueue.x-k8s.io/admission-gated-by=example.com/ack"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            testbed.kubectl,
+            f"--kubeconfig={testbed.kubeconfig}",
+            "annotate",
+            "job",
+            "gated",
+            "-n",
+            namespace,
+            "kueue.x-k8s.io/admission-gated-by=example.com/ack",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode != 0 and "cannot add admission gate after creation" in out.stderr, out.stderr

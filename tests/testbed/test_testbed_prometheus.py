@@ -15,8 +15,9 @@ pytestmark = pytest.mark.testbed
 
 
 def _query_range(url: str, expr: str, start: int, end: int, step: int) -> list[dict]:
-    r = requests.get(f"{url}/api/v1/query_range",
-                     params={"query": expr, "start": start, "end": end, "step": step}, timeout=10)
+    r = requests.get(
+        f"{url}/api/v1/query_range", params={"query": expr, "start": start, "end": end, "step": step}, timeout=10
+    )
     r.raise_for_status()
     return r.json()["data"]["result"]
 
@@ -43,8 +44,11 @@ def test_backfill_adds_a_missing_eof_and_keeps_earlier_data(prometheus):
     now = int(time.time())
     prometheus.backfill(f'# TYPE probe gauge\nprobe{{case="{case}",n="1"}} 1 {now - 900}\n')
     prometheus.backfill(f'# TYPE probe gauge\nprobe{{case="{case}",n="2"}} 2 {now - 600}')
-    r = requests.get(f"{prometheus.url}/api/v1/query",
-                     params={"query": f'max_over_time(probe{{case="{case}"}}[30m])', "time": now}, timeout=10)
+    r = requests.get(
+        f"{prometheus.url}/api/v1/query",
+        params={"query": f'max_over_time(probe{{case="{case}"}}[30m])', "time": now},
+        timeout=10,
+    )
     got = {s["metric"]["n"]: float(s["value"][1]) for s in r.json()["data"]["result"]}
     assert got == {"1": 1.0, "2": 2.0}
 

@@ -35,6 +35,6 @@ def test_promtool_runs(testbed):
 
 def test_env_file_is_shell_sourceable(testbed):
     env_file = Path(testbed.state_dir) / "env"
-    script = f". {shlex.quote(str(env_file))} && echo \"$KUBECONFIG|$PROMETHEUS_URL|$DATABASE_URL|$HELM\""
+    script = f'. {shlex.quote(str(env_file))} && echo "$KUBECONFIG|$PROMETHEUS_URL|$DATABASE_URL|$HELM"'
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout.strip()
     assert out == f"{testbed.kubeconfig}|{testbed.prometheus_url}|{testbed.database_url}|{testbed.helm}"

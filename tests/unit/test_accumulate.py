@@ -23,7 +23,11 @@ def noisy(values: dict, *, seed: int, **kw) -> list[Bucket]:
     out = []
     for b in series(values, **kw):
         v = b.minimum * (0.8 + 0.4 * rnd.random())
-        out.append(b._replace(total=v * b.count, minimum=v * 0.9, maximum=min(v * 1.1, 1.0) if b.metric != Metric.POWER else v * 1.1))
+        out.append(
+            b._replace(
+                total=v * b.count, minimum=v * 0.9, maximum=min(v * 1.1, 1.0) if b.metric != Metric.POWER else v * 1.1
+            )
+        )
     return out
 
 
@@ -49,16 +53,30 @@ def fold_in_steps(buckets: list[Bucket], cuts: list, *, window: Window) -> dict:
 def job_mix() -> list[Bucket]:
     """Two pods, a scrape gap, a partial first bucket, garbage, a MIG slice and a shared GPU."""
     a = noisy(BUSY, seed=1, buckets=[0, 1, 2, 5, 6, 7, 8, 11])
-    a[0:len(BUSY)] = [b._replace(count=7, total=b.total / 20 * 7) for b in a[0:len(BUSY)]]
-    b = noisy({Metric.GR_ENGINE_ACTIVE: 0.9, Metric.SM_ACTIVE: 0.2}, seed=2, g=gpu(1, instance="3", profile="3g.71gb"),
-              pod=PodRef("team-a", "train-1"), buckets=range(2, 10), dropped=2)
+    a[0 : len(BUSY)] = [b._replace(count=7, total=b.total / 20 * 7) for b in a[0 : len(BUSY)]]
+    b = noisy(
+        {Metric.GR_ENGINE_ACTIVE: 0.9, Metric.SM_ACTIVE: 0.2},
+        seed=2,
+        g=gpu(1, instance="3", profile="3g.71gb"),
+        pod=PodRef("team-a", "train-1"),
+        buckets=range(2, 10),
+        dropped=2,
+    )
     shared = noisy(BUSY, seed=3, g=gpu(5), pod=PodRef("team-a", "train-2"), buckets=range(0, 6))
     other = noisy(BUSY, seed=4, g=gpu(5), pod=PodRef("team-a", "train-3"), buckets=range(3, 9))
     return a + b + shared + other
 
 
-@pytest.mark.parametrize("cuts", [[], [WINDOW.start + W], [WINDOW.start + 3 * W, WINDOW.start + 4 * W],
-                                  [WINDOW.start + k * W for k in range(1, 12)], [WINDOW.start + 7 * W]])
+@pytest.mark.parametrize(
+    "cuts",
+    [
+        [],
+        [WINDOW.start + W],
+        [WINDOW.start + 3 * W, WINDOW.start + 4 * W],
+        [WINDOW.start + k * W for k in range(1, 12)],
+        [WINDOW.start + 7 * W],
+    ],
+)
 def test_folding_in_steps_equals_the_one_shot_summary(cuts: list) -> None:
     buckets = job_mix()
     whole = summarize_job(JOB, buckets, window=WINDOW, now=NOW, interval=IV)
@@ -74,7 +92,7 @@ def test_folding_in_steps_equals_the_one_shot_summary(cuts: list) -> None:
 
 def test_a_job_that_ends_before_the_freeze_keeps_its_partial_last_bucket() -> None:
     buckets = series(BUSY, buckets=range(4))
-    buckets[-len(BUSY):] = [b._replace(count=5, total=b.total / 4) for b in buckets[-len(BUSY):]]
+    buckets[-len(BUSY) :] = [b._replace(count=5, total=b.total / 4) for b in buckets[-len(BUSY) :]]
     whole = summarize_job(JOB, buckets, window=WINDOW, now=NOW, interval=IV)
     stepped = fold_in_steps(buckets, [WINDOW.start + 10 * W], window=WINDOW)
     assert stepped == whole
@@ -97,8 +115,12 @@ def test_points_stay_bounded_and_percentiles_close_on_a_long_job() -> None:
     for k in range(hours * 12):
         start = T0 + k * W
         v = min(1.0, max(0.0, rnd.gauss(0.45 if k % 24 < 16 else 0.1, 0.05)))
-        buckets.append(Bucket(PodRef("team-a", "long-0"), gpu(), Metric.SM_ACTIVE, start, start + W, v * 20, 20, v, v, 0))
-        buckets.append(Bucket(PodRef("team-a", "long-0"), gpu(), Metric.GPU_UTIL, start, start + W, 20.0, 20, 1.0, 1.0, 0))
+        buckets.append(
+            Bucket(PodRef("team-a", "long-0"), gpu(), Metric.SM_ACTIVE, start, start + W, v * 20, 20, v, v, 0)
+        )
+        buckets.append(
+            Bucket(PodRef("team-a", "long-0"), gpu(), Metric.GPU_UTIL, start, start + W, 20.0, 20, 1.0, 1.0, 0)
+        )
     window = Window(T0, T0 + timedelta(hours=hours))
     whole = summarize_job(JOB, buckets, window=window, now=window.end, interval=IV)
     cuts = [T0 + timedelta(minutes=m) for m in range(5, hours * 60, 5)]  # a freeze every cycle

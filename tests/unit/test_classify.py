@@ -50,7 +50,12 @@ CASES = [
     # issue 15: low SM activity explained by idle time (SMs well used while busy) is underutilized
     ("idle 35 %, SMs well used while busy", dict(busy=0.65, sm=0.48), V.UNDERUTILIZED, "underutilized"),
     ("busy, SMs half used while busy", dict(busy=0.95, sm=0.45), V.LOW_SM_EFFICIENCY, "low_sm_efficiency"),
-    ("copies only: no kernel", dict(sm=0.0, tensor=0.0, dram=0.01, fp32=0.0, gr_engine=0.0001, power=129.0), V.LOW_SM_EFFICIENCY, "low_sm_efficiency"),
+    (
+        "copies only: no kernel",
+        dict(sm=0.0, tensor=0.0, dram=0.01, fp32=0.0, gr_engine=0.0001, power=129.0),
+        V.LOW_SM_EFFICIENCY,
+        "low_sm_efficiency",
+    ),
     # single-digit tensor activity with busy DRAM: never healthy
     ("materialised attention", dict(tensor=0.078, dram=0.67, fp32=0.037), V.MEMORY_BOUND, "memory_bound"),
     ("tensor 8 %, FP32 busy", dict(tensor=0.08, dram=0.1, fp32=0.3), V.NO_TENSOR_CORES, "no_tensor_cores"),
@@ -64,7 +69,12 @@ CASES = [
     ("fp16 on CUDA cores", dict(tensor=0.0, dram=0.05, fp32=0.01, fp16=0.5), V.NO_TENSOR_CORES, "no_tensor_cores"),
     ("no FP32 series, DRAM quiet", dict(tensor=0.0, dram=0.077, fp32=None), V.NO_TENSOR_CORES, "no_tensor_cores"),
     ("no FP32 series, DRAM busy", dict(tensor=0.0, dram=0.39, fp32=None), V.MEMORY_BOUND, "memory_bound"),
-    ("FP16 alone does not stand in for FP32", dict(tensor=0.0, dram=0.0, fp32=None, fp16=0.0), V.NO_TENSOR_CORES, "no_tensor_cores"),
+    (
+        "FP16 alone does not stand in for FP32",
+        dict(tensor=0.0, dram=0.0, fp32=None, fp16=0.0),
+        V.NO_TENSOR_CORES,
+        "no_tensor_cores",
+    ),
     ("tensor idle, no DRAM nor FP32", dict(tensor=0.0, dram=None, fp32=None), V.INSUFFICIENT_DATA, "metric_missing"),
     ("no DRAM series but FP32 busy", dict(tensor=0.0, dram=None, fp32=0.7), V.NO_TENSOR_CORES, "no_tensor_cores"),
 ]

@@ -44,8 +44,11 @@ def test_resolver_groups_pods_and_reports_unattributed():
 
 
 def test_sort_summaries():
-    rows = [{"job": "a", "waste_gpu_hours": None, "gpu_hours": 5}, {"job": "b", "waste_gpu_hours": 1.0},
-            {"job": "c", "waste_gpu_hours": 3.0}]
+    rows = [
+        {"job": "a", "waste_gpu_hours": None, "gpu_hours": 5},
+        {"job": "b", "waste_gpu_hours": 1.0},
+        {"job": "c", "waste_gpu_hours": 3.0},
+    ]
     assert [r["job"] for r in sort_summaries(rows)] == ["c", "b", "a"]
 
 

@@ -20,16 +20,23 @@ JOB = JobRef("c1", "team-a", "Job", "train", uid="u-1", team="team-a")
 POD = PodRef("team-a", "train-0")
 H200 = "NVIDIA H200"
 
-BUSY = {Metric.GPU_UTIL: 1.0, Metric.SM_ACTIVE: 0.9, Metric.TENSOR_ACTIVE: 0.4, Metric.DRAM_ACTIVE: 0.3,
-        Metric.FP32_ACTIVE: 0.05, Metric.POWER: 600.0}
+BUSY = {
+    Metric.GPU_UTIL: 1.0,
+    Metric.SM_ACTIVE: 0.9,
+    Metric.TENSOR_ACTIVE: 0.4,
+    Metric.DRAM_ACTIVE: 0.3,
+    Metric.FP32_ACTIVE: 0.05,
+    Metric.POWER: 600.0,
+}
 
 
 def gpu(i: int = 0, *, host: str = "n1", instance: str = "", profile: str = "", model: str = H200) -> GpuId:
     return GpuId(f"GPU-{host}-{i}", instance=instance, hostname=host, index=str(i), model=model, mig_profile=profile)
 
 
-def series(values: dict, *, g: GpuId | None = None, pod: PodRef = POD, buckets=range(12), count: int = 20,
-           dropped: int = 0) -> list[Bucket]:
+def series(
+    values: dict, *, g: GpuId | None = None, pod: PodRef = POD, buckets=range(12), count: int = 20, dropped: int = 0
+) -> list[Bucket]:
     """Constant-valued buckets for each metric; ``values`` maps metric → value."""
     g = g or gpu()
     out = []
@@ -62,9 +69,29 @@ def test_full_hour_one_gpu():
 
 def test_required_fields_and_json():
     s = summarize(series(BUSY))
-    for key in ("cluster", "namespace", "job", "uid", "team", "gpu_model", "gpus", "start", "end", "gpu_hours",
-                "gpu_util", "sm_active", "sm_occupancy", "tensor_active", "dram_active", "coverage", "mfu_estimate",
-                "waste_gpu_hours", "verdict", "findings", "per_gpu"):
+    for key in (
+        "cluster",
+        "namespace",
+        "job",
+        "uid",
+        "team",
+        "gpu_model",
+        "gpus",
+        "start",
+        "end",
+        "gpu_hours",
+        "gpu_util",
+        "sm_active",
+        "sm_occupancy",
+        "tensor_active",
+        "dram_active",
+        "coverage",
+        "mfu_estimate",
+        "waste_gpu_hours",
+        "verdict",
+        "findings",
+        "per_gpu",
+    ):
         assert key in s, key
     assert s["job"] == "Job/train" and s["uid"] == "u-1" and s["cluster"] == "c1"
     assert s["sm_occupancy"] is None  # absent → null, never 0
@@ -108,8 +135,13 @@ def test_missing_sm_is_null_and_insufficient():
 
 def test_mig_fraction_and_gr_engine():
     g = gpu(0, instance="1", profile="3g.71gb")
-    vals = {Metric.GR_ENGINE_ACTIVE: 1.0, Metric.SM_ACTIVE: 0.99, Metric.TENSOR_ACTIVE: 0.0, Metric.DRAM_ACTIVE: 0.68,
-            Metric.FP32_ACTIVE: 0.064}
+    vals = {
+        Metric.GR_ENGINE_ACTIVE: 1.0,
+        Metric.SM_ACTIVE: 0.99,
+        Metric.TENSOR_ACTIVE: 0.0,
+        Metric.DRAM_ACTIVE: 0.68,
+        Metric.FP32_ACTIVE: 0.064,
+    }
     s = summarize(series(vals, g=g))
     assert s["gpus"] == pytest.approx(3 / 7, abs=1e-4)
     assert s["gpu_hours"] == pytest.approx(3 / 7)
@@ -173,10 +205,20 @@ def test_percentiles_are_count_weighted_bucket_means():
 
 
 def test_straggler_in_collective():
-    waiting = {Metric.GPU_UTIL: 1.0, Metric.SM_ACTIVE: 0.03, Metric.TENSOR_ACTIVE: 0.0, Metric.DRAM_ACTIVE: 0.0,
-               Metric.POWER: 124.0}
-    slow = {Metric.GPU_UTIL: 0.12, Metric.SM_ACTIVE: 0.07, Metric.TENSOR_ACTIVE: 0.015, Metric.DRAM_ACTIVE: 0.03,
-            Metric.POWER: 155.0}
+    waiting = {
+        Metric.GPU_UTIL: 1.0,
+        Metric.SM_ACTIVE: 0.03,
+        Metric.TENSOR_ACTIVE: 0.0,
+        Metric.DRAM_ACTIVE: 0.0,
+        Metric.POWER: 124.0,
+    }
+    slow = {
+        Metric.GPU_UTIL: 0.12,
+        Metric.SM_ACTIVE: 0.07,
+        Metric.TENSOR_ACTIVE: 0.015,
+        Metric.DRAM_ACTIVE: 0.03,
+        Metric.POWER: 155.0,
+    }
     b = series(waiting, g=gpu(0)) + series(waiting, g=gpu(1)) + series(waiting, g=gpu(2)) + series(slow, g=gpu(3))
     s = summarize(b)
     assert s["verdict"] == "low_sm_efficiency"
@@ -192,8 +234,13 @@ def test_straggler_in_collective():
 
 
 def test_idle_gpu_inside_multi_gpu_job():
-    idle = {Metric.GPU_UTIL: 0.0, Metric.SM_ACTIVE: 0.0, Metric.TENSOR_ACTIVE: 0.0, Metric.DRAM_ACTIVE: 0.0,
-            Metric.POWER: 120.0}
+    idle = {
+        Metric.GPU_UTIL: 0.0,
+        Metric.SM_ACTIVE: 0.0,
+        Metric.TENSOR_ACTIVE: 0.0,
+        Metric.DRAM_ACTIVE: 0.0,
+        Metric.POWER: 120.0,
+    }
     s = summarize(series(BUSY, g=gpu(0)) + series(idle, g=gpu(1)))
     assert s["verdict"] == "underutilized"  # job mean utilization 50 %
     f = next(f for f in s["findings"] if f["code"] == "idle_gpus_in_job")

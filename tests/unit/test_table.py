@@ -2,16 +2,39 @@ from auditor.render.table import format_table, notes
 
 
 def row(**kw):
-    base = {"namespace": "ns", "job": "Pod/x", "team": "t", "gpus": 1.0, "gpu_hours": 2.0, "gpu_util": 1.0,
-            "sm_active": 0.03, "tensor_active": None, "dram_active": 0.0, "mfu_estimate": None, "coverage": 1.0,
-            "waste_gpu_hours": 1.94, "verdict": "low_sm_efficiency", "findings": []}
+    base = {
+        "namespace": "ns",
+        "job": "Pod/x",
+        "team": "t",
+        "gpus": 1.0,
+        "gpu_hours": 2.0,
+        "gpu_util": 1.0,
+        "sm_active": 0.03,
+        "tensor_active": None,
+        "dram_active": 0.0,
+        "mfu_estimate": None,
+        "coverage": 1.0,
+        "waste_gpu_hours": 1.94,
+        "verdict": "low_sm_efficiency",
+        "findings": [],
+    }
     base.update(kw)
     return base
 
 
 def test_table_columns_and_missing_values():
-    out = format_table([row(), row(job="Pod/y", sm_active=None, waste_gpu_hours=None, verdict="insufficient_data",
-                                  findings=[{"code": "fp32_pipe_missing"}])])
+    out = format_table(
+        [
+            row(),
+            row(
+                job="Pod/y",
+                sm_active=None,
+                waste_gpu_hours=None,
+                verdict="insufficient_data",
+                findings=[{"code": "fp32_pipe_missing"}],
+            ),
+        ]
+    )
     lines = out.splitlines()
     assert lines[0].split()[:3] == ["NAMESPACE", "JOB", "TEAM"] and "VERDICT" in lines[0]
     assert "low_sm_efficiency" in lines[1] and "3.0%" in lines[1] and "100%" in lines[1]

@@ -33,24 +33,41 @@ def test_from_mapping_overrides_and_merges():
     "values, message",
     [
         ({"low_smm": 0.4}, "settings.thresholds.low_smm: unknown threshold (known: busy_util, "),
-        ({"low_sm": 1.5}, "settings.thresholds.low_sm: 1.5 is out of range (0–1 ratio); ratios are 0–1: did you mean 0.015?"),
-        ({"low_sm": 90}, "settings.thresholds.low_sm: 90 is out of range (0–1 ratio); ratios are 0–1: did you mean 0.9?"),
+        (
+            {"low_sm": 1.5},
+            "settings.thresholds.low_sm: 1.5 is out of range (0–1 ratio); ratios are 0–1: did you mean 0.015?",
+        ),
+        (
+            {"low_sm": 90},
+            "settings.thresholds.low_sm: 90 is out of range (0–1 ratio); ratios are 0–1: did you mean 0.9?",
+        ),
         ({"low_sm": -0.1}, "settings.thresholds.low_sm: -0.1 is out of range (0–1 ratio)"),
         ({"low_sm": "high"}, "settings.thresholds.low_sm: expected a number (0–1 ratio), got 'high'"),
         ({"low_sm": True}, "settings.thresholds.low_sm: expected a number (0–1 ratio), got True"),
         ({"low_sm": float("nan")}, "settings.thresholds.low_sm: nan is not a finite number"),
         ({"min_samples": 2.5}, "settings.thresholds.min_samples: 2.5 is not a whole number of samples"),
-        ({"min_span": "soon"}, "settings.thresholds.min_span: expected seconds or a duration such as 90s or 2m, got 'soon'"),
+        (
+            {"min_span": "soon"},
+            "settings.thresholds.min_span: expected seconds or a duration such as 90s or 2m, got 'soon'",
+        ),
         ({"min_span": -1}, "settings.thresholds.min_span: -1 is out of range (≥ 0 seconds)"),
         ({"power_floor_w": 3}, "settings.thresholds.power_floor_w: expected a mapping of GPU model → W, got 3"),
         ({"power_floor_w": {"T4": 9000}}, "settings.thresholds.power_floor_w.T4: 9000 is out of range (0–5000 W)"),
-        ({"max_sm_clock_mhz": {"H200": 1.98e9}},
-         "settings.thresholds.max_sm_clock_mhz.H200: 1.98e+09 is out of range (1–10000 MHz); clocks are in MHz: did you mean 1980?"),
-        ({"max_sm_clock_mhz": {"H200": 0}}, "settings.thresholds.max_sm_clock_mhz.H200: 0 is out of range (1–10000 MHz)"),
+        (
+            {"max_sm_clock_mhz": {"H200": 1.98e9}},
+            "settings.thresholds.max_sm_clock_mhz.H200: 1.98e+09 is out of range (1–10000 MHz); clocks are in MHz: did you mean 1980?",
+        ),
+        (
+            {"max_sm_clock_mhz": {"H200": 0}},
+            "settings.thresholds.max_sm_clock_mhz.H200: 0 is out of range (1–10000 MHz)",
+        ),
         # inconsistent pairs: the verdict bands they bound would be empty or inverted
         ({"idle_util": 0.7}, "settings.thresholds.idle_util: idle_util (0.7) must not exceed busy_util (0.6)"),
         ({"busy_util": 0.01}, "settings.thresholds.busy_util: idle_util (0.05) must not exceed busy_util (0.01)"),
-        ({"tensor_headroom": 0.01}, "settings.thresholds.tensor_headroom: tensor_idle (0.1) must not exceed tensor_headroom (0.01)"),
+        (
+            {"tensor_headroom": 0.01},
+            "settings.thresholds.tensor_headroom: tensor_idle (0.1) must not exceed tensor_headroom (0.01)",
+        ),
     ],
 )
 def test_from_mapping_rejects_naming_the_key(values, message):

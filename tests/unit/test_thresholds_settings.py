@@ -37,11 +37,15 @@ def test_environment_overrides_the_file_key_by_key(tmp_path):
     "text, message",
     [
         ("thresholds: {low_smm: 0.4}\n", "settings.yaml: thresholds.low_smm: unknown threshold (known: "),
-        ("thresholds: {low_sm: 90}\n",
-         "settings.yaml: thresholds.low_sm: 90 is out of range (0–1 ratio); ratios are 0–1: did you mean 0.9?"),
+        (
+            "thresholds: {low_sm: 90}\n",
+            "settings.yaml: thresholds.low_sm: 90 is out of range (0–1 ratio); ratios are 0–1: did you mean 0.9?",
+        ),
         ("thresholds: {low_sm: fast}\n", "settings.yaml: thresholds.low_sm: expected a number (0–1 ratio), got 'fast'"),
-        ("thresholds: {idle_util: 0.8, busy_util: 0.5}\n",
-         "settings.yaml: thresholds.idle_util: idle_util (0.8) must not exceed busy_util (0.5)"),
+        (
+            "thresholds: {idle_util: 0.8, busy_util: 0.5}\n",
+            "settings.yaml: thresholds.idle_util: idle_util (0.8) must not exceed busy_util (0.5)",
+        ),
         ("thresholds: [low_sm]\n", "settings.yaml: thresholds: expected a mapping of threshold → value"),
     ],
 )
@@ -56,14 +60,23 @@ def test_bad_file_values_name_the_file_and_key(tmp_path, text, message):
 @pytest.mark.parametrize(
     "name, value, message",
     [
-        ("GPU_AUDITOR_THRESHOLDS__LOW_SM", "50",
-         "environment: thresholds.low_sm (variable GPU_AUDITOR_THRESHOLDS__LOW_SM): 50 is out of range (0–1 ratio); "
-         "ratios are 0–1: did you mean 0.5?"),
-        ("GPU_AUDITOR_THRESHOLDS__LOW_SMM", "0.5",
-         "environment: thresholds.low_smm (variable GPU_AUDITOR_THRESHOLDS__LOW_SMM): unknown threshold"),
-        ("GPU_AUDITOR_THRESHOLDS__POWER_FLOOR_W__H200", "lots",
-         "environment: thresholds.power_floor_w.h200 (variable GPU_AUDITOR_THRESHOLDS__POWER_FLOOR_W__H200): "
-         "expected a number (0–5000 W), got 'lots'"),
+        (
+            "GPU_AUDITOR_THRESHOLDS__LOW_SM",
+            "50",
+            "environment: thresholds.low_sm (variable GPU_AUDITOR_THRESHOLDS__LOW_SM): 50 is out of range (0–1 ratio); "
+            "ratios are 0–1: did you mean 0.5?",
+        ),
+        (
+            "GPU_AUDITOR_THRESHOLDS__LOW_SMM",
+            "0.5",
+            "environment: thresholds.low_smm (variable GPU_AUDITOR_THRESHOLDS__LOW_SMM): unknown threshold",
+        ),
+        (
+            "GPU_AUDITOR_THRESHOLDS__POWER_FLOOR_W__H200",
+            "lots",
+            "environment: thresholds.power_floor_w.h200 (variable GPU_AUDITOR_THRESHOLDS__POWER_FLOOR_W__H200): "
+            "expected a number (0–5000 W), got 'lots'",
+        ),
     ],
 )
 def test_bad_variables_name_the_variable(name, value, message):

@@ -46,8 +46,9 @@ NO_SM = ALL - {Metric.SM_ACTIVE}
 def audit(trace_name: str, include, interval_s: int = 15) -> dict[str, dict]:
     trace = load_trace(trace_name)
     jobs = [TraceJob(PodRef("bench", p.replace("_", "-")), make_gpus(1, f"node-{p}"), p) for p in trace.phases()]
-    src = ReplaySource([(trace, jobs)], end=END, duration=timedelta(hours=1),
-                       interval=timedelta(seconds=interval_s), include=include)
+    src = ReplaySource(
+        [(trace, jobs)], end=END, duration=timedelta(hours=1), interval=timedelta(seconds=interval_s), include=include
+    )
     res = run_audit(src, NoKubeResolver(), None, Window(END - timedelta(hours=3), END), now=END)
     return {s["job"].removeprefix("Pod/").replace("-", "_"): s for s in res.summaries}
 
@@ -126,7 +127,9 @@ def test_copy_only_job_says_so_with_pcie_evidence():
     assert got["pcie_rx_bytes_per_s"] == pytest.approx(copy["evidence"]["pcie_rx_bytes_per_s"], rel=1e-6)
     assert got["pcie_tx_bytes_per_s"] > 0
     # a job that runs kernels is never called copy-only, whatever its PCIe traffic
-    assert all("copy_only" not in [f["code"] for f in s["findings"]] for p, s in everything.items() if p != "h2d_copy_pinned")
+    assert all(
+        "copy_only" not in [f["code"] for f in s["findings"]] for p, s in everything.items() if p != "h2d_copy_pinned"
+    )
 
 
 def test_pcie_means_are_null_when_absent():
@@ -155,6 +158,8 @@ def test_workloads_mfu_estimate_tracks_measured_mfu():
     assert checked >= 19
     # TF32: a plain matmul runs at its nominal TF32 peak per active tensor cycle (error +0.02),
     # the TF32 transformer does not (estimate 0.37 against 0.23 measured): docs/verdicts.md
-    assert got["tf32_matmul"]["mfu_estimate"] - truth["workloads"]["tf32_matmul"]["mfu"] == pytest.approx(0.02, abs=0.02)
+    assert got["tf32_matmul"]["mfu_estimate"] - truth["workloads"]["tf32_matmul"]["mfu"] == pytest.approx(
+        0.02, abs=0.02
+    )
     tf32 = got["transformer_sdpa_tf32_s1024"]["mfu_estimate"] - truth["workloads"]["transformer_sdpa_tf32_s1024"]["mfu"]
     assert tf32 == pytest.approx(0.135, abs=0.02)

@@ -16,8 +16,15 @@ POD = PodRef("team-a", "spin-0", "main")
 
 def test_bundled_traces_load_with_their_columns():
     micro = load_trace("h200-microbench")
-    assert micro.phases() == ["idle", "one_sm_spin", "all_sm_spin", "memcpy_only", "bf16_matmul",
-                              "tiny_kernels_gaps", "naive_softmax"]
+    assert micro.phases() == [
+        "idle",
+        "one_sm_spin",
+        "all_sm_spin",
+        "memcpy_only",
+        "bf16_matmul",
+        "tiny_kernels_gaps",
+        "naive_softmax",
+    ]
     assert Metric.POWER not in micro.metrics and Metric.SM_ACTIVE in micro.metrics
     cluster = load_trace("h200-demo-cluster")
     assert {Metric.POWER, Metric.FB_USED, Metric.SM_CLOCK} <= cluster.metrics
@@ -38,8 +45,11 @@ def test_fill_repeats_steady_state_in_order():
     micro = load_trace("h200-microbench")
     steady = micro.steady("memcpy_only")
     job = TraceJob(POD, make_gpus(1, "n1"), "memcpy_only")
-    got = [s for s in trace_samples(micro, [job], end=END, duration=timedelta(seconds=20), interval=timedelta(seconds=1))
-           if s.metric is Metric.DRAM_ACTIVE]
+    got = [
+        s
+        for s in trace_samples(micro, [job], end=END, duration=timedelta(seconds=20), interval=timedelta(seconds=1))
+        if s.metric is Metric.DRAM_ACTIVE
+    ]
     assert len(got) == 20
     assert [s.raw for s in got] == [steady[k % len(steady)].values[Metric.DRAM_ACTIVE] for k in range(20)]
     assert got[-1].t == END.timestamp() - 1 and got[0].t == END.timestamp() - 20
@@ -69,8 +79,13 @@ def test_openmetrics_exported_convention_hostname_and_subset():
     micro = load_trace("h200-microbench")
     job = TraceJob(POD, make_gpus(1, "node-7"), "one_sm_spin")
     text = trace_to_openmetrics(
-        micro, [job], end=END, duration=timedelta(minutes=1), interval=timedelta(seconds=30),
-        convention="exported_pod", hostname_label="hostname",
+        micro,
+        [job],
+        end=END,
+        duration=timedelta(minutes=1),
+        interval=timedelta(seconds=30),
+        convention="exported_pod",
+        hostname_label="hostname",
         include={Metric.GPU_UTIL, Metric.TENSOR_ACTIVE},
     )
     line = next(ln for ln in text.splitlines() if ln.startswith("DCGM_FI_DEV_GPU_UTIL{"))
@@ -85,8 +100,9 @@ def test_dcgm46_names_and_mig():
     micro = load_trace("h200-microbench")
     mig = GpuId("GPU-x", instance="2", hostname="n", index="0", model="NVIDIA H200", mig_profile="1g.18gb")
     job = TraceJob(POD, (mig,), "bf16_matmul")
-    text = trace_to_openmetrics(micro, [job], end=END, duration=timedelta(minutes=1), interval=timedelta(seconds=15),
-                                dcgm46_names=True)
+    text = trace_to_openmetrics(
+        micro, [job], end=END, duration=timedelta(minutes=1), interval=timedelta(seconds=15), dcgm46_names=True
+    )
     assert "DCGM_FI_PROF_SM_UTIL_RATIO{" in text and "DCGM_FI_PROF_SM_ACTIVE{" not in text
     assert "GPU_UTIL" not in text  # no GPU_UTIL on MIG
     assert 'GPU_I_ID="2"' in text and 'GPU_I_PROFILE="1g.18gb"' in text
@@ -94,9 +110,13 @@ def test_dcgm46_names_and_mig():
 
 def test_per_gpu_phases_and_exclude():
     cluster = load_trace("h200-demo-cluster")
-    job = TraceJob(POD, make_gpus(2, "n"), "kernel_spin_waiting_4_blocks",
-                   gpu_phases=("kernel_spin_waiting_4_blocks", "cpu_bound_preprocessing"),
-                   exclude=frozenset({Metric.SM_ACTIVE}))
+    job = TraceJob(
+        POD,
+        make_gpus(2, "n"),
+        "kernel_spin_waiting_4_blocks",
+        gpu_phases=("kernel_spin_waiting_4_blocks", "cpu_bound_preprocessing"),
+        exclude=frozenset({Metric.SM_ACTIVE}),
+    )
     got = list(trace_samples(cluster, [job], end=END, duration=timedelta(minutes=1), interval=timedelta(seconds=15)))
     util = {s.gpu.index: s.raw for s in got if s.metric is Metric.GPU_UTIL}
     assert util["0"] == 100.0 and util["1"] < 50
@@ -125,8 +145,9 @@ def test_bad_requests():
         load_trace("/nonexistent/trace.csv")
     job = TraceJob(POD, make_gpus(1, "n"), "idle")
     with pytest.raises(BadInput, match="convention"):
-        trace_to_openmetrics(micro, [job], end=END, duration=timedelta(minutes=1), interval=timedelta(seconds=15),
-                             convention="podz")
+        trace_to_openmetrics(
+            micro, [job], end=END, duration=timedelta(minutes=1), interval=timedelta(seconds=15), convention="podz"
+        )
     with pytest.raises(BadInput, match="shorter than one scrape interval"):
         list(trace_samples(micro, [job], end=END, duration=timedelta(seconds=5), interval=timedelta(seconds=15)))
 

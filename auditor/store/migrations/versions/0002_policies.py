@@ -58,7 +58,9 @@ def upgrade() -> None:
         sa.Column("next_step", sa.Integer(), nullable=False, server_default="0"),
         sa.Column("last_step_at", _TS, nullable=True),
         sa.Column("evidence", _JSON, nullable=False),
-        sa.UniqueConstraint("cluster", "namespace", "kind", "name", "policy", "episode", name="uq_policy_violations_episode"),
+        sa.UniqueConstraint(
+            "cluster", "namespace", "kind", "name", "policy", "episode", name="uq_policy_violations_episode"
+        ),
     )
     op.create_index("ix_policy_violations_state", "policy_violations", ["state", "cluster"])
 
@@ -88,9 +90,7 @@ def upgrade() -> None:
         "policy_actions",
         sa.Column("id", sa.Integer(), primary_key=True, nullable=False),
         sa.Column("dedup_key", sa.String(760), nullable=False),
-        sa.Column(
-            "decision_id", sa.Integer(), sa.ForeignKey("policy_decisions.id", ondelete="CASCADE"), nullable=True
-        ),
+        sa.Column("decision_id", sa.Integer(), sa.ForeignKey("policy_decisions.id", ondelete="CASCADE"), nullable=True),
         *_job_columns(),
         sa.Column("policy", sa.String(253), nullable=False),
         sa.Column("action", sa.String(64), nullable=False),

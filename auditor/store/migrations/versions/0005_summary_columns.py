@@ -52,7 +52,16 @@ _FIELDS: dict[str, tuple[tuple[str, ...], str, sa.types.TypeEngine]] = {
 
 _INDEX = "ix_job_summaries_week"
 _INDEX_COLUMNS = [
-    "end", "start", "cluster", "team", "verdict", "gpu_model", "gpu_hours", "waste_gpu_hours", "tensor_active", "job_id",
+    "end",
+    "start",
+    "cluster",
+    "team",
+    "verdict",
+    "gpu_model",
+    "gpu_hours",
+    "waste_gpu_hours",
+    "tensor_active",
+    "job_id",
 ]
 
 
