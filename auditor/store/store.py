@@ -692,6 +692,28 @@ class Store:
             if conn.execute(stmt).rowcount == 0:
                 raise _Invalid(f"no job with id {job_id}")
 
+    # ------------------------------------------------------------------ transactions
+
+    @contextmanager
+    def reading(self, what: str) -> Iterator[Connection]:
+        """A read transaction for the store's own modules (reports, decisions, retention, ...).
+
+        ``what`` names the operation in the :class:`StoreError` raised on failure (with the
+        URL and whether a retry can help); inside :meth:`batch` the batch's connection is used.
+        """
+        with self._guard(what), self._connect() as conn:
+            yield conn
+
+    @contextmanager
+    def writing(self, what: str) -> Iterator[Connection]:
+        """A write transaction: committed when the block succeeds, rolled back when it raises.
+
+        Same error mapping as :meth:`reading`; on SQLite it takes the write lock up front, and
+        inside :meth:`batch` it is a savepoint, so a failed block undoes only itself.
+        """
+        with self._guard(what), self._connect(write=True) as conn:
+            yield conn
+
     # ------------------------------------------------------------------ plumbing
 
     @contextmanager
