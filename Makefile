@@ -26,11 +26,12 @@ system-deps:
 demo: install
 	$(BIN)/gpu-auditor demo
 
-# The rules the tools hold (config in pyproject.toml): ruff lint and format, then mypy on auditor/.
+# The rules the tools hold (config in pyproject.toml): ruff lint and format, mypy on auditor/, import-linter contracts (the layers).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test: install system-deps lint
 	$(BIN)/python -m pytest
