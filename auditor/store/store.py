@@ -36,6 +36,8 @@ from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, GpuId, JobRef, PodRef, Window
 from auditor.errors import BadInput, StoreError
 from auditor.store import urls
+from auditor.store.summaries import SUMMARY_FIELDS as SUMMARY_FIELDS  # re-exported
+from auditor.store.summaries import summary_columns as summary_columns  # re-exported
 from auditor.store.tables import AGGREGATES, AUDIT_RUNS, BUCKETS, JOBS, POD_OWNERS, SUMMARIES
 
 log = logging.getLogger(__name__)
@@ -893,41 +895,6 @@ def _plain_json(value: Any, label: str, default: Any = None) -> Any:
         return json.loads(json.dumps(value, allow_nan=False, default=default))
     except (TypeError, ValueError) as exc:
         raise _Invalid(f"{label} is not plain JSON: {exc}") from None
-
-
-#: Fields of the summary document copied into columns of ``job_summaries`` (migration 0005, whose
-#: backfill extracts the same paths with the same types): column → (path, JSON type).
-SUMMARY_FIELDS: dict[str, tuple[tuple[str, ...], str]] = {
-    "job": (("job",), "string"),
-    "gpu_model": (("gpu_model",), "string"),
-    "busy_signal": (("busy_signal",), "string"),
-    "sm_active": (("sm_active",), "number"),
-    "tensor_active": (("tensor_active",), "number"),
-    "coverage": (("coverage",), "number"),
-    "gpu_util_samples": (("stats", "gpu_util", "samples"), "integer"),
-    "gr_engine_active_samples": (("stats", "gr_engine_active", "samples"), "integer"),
-}
-_BIG = 10**18  # integers beyond 18 digits stay NULL (the columns are 64-bit)
-
-
-def summary_columns(doc: dict) -> dict[str, Any]:
-    """The :data:`SUMMARY_FIELDS` columns of one plain-JSON summary document: the field's value
-    when it has the column's type (booleans are not numbers), else None."""
-    out: dict[str, Any] = {}
-    for column, (path, kind) in SUMMARY_FIELDS.items():
-        v: Any = doc
-        for key in path:
-            v = v.get(key) if isinstance(v, dict) else None
-        if isinstance(v, bool):
-            v = None
-        elif kind == "string":
-            v = v if isinstance(v, str) else None
-        elif kind == "number":
-            v = float(v) if isinstance(v, (int, float)) and abs(v) < 1e300 else None
-        else:
-            v = v if isinstance(v, int) and -_BIG < v < _BIG else None
-        out[column] = v
-    return out
 
 
 def _cached(convert: Any) -> Any:

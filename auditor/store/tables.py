@@ -123,7 +123,7 @@ class SummaryRow(SQLModel, table=True):
     """The latest audit-JSON object of one job, plus the columns reports filter, sort and sum on.
 
     ``job`` … ``gr_engine_active_samples`` (migration 0005) are copies of fields of ``data``
-    (:func:`auditor.store.store.summary_columns`), so that the weekly report never parses the
+    (:func:`auditor.store.summaries.summary_columns`), so that the weekly report never parses the
     documents; NULL where the document lacks the field or holds another type there.
     ``ix_job_summaries_week`` covers the week's ``GROUP BY`` and ranking (no table row read).
     """
