@@ -1,0 +1,433 @@
+"""The AdmissionCheck controller: watches, a small work queue, the release sweep.
+
+Two reconcilers, as Kueue's guide for external check controllers asks: one keeps each of our
+AdmissionChecks (``spec.controllerName: gpu-auditor.io/efficiency-gate``) ``Active``; one answers
+our ``Pending`` check on every Workload that holds quota (Kueue adds the check only for the flavors
+its ClusterQueue's ``admissionChecksStrategy`` names). A third loop, the sweep, releases what the
+gate held once its lineage is acknowledged: it removes our admission gate from gated Jobs and
+deletes the Workloads the check rejected (Kueue recreates them from the suspended Job; re-activating
+them sticks on Kueue v0.17), and drops released lineages from the holds ConfigMap.
+
+The operator runs it on the leader only (:meth:`start` on leadership, :meth:`stop` on its loss).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping
+
+from kubernetes import client
+
+from auditor.core.lineage import LineageKey, lineage_of_object
+from auditor.errors import AuditorError
+from auditor.gate.admission import READY, REJECTED, RETRY, AdmissionGate, Verdict, ack_hint, lineage_name
+from auditor.gate.holds import HOLD, PROBATION, HoldList
+from auditor.gate.kueue import (
+    GATE_DECISION,
+    GATE_REJECTED,
+    GATE_RELEASED,
+    GATED_BY,
+    HOLD_REASON,
+    KV,
+    OUR_GATE,
+    KueueGateApi,
+    WorkloadView,
+    rfc3339,
+)
+from auditor.kube.informer import Informer
+
+log = logging.getLogger(__name__)
+
+
+def _utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Where the controller keeps its holds and how often it sweeps."""
+
+    cluster: str = "default"
+    #: the holds ConfigMap (read by the chart's MutatingAdmissionPolicy); no namespace: no gated path
+    holds_namespace: str | None = None
+    holds_name: str = "gpu-auditor-holds"
+    sweep_interval: float = 5.0
+    workers: int = 4
+
+
+@dataclass(frozen=True)
+class Decided:
+    """One answered check, for metrics and the latency benchmark."""
+
+    namespace: str
+    workload: str
+    lineage: str
+    state: str
+    would: str
+    failure: str | None
+    #: the store read and decision
+    decide_seconds: float
+    #: from our watch seeing the Workload hold quota to the check state written
+    seconds: float
+
+
+def _gates(job: Mapping[str, Any]) -> list[str]:
+    ann = (job.get("metadata") or {}).get("annotations") or {}
+    return [g.strip() for g in str(ann.get(GATED_BY) or "").split(",") if g.strip()]
+
+
+def _json(raw: Any) -> dict:
+    try:
+        out = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def held_by_check(job: Mapping[str, Any]) -> str | None:
+    """The Workload the check rejected for this Job and not yet released (None: none)."""
+    ann = (job.get("metadata") or {}).get("annotations") or {}
+    rejected = _json(ann.get(GATE_REJECTED)).get("workload")
+    if rejected and rejected != _json(ann.get(GATE_RELEASED)).get("workload"):
+        return str(rejected)
+    return None
+
+
+def gated(job: Mapping[str, Any]) -> bool:
+    return OUR_GATE in _gates(job)
+
+
+class GateController:
+    """Runs the gate on one cluster through ``api`` with the admission use-case ``gate``."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        gate: AdmissionGate,
+        config: ControllerConfig = ControllerConfig(),
+        *,
+        clock: Callable[[], datetime] = _utc_now,
+        instance: str = "gpu-auditor",
+        on_decided: Callable[[Decided], None] | None = None,
+    ) -> None:
+        self.api = api
+        self.gate = gate
+        self.config = config
+        self.clock = clock
+        self.kube = KueueGateApi(api, instance)
+        self.holds = HoldList(api, config.holds_namespace, config.holds_name) if config.holds_namespace else None
+        self.on_decided = on_decided
+        self.decided: deque[Decided] = deque(maxlen=10000)
+        self._checks: dict[str, dict] = {}
+        self._latest: dict[str, tuple[dict, float]] = {}
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._checks_informer = Informer(api, KV, "admissionchecks", self._on_check, name="gate-admissionchecks")
+        self._workloads: Informer[None] = Informer(api, KV, "workloads", self._on_workload, name="gate-workloads")
+        self._held_jobs = Informer(api, "batch/v1", "jobs", self._keep_held, name="gate-held-jobs")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, sync_timeout: float = 30.0) -> "GateController":
+        self._stop.clear()
+        self._checks_informer.start()
+        if not self._checks_informer.wait_synced(sync_timeout):
+            log.warning("gate: AdmissionChecks not listed after %.0f s", sync_timeout)
+        for i in range(self.config.workers):
+            t = threading.Thread(target=self._work, name=f"gate-worker-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        self._workloads.start()
+        self._held_jobs.start()
+        t = threading.Thread(target=self._sweep_loop, name="gate-sweep", daemon=True)
+        t.start()
+        self._threads.append(t)
+        return self
+
+    def wait_synced(self, timeout: float = 30.0) -> bool:
+        return all(i.wait_synced(timeout) for i in (self._checks_informer, self._workloads, self._held_jobs))
+
+    def stop(self) -> None:
+        self._stop.set()
+        for i in (self._workloads, self._held_jobs, self._checks_informer):
+            i.stop()
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            t.join(timeout=5)
+        self._threads = []
+
+    @property
+    def check_names(self) -> set[str]:
+        with self._lock:
+            return set(self._checks)
+
+    # ------------------------------------------------------------------ AdmissionChecks
+
+    def _on_check(self, obj: dict) -> dict | None:
+        name = (obj.get("metadata") or {}).get("name")
+        ours = self.kube.our_checks([obj])
+        with self._lock:
+            if not ours:
+                self._checks.pop(str(name), None)
+                return None
+            self._checks[str(name)] = obj
+        try:
+            if self.kube.ensure_active(obj, self.clock()):
+                log.info("gate: AdmissionCheck %s set Active", name)
+        except Exception as exc:  # noqa: BLE001 - the next watch event or relist retries
+            log.warning("gate: %s", exc)
+        return obj
+
+    # ------------------------------------------------------------------ Workloads
+
+    def _ours_pending(self, view: WorkloadView) -> list[str]:
+        names = self.check_names
+        return [n for n, c in view.checks.items() if n in names and c.get("state") == "Pending"]
+
+    def _on_workload(self, obj: dict) -> None:
+        view = WorkloadView.parse(obj)
+        if view.quota_reserved and not view.finished and self._ours_pending(view):
+            key = f"{view.namespace}/{view.name}"
+            with self._lock:
+                fresh = key not in self._latest
+                seen = self._latest[key][1] if not fresh else time.monotonic()
+                self._latest[key] = (obj, seen)
+            if fresh:
+                self._queue.put(key)
+        return None  # nothing cached: each event is handled as it comes
+
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            key = self._queue.get()
+            if key is None:
+                return
+            with self._lock:
+                obj, seen = self._latest.pop(key, ({}, 0.0))
+            if not obj:
+                continue
+            try:
+                self.reconcile(obj, seen=seen)
+            except Exception as exc:
+                log.warning("gate: Workload %s: %s", key, exc, exc_info=not isinstance(exc, AuditorError))
+
+    def reconcile(self, obj: Mapping[str, Any], *, seen: float | None = None) -> Verdict | None:
+        """Answer our pending checks on one Workload (None when there is nothing to answer)."""
+        seen = time.monotonic() if seen is None else seen
+        view = WorkloadView.parse(obj)
+        pending = self._ours_pending(view)
+        if not (view.quota_reserved and not view.finished and pending):
+            return None
+        now = self.clock()
+        owner = self.kube.owner(view)
+        if owner is None:
+            log.info("gate: Workload %s/%s has no owner we can read; not answering", view.namespace, view.name)
+            return None
+        key = lineage_of_object(owner, cluster=self.config.cluster)
+        self._owner_acknowledged(owner, key, now)
+        verdict = self.gate.verdict(key, now)
+        ltt = rfc3339(now)
+        states = {n: {"state": verdict.state, "message": verdict.message, "lastTransitionTime": ltt} for n in pending}
+        self.kube.write_checks(view, states)
+        done = Decided(
+            view.namespace,
+            view.name,
+            str(key),
+            verdict.state,
+            verdict.would,
+            verdict.failure,
+            verdict.seconds,
+            time.monotonic() - seen,
+        )
+        self.decided.append(done)
+        if self.on_decided is not None:
+            self.on_decided(done)
+        self._tell_owner(view, key, verdict, now)
+        self._list_hold(key, verdict)
+        return verdict
+
+    def _owner_acknowledged(self, owner: Mapping[str, Any], key: LineageKey, now: datetime) -> None:
+        """The owner removed our admission gate from a Job the policy gated: that is their ack."""
+        meta = owner.get("metadata") or {}
+        ann = meta.get("annotations") or {}
+        if HOLD_REASON in ann and not gated(owner) and GATE_RELEASED not in ann:
+            by = "the Job's owner (removed the admission gate)"
+            what = f"removed {GATED_BY} from {owner.get('kind', 'Job')} {meta.get('namespace')}/{meta.get('name')}"
+            try:
+                self.gate.acknowledge(key, by=by, reason=what, now=now)
+                log.info("gate: %s acknowledged: %s", lineage_name(key), what)
+            except Exception as exc:  # noqa: BLE001 - the decision below still runs (and says why)
+                log.warning("gate: could not record the acknowledgement of %s: %s", lineage_name(key), exc)
+
+    def _tell_owner(self, view: WorkloadView, key: LineageKey, verdict: Verdict, now: datetime) -> None:
+        """Our own Event and annotation: Kueue replaces a Rejected check's message with its own."""
+        decision = {
+            "state": verdict.state,
+            "would": verdict.would,
+            "lineage": str(key),
+            "message": verdict.message,
+            "workload": view.name,
+            "decided_at": now.isoformat(),
+            "decide_seconds": round(verdict.seconds, 4),
+        }
+        if verdict.failure:
+            decision["failure"] = verdict.failure
+        ann: dict[str, Any] = {GATE_DECISION: decision}
+        if verdict.state == REJECTED:
+            ann[GATE_REJECTED] = {
+                "workload": view.name,
+                "lineage": str(key),
+                "reason": verdict.message,
+                "how": ack_hint(key),
+                "at": now.isoformat(),
+            }
+        if verdict.failure:
+            reason = "EfficiencyGateFailClosed" if verdict.state == REJECTED else "EfficiencyGateFailOpen"
+        elif verdict.state == REJECTED:
+            reason = "EfficiencyGateHeld"
+        elif (
+            verdict.would in ("hold", "admit-deprioritized")
+            and verdict.decision
+            and verdict.would != verdict.decision.action
+        ):
+            reason = "EfficiencyGateWouldHold" if verdict.would == "hold" else "EfficiencyGateWouldDeprioritize"
+        elif verdict.probation:
+            reason = "EfficiencyGateProbation"
+        else:
+            reason = "EfficiencyGateAdmitted"
+        try:
+            self.kube.annotate(view, ann)
+            self.kube.event(
+                view,
+                key=f"gate/{view.uid}/{verdict.state}",
+                reason=reason,
+                note=verdict.message,
+                now=now,
+                warning=reason != "EfficiencyGateAdmitted",
+            )
+        except Exception as exc:  # noqa: BLE001 - the check state is written; telling is best effort
+            log.warning("gate: could not annotate or record an Event on %s: %s", view.job["job"], exc)
+
+    def _list_hold(self, key: LineageKey, verdict: Verdict) -> None:
+        """Enforce's holds and probations go into the ConfigMap, so the next submission is gated
+        before it takes quota (or gets the probation priority class)."""
+        if self.holds is None or verdict.decision is None or self.gate.settings.mode != "enforce":
+            return
+        kind = HOLD if verdict.hold else PROBATION if verdict.probation else None
+        if kind is None:
+            return
+        try:
+            self.holds.set(key, kind, verdict.decision.reason)
+        except Exception as exc:  # noqa: BLE001 - the check path still holds this submission
+            log.warning("gate: could not list %s in the holds ConfigMap: %s", lineage_name(key), exc)
+
+    # ------------------------------------------------------------------ requeue through the check
+
+    def requeue(self, namespace: str, workload: str, message: str, now: datetime | None = None) -> dict | None:
+        """Requeue an admitted Workload through our check: ``Retry`` with no delay makes Kueue evict
+        it and requeue it at the back of its queue (its retry counted by Kueue). None when no check
+        of ours is on the Workload (the caller then uses the ``spec.active`` path)."""
+        obj = self.kube.workload(namespace, workload)
+        if obj is None:
+            return None
+        view = WorkloadView.parse(obj)
+        ours = [n for n in view.checks if n in self.check_names]
+        if not ours or not view.admitted or view.finished:
+            return None
+        at = rfc3339(now or self.clock())
+        self.kube.write_checks(
+            view, {n: {"state": RETRY, "message": message[:32768], "lastTransitionTime": at} for n in ours}
+        )
+        return {"type": "workload-check", "namespace": namespace, "name": workload, "checks": ours, "state": RETRY}
+
+    # ------------------------------------------------------------------ the release sweep
+
+    def _keep_held(self, job: dict) -> dict | None:
+        return job if (gated(job) or held_by_check(job)) else None
+
+    def held_jobs(self) -> list[dict]:
+        return list(self._held_jobs.items().values())
+
+    def _sweep_loop(self) -> None:
+        while not self._stop.wait(self.config.sweep_interval):
+            try:
+                self.sweep(self.clock())
+            except Exception as exc:  # noqa: BLE001 - the next sweep retries
+                log.warning("gate sweep: %s", exc)
+
+    def sweep(self, now: datetime, jobs: list[dict] | None = None) -> list[str]:
+        """Release every held Job whose lineage the gate now admits (acknowledged, or the store
+        answering again after a fail-closed rejection); drop released lineages from the holds
+        ConfigMap. Returns what it released (``Kind ns/name``)."""
+        verdicts: dict[LineageKey, Verdict] = {}
+
+        def verdict(key: LineageKey) -> Verdict:
+            if key not in verdicts:
+                verdicts[key] = self.gate.verdict(key, now)
+            return verdicts[key]
+
+        released: list[str] = []
+        for job in self.held_jobs() if jobs is None else jobs:
+            key = lineage_of_object(job, cluster=self.config.cluster)
+            v = verdict(key)
+            if v.decision is None or v.state != READY:
+                continue  # still held, or no answer: a hold is never released on a failure
+            if self._release(job, key, v, now):
+                meta = job["metadata"]
+                released.append(f"{job.get('kind', 'Job')} {meta['namespace']}/{meta['name']}")
+        if self.holds is not None:
+            for entry, value in self.holds.read().items():
+                namespace, _, lineage = entry.partition(".")
+                if not lineage:
+                    continue
+                v = verdict(LineageKey(self.config.cluster, namespace, lineage))
+                if v.decision is None:
+                    continue
+                kind = HOLD if v.hold else PROBATION if v.probation else None
+                if kind is None:
+                    self.holds.remove(entry)
+                elif not value.startswith(kind):
+                    self.holds.set(v.key, kind, v.decision.reason)
+        return released
+
+    def _release(self, job: dict, key: LineageKey, v: Verdict, now: datetime) -> bool:
+        meta = job["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        summary = {"namespace": ns, "job": f"{job.get('kind', 'Job')}/{name}"}
+        note = f"gpu-auditor: released, {v.decision.reason if v.decision else v.message}"
+        done = False
+        if gated(job):
+            done = self.kube.ungate(job, released=json.dumps({"at": now.isoformat(), "lineage": str(key)}))
+        workload = held_by_check(job)
+        if workload:
+            for wl in self.kube.workloads_of(ns, str(meta.get("uid") or "")):
+                if wl["metadata"]["name"] == workload and (wl.get("spec") or {}).get("active") is False:
+                    self.kube.delete_workload(ns, workload)
+            self.kube.actions.annotate(
+                summary, {GATE_RELEASED: json.dumps({"workload": workload, "at": now.isoformat(), "lineage": str(key)})}
+            )
+            done = True
+        if done:
+            log.info("gate: released %s/%s (%s)", ns, name, lineage_name(key))
+            try:
+                self.kube.actions.event(
+                    summary,
+                    key=f"gate-release/{meta.get('uid')}/{workload or 'gated'}",
+                    reason="EfficiencyGateReleased",
+                    note=note,
+                    action="AdmissionCheck",
+                    now=now,
+                    type_="Normal",
+                )
+            except Exception as exc:  # noqa: BLE001 - released either way
+                log.warning("gate: no Event for the release of %s/%s: %s", ns, name, exc)
+        return done

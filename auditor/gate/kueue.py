@@ -1,0 +1,286 @@
+"""Kubernetes I/O of the efficiency gate: AdmissionChecks, Workload check states, the Job.
+
+Check states are written with server-side apply on the Workload's status subresource under our
+own field manager (``gpu-auditor.io/efficiency-gate``), every field explicit: Kueue re-applies all
+check entries with ForceOwnership, so a field we leave out stays as it was (a merge patch would
+replace the whole list, other controllers' checks included).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from auditor.actions.kube import KINDS, KubeActions
+from auditor.actions.kube import _fail as _fail
+from auditor.kube.client import call_json, resource_path
+
+log = logging.getLogger(__name__)
+
+CONTROLLER_NAME = "gpu-auditor.io/efficiency-gate"
+FIELD_MANAGER = CONTROLLER_NAME
+KV = "kueue.x-k8s.io/v1beta2"
+APPLY = "application/apply-patch+yaml"
+#: Kueue's annotation that holds a Job before quota (set only at creation, only removable later)
+GATED_BY = "kueue.x-k8s.io/admission-gated-by"
+#: our gate name inside that annotation (the MutatingAdmissionPolicy adds it)
+OUR_GATE = "gpu-auditor.io/efficiency-ack"
+#: why the MutatingAdmissionPolicy gated the Job (it copies the holds ConfigMap's value)
+HOLD_REASON = "gpu-auditor.io/hold-reason"
+#: set by the check path when it rejected the Job's Workload (JSON: lineage, reason, how to ack)
+GATE_REJECTED = "gpu-auditor.io/gate-rejected"
+#: the check's last decision on the Job (JSON: state, would, reason, seconds, decided_at)
+GATE_DECISION = "gpu-auditor.io/gate-decision"
+#: set when gpu-auditor itself released a held Job (so a missing gate is not read as the owner's ack)
+GATE_RELEASED = "gpu-auditor.io/gate-released"
+
+
+def rfc3339(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == kind), {})
+
+
+def _true(obj: Mapping[str, Any], kind: str) -> bool:
+    return _condition(obj, kind).get("status") == "True"
+
+
+@dataclass(frozen=True)
+class WorkloadView:
+    """What the gate reads from a Workload."""
+
+    namespace: str
+    name: str
+    uid: str
+    owner_kind: str
+    owner_name: str
+    owner_uid: str
+    cluster_queue: str
+    quota_reserved: bool
+    admitted: bool
+    finished: bool
+    active: bool
+    quota_reserved_at: str
+    priority_class: str
+    #: check name → its current state entry
+    checks: dict[str, dict] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, wl: Mapping[str, Any]) -> "WorkloadView":
+        meta = wl.get("metadata") or {}
+        spec = wl.get("spec") or {}
+        status = wl.get("status") or {}
+        owner: dict[str, Any] = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), {})
+        return cls(
+            namespace=str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or ""),
+            uid=str(meta.get("uid") or ""),
+            owner_kind=str(owner.get("kind") or ""),
+            owner_name=str(owner.get("name") or ""),
+            owner_uid=str(owner.get("uid") or ""),
+            cluster_queue=str((status.get("admission") or {}).get("clusterQueue") or ""),
+            quota_reserved=_true(wl, "QuotaReserved"),
+            admitted=_true(wl, "Admitted"),
+            finished=_true(wl, "Finished"),
+            active=spec.get("active", True) is not False,
+            quota_reserved_at=str(_condition(wl, "QuotaReserved").get("lastTransitionTime") or ""),
+            priority_class=str((spec.get("priorityClassRef") or {}).get("name") or ""),
+            checks={str(c.get("name")): dict(c) for c in status.get("admissionChecks") or []},
+        )
+
+    @property
+    def job(self) -> dict[str, str]:
+        """The owner as the policy actions address a job (``{"namespace", "job": "Kind/name"}``)."""
+        return {"namespace": self.namespace, "job": f"{self.owner_kind}/{self.owner_name}", "uid": self.owner_uid}
+
+
+class KueueGateApi:
+    """The gate's calls to the API server, through one ``ApiClient``."""
+
+    def __init__(self, api: client.ApiClient, instance: str = "gpu-auditor", *, controller: str = CONTROLLER_NAME):
+        self.api = api
+        self.controller = controller
+        self.actions = KubeActions(api, instance)
+
+    # ------------------------------------------------------------------ AdmissionChecks
+
+    def our_checks(self, checks: list[dict] | None = None) -> dict[str, dict]:
+        """Our AdmissionChecks (name → object): those whose ``spec.controllerName`` is ours."""
+        if checks is None:
+            try:
+                checks = call_json(self.api, resource_path(KV, "admissionchecks")).get("items") or []
+            except ApiException as exc:
+                raise _fail(exc, "list AdmissionChecks") from None
+        return {
+            c["metadata"]["name"]: c for c in checks if (c.get("spec") or {}).get("controllerName") == self.controller
+        }
+
+    def ensure_active(self, check: Mapping[str, Any], now: datetime) -> bool:
+        """Set ``Active=True`` on one of our AdmissionChecks (until then its ClusterQueues admit
+        nothing); True when it wrote (False: it already was)."""
+        meta = check.get("metadata") or {}
+        cond = _condition(check, "Active")
+        gen = meta.get("generation")
+        if cond.get("status") == "True" and cond.get("observedGeneration") == gen:
+            return False
+        body = {
+            "apiVersion": KV,
+            "kind": "AdmissionCheck",
+            "metadata": {"name": meta["name"]},
+            "status": {
+                "conditions": [
+                    {
+                        "type": "Active",
+                        "status": "True",
+                        "reason": "Active",
+                        "message": "gpu-auditor's efficiency gate is running",
+                        "lastTransitionTime": rfc3339(now),
+                        **({"observedGeneration": gen} if gen is not None else {}),
+                    }
+                ]
+            },
+        }
+        self._apply_status(
+            resource_path(KV, "admissionchecks", None, meta["name"]), body, f"set AdmissionCheck {meta['name']} Active"
+        )
+        return True
+
+    def _apply_status(self, path: str, body: dict, what: str) -> dict:
+        """Server-side apply ``body`` on the status subresource at ``path``, as our field manager."""
+        try:
+            return call_json(
+                self.api,
+                path + "/status",
+                method="PATCH",
+                body=body,
+                content_type=APPLY,
+                query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            )
+        except ApiException as exc:
+            raise _fail(exc, what) from None
+
+    # ------------------------------------------------------------------ Workloads
+
+    def write_checks(self, wl: WorkloadView, states: Mapping[str, Mapping[str, Any]]) -> dict:
+        """Server-side apply our check entries (name → {state, message, lastTransitionTime,
+        requeueAfterSeconds}) on the Workload's status; every field sent."""
+        entries = [
+            {
+                "name": name,
+                "state": s["state"],
+                "message": s["message"],
+                "lastTransitionTime": s["lastTransitionTime"],
+                "requeueAfterSeconds": int(s.get("requeueAfterSeconds") or 0),
+            }
+            for name, s in sorted(states.items())
+        ]
+        body = {
+            "apiVersion": KV,
+            "kind": "Workload",
+            "metadata": {"name": wl.name, "namespace": wl.namespace},
+            "status": {"admissionChecks": entries},
+        }
+        return self._apply_status(
+            resource_path(KV, "workloads", wl.namespace, wl.name),
+            body,
+            f"write the check state of Workload {wl.namespace}/{wl.name}",
+        )
+
+    def workload(self, namespace: str, name: str) -> dict | None:
+        try:
+            return call_json(self.api, resource_path(KV, "workloads", namespace, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _fail(exc, f"read Workload {namespace}/{name}") from None
+
+    def workloads_of(self, namespace: str, owner_uid: str) -> list[dict]:
+        try:
+            doc = call_json(
+                self.api,
+                resource_path(KV, "workloads", namespace),
+                query=[("labelSelector", f"kueue.x-k8s.io/job-uid={owner_uid}")],
+            )
+        except ApiException as exc:
+            raise _fail(exc, f"list the Workloads of job {owner_uid} in {namespace}") from None
+        return list(doc.get("items") or [])
+
+    def delete_workload(self, namespace: str, name: str) -> bool:
+        """Delete a rejected Workload so that Kueue recreates it from the suspended Job: re-activating
+        a Workload deactivated by an AdmissionCheck sticks on Kueue v0.17 (kubernetes-sigs/kueue#14870)."""
+        try:
+            call_json(self.api, resource_path(KV, "workloads", namespace, name), method="DELETE")
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise _fail(exc, f"delete Workload {namespace}/{name}") from None
+
+    def pending_workloads(self, cluster_queue: str) -> int | None:
+        """``status.pendingWorkloads`` of a ClusterQueue (None when it cannot be read)."""
+        try:
+            cq = call_json(self.api, resource_path(KV, "clusterqueues", None, cluster_queue))
+        except ApiException as exc:
+            log.warning("cannot read ClusterQueue %s: HTTP %s %s", cluster_queue, exc.status, exc.reason)
+            return None
+        return int((cq.get("status") or {}).get("pendingWorkloads") or 0)
+
+    # ------------------------------------------------------------------ the job
+
+    def owner(self, wl: WorkloadView) -> dict | None:
+        return self.actions.get(wl.owner_kind, wl.namespace, wl.owner_name) if wl.owner_kind in KINDS else None
+
+    def jobs(self, namespace: str) -> list[dict]:
+        """The namespace's batch Jobs (the gated path holds batch Jobs)."""
+        try:
+            return list(call_json(self.api, resource_path("batch/v1", "jobs", namespace)).get("items") or [])
+        except ApiException as exc:
+            raise _fail(exc, f"list Jobs in {namespace}") from None
+
+    def ungate(self, job: Mapping[str, Any], *, released: str) -> bool:
+        """Remove our gate from the Job's ``kueue.x-k8s.io/admission-gated-by`` (other gates stay),
+        marking it released by us. A JSON patch with a test: a concurrent change fails it (409/422)
+        instead of being overwritten. False when our gate was not there."""
+        meta = job.get("metadata") or {}
+        ann = meta.get("annotations") or {}
+        gates = [g.strip() for g in str(ann.get(GATED_BY) or "").split(",") if g.strip()]
+        if OUR_GATE not in gates:
+            return False
+        rest = [g for g in gates if g != OUR_GATE]
+        key = "/metadata/annotations/" + GATED_BY.replace("~", "~0").replace("/", "~1")
+        ops: list[dict[str, Any]] = [{"op": "test", "path": key, "value": ann[GATED_BY]}]
+        ops.append({"op": "replace", "path": key, "value": ",".join(rest)} if rest else {"op": "remove", "path": key})
+        ops.append(
+            {"op": "add", "path": "/metadata/annotations/" + GATE_RELEASED.replace("/", "~1"), "value": released}
+        )
+        kind = str(job.get("kind") or "Job")
+        path = resource_path("batch/v1", "jobs", meta["namespace"], meta["name"])
+        try:
+            call_json(self.api, path, method="PATCH", body=ops, content_type="application/json-patch+json")
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise _fail(exc, f"remove the admission gate of {kind} {meta['namespace']}/{meta['name']}") from None
+        return True
+
+    def annotate(self, wl: WorkloadView, annotations: Mapping[str, Any]) -> None:
+        self.actions.annotate(wl.job, {k: (v if isinstance(v, str) else json.dumps(v)) for k, v in annotations.items()})
+
+    def event(self, wl: WorkloadView, *, key: str, reason: str, note: str, now: datetime, warning: bool) -> None:
+        self.actions.event(
+            wl.job,
+            key=key,
+            reason=reason,
+            note=note,
+            action="AdmissionCheck",
+            now=now,
+            type_="Warning" if warning else "Normal",
+        )
