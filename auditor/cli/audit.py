@@ -1,9 +1,7 @@
 """``gpu-auditor audit``: one audit of a time range, from Prometheus into the store.
 
-Also home of the Prometheus connection flags, shared by ``doctor`` (and any other command that
-reads Prometheus) so every command spells them the same way. Secrets are never taken as flag
-values (they would show in ``ps`` and shell history): a token or password comes from a file or
-from ``GPU_AUDITOR_PROMETHEUS_TOKEN`` / ``GPU_AUDITOR_PROMETHEUS_PASSWORD``.
+The Prometheus flags are :mod:`auditor.cli.promopts`'s, shared with ``doctor`` and ``run``; the
+source, store and resolver come from the composition root (:mod:`auditor.compose`).
 """
 
 from __future__ import annotations
@@ -11,124 +9,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
-from datetime import datetime, timezone
-from pathlib import Path
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
+from auditor.cli.promopts import add_prometheus_flags, command_source, prometheus_overrides
 from auditor.cli.storeopts import add_store_flags
 from auditor.errors import BadInput
 from auditor.timeparse import format_time, parse_duration, parse_time
 
+if TYPE_CHECKING:
+    from auditor.settings import Settings
+
 log = logging.getLogger(__name__)
-
-ENV_URL = "GPU_AUDITOR_PROMETHEUS_URL"
-ENV_TOKEN = "GPU_AUDITOR_PROMETHEUS_TOKEN"
-ENV_PASSWORD = "GPU_AUDITOR_PROMETHEUS_PASSWORD"
-
-
-def add_prometheus_flags(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
-    """The flags that say where Prometheus is and how to talk to it."""
-    g = parser.add_argument_group("Prometheus")
-    g.add_argument(
-        "--prometheus",
-        metavar="URL",
-        default=os.environ.get(ENV_URL),
-        help=f"Prometheus (or Thanos/Mimir/VictoriaMetrics) query URL, e.g. http://prometheus:9090 (env {ENV_URL})",
-    )
-    g.add_argument("--prometheus-token-file", metavar="FILE", help=f"file holding a bearer token (or env {ENV_TOKEN})")
-    g.add_argument(
-        "--prometheus-user",
-        metavar="USER",
-        help=f"basic-auth user; password from --prometheus-password-file or env {ENV_PASSWORD}",
-    )
-    g.add_argument("--prometheus-password-file", metavar="FILE", help="file holding the basic-auth password")
-    g.add_argument("--prometheus-ca-file", metavar="FILE", help="CA bundle to verify the server's TLS certificate")
-    g.add_argument("--prometheus-insecure", action="store_true", help="do not verify TLS certificates (testing only)")
-    g.add_argument(
-        "--prometheus-timeout", metavar="SECONDS", type=float, default=60.0, help="per-query timeout (default 60)"
-    )
-    g.add_argument(
-        "--prometheus-retries",
-        metavar="N",
-        type=int,
-        default=2,
-        help="retries on connection errors, 429 and 5xx (default 2)",
-    )
-    g.add_argument(
-        "--match",
-        metavar="LABEL=VALUE",
-        action="append",
-        default=[],
-        help="extra label matcher on every DCGM series, e.g. cluster=prod where clusters share one Prometheus (repeatable)",
-    )
-    g.add_argument(
-        "--pod-labels",
-        choices=("auto", "pod", "exported_pod", "pod_name"),
-        default="auto",
-        help="which labels name the workload pod (default: detected; exported_pod when scraped with honorLabels: false)",
-    )
-    parser.set_defaults(_prometheus_required=required)
-
-
-def _read_secret(path: str, what: str) -> str:
-    try:
-        value = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise BadInput(f"{what} {path}: cannot read ({exc.strerror})") from None
-    if not value:
-        raise BadInput(f"{what} {path}: file is empty")
-    return value
-
-
-def source_from_args(args: argparse.Namespace):  # -> PrometheusSource
-    """Build the Prometheus source from the parsed flags (BadInput for bad combinations)."""
-    from auditor.sources.prometheus import PrometheusSource
-
-    if not args.prometheus:
-        raise BadInput(f"--prometheus URL is required (or set {ENV_URL})")
-    token = None
-    if args.prometheus_token_file:
-        token = _read_secret(args.prometheus_token_file, "--prometheus-token-file")
-    elif os.environ.get(ENV_TOKEN):
-        token = os.environ[ENV_TOKEN].strip()
-    basic = None
-    if args.prometheus_user:
-        if args.prometheus_password_file:
-            password = _read_secret(args.prometheus_password_file, "--prometheus-password-file")
-        elif os.environ.get(ENV_PASSWORD) is not None:
-            password = os.environ[ENV_PASSWORD]
-        else:
-            raise BadInput(f"--prometheus-user needs --prometheus-password-file or env {ENV_PASSWORD}")
-        basic = (args.prometheus_user, password)
-    elif args.prometheus_password_file:
-        raise BadInput("--prometheus-password-file needs --prometheus-user")
-    if token and basic:
-        raise BadInput("give a bearer token or basic auth for Prometheus, not both")
-    if args.prometheus_ca_file and not Path(args.prometheus_ca_file).is_file():
-        raise BadInput(f"--prometheus-ca-file {args.prometheus_ca_file}: no such file")
-    if args.prometheus_timeout <= 0:
-        raise BadInput("--prometheus-timeout must be positive")
-    if not 0 <= args.prometheus_retries <= 10:
-        raise BadInput("--prometheus-retries must be between 0 and 10")
-    matchers: dict[str, str] = {}
-    for item in args.match:
-        label, sep, value = item.partition("=")
-        if not sep or not label.strip() or not label.strip().replace("_", "a").isalnum():
-            raise BadInput(f"--match {item!r}: use LABEL=VALUE, e.g. cluster=prod")
-        matchers[label.strip()] = value
-    return PrometheusSource(
-        args.prometheus,
-        bearer_token=token,
-        basic_auth=basic,
-        ca_file=args.prometheus_ca_file,
-        insecure=args.prometheus_insecure,
-        timeout=args.prometheus_timeout,
-        retries=args.prometheus_retries,
-        matchers=matchers,
-        pod_labels=None if args.pod_labels == "auto" else args.pod_labels,
-    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -169,8 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def _resolver(args: argparse.Namespace) -> tuple[Any, Any]:
-    """How pods become jobs: metric labels alone, or the Kubernetes API (the operator's resolver).
+def _resolver(args: argparse.Namespace, settings: "Settings") -> tuple[Any, Any]:
+    """How pods become jobs: metric labels alone, or the Kubernetes API (the operator's resolver,
+    built by the composition root from ``settings``).
 
     Through the API, pods the cluster no longer knows (finished and deleted before the audit)
     are audited as ``Pod/<name>`` jobs of their namespace, as with ``--no-kube``.
@@ -178,21 +72,30 @@ def _resolver(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.no_kube:
         from auditor.correlate import NoKubeResolver
 
-        return NoKubeResolver(cluster=args.cluster), None
+        return NoKubeResolver(cluster=settings.cluster), None
+    from auditor import compose
     from auditor.errors import SourceUnavailable
-    from auditor.kube.client import KubeConfig, api_client
-    from auditor.kube.resolver import KubeResolver
 
-    api = api_client(KubeConfig(kubeconfig=args.kubeconfig, in_cluster=args.in_cluster))
-    resolver = KubeResolver(api, cluster=args.cluster).start()
+    api = compose.kube_api(settings)
+    resolver = compose.kube_resolver(settings, api).start()
     if not resolver.wait_synced(60.0):
         resolver.stop()
         raise SourceUnavailable("Kubernetes API: could not list pods and namespaces within 60 s")
     return resolver, api
 
 
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags as settings keys: Prometheus, the cluster's name, where the API server is."""
+    out: dict[str, Any] = {**prometheus_overrides(args), "cluster": args.cluster}
+    if args.kubeconfig or args.in_cluster:
+        out["kubernetes"] = {"kubeconfig": args.kubeconfig, "in_cluster": bool(args.in_cluster)}
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
-    now = datetime.now(timezone.utc)
+    from auditor import compose
+
+    now = compose.clock().now()
     window = parse_window(args.start, args.end, now)
     width = parse_duration(args.bucket, what="--bucket")
     if not (args.no_kube or args.kubeconfig or args.in_cluster):
@@ -214,11 +117,12 @@ def run(args: argparse.Namespace) -> int:
     from auditor.cli.storeopts import command_settings, open_store
     from auditor.engine import run_audit
 
-    # the store (--db, GPU_AUDITOR_DATABASE_URL, the settings file) and the verdict thresholds
-    settings = command_settings(args)
-    resolver, api = _resolver(args)
+    # the store (--db, GPU_AUDITOR_DATABASE_URL, the settings file), Prometheus (the file's
+    # prometheus: section under the flags) and the verdict thresholds
+    settings = command_settings(args, _overrides(args))
+    resolver, api = _resolver(args, settings)
     try:
-        source = source_from_args(args)
+        source = command_source(args, settings)
         try:
             store = open_store(settings)
             try:
@@ -236,11 +140,7 @@ def run(args: argparse.Namespace) -> int:
                 if policies is not None:
                     from auditor.policy.runner import PolicyRunner
 
-                    kube = None
-                    if api is not None:
-                        from auditor.actions import KubeActions
-
-                        kube = KubeActions(api)
+                    kube = compose.kube_actions(api) if api is not None else None
                     runner = PolicyRunner(policies, store, kube, config)
                     decisions = runner.run_cycle(result.summaries, now=now, act=args.act)
             finally:

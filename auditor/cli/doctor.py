@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import datetime, timezone
 
-from auditor.cli.audit import add_prometheus_flags, source_from_args
+from auditor.cli.promopts import add_prometheus_flags, command_source, prometheus_overrides
+from auditor.cli.storeopts import CONFIG_HELP
 from auditor.timeparse import parse_duration
 
 
@@ -21,18 +21,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     add_prometheus_flags(p)
+    p.add_argument("--config", metavar="FILE", help=f"{CONFIG_HELP}; its prometheus: section, under these flags")
     p.add_argument("--lookback", metavar="DURATION", default="1h", help="how far back to look for series (default 1h)")
     p.add_argument("--output", choices=("text", "json"), default="text")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from auditor import compose
+    from auditor.cli.storeopts import command_settings
     from auditor.doctor import as_json, format_checks, run_checks
 
     lookback = parse_duration(args.lookback, what="--lookback")
-    source = source_from_args(args)
+    source = command_source(args, command_settings(args, prometheus_overrides(args)))
     try:
-        checks = run_checks(source, datetime.now(timezone.utc), lookback)
+        checks = run_checks(source, compose.clock().now(), lookback)
     finally:
         source.close()
     if args.output == "json":

@@ -17,7 +17,7 @@ import signal
 import sys
 from typing import Any
 
-from auditor.cli.audit import add_prometheus_flags
+from auditor.cli.promopts import add_prometheus_flags, prometheus_auth, prometheus_overrides
 from auditor.cli.storeopts import CONFIG_HELP
 
 log = logging.getLogger(__name__)
@@ -70,32 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The flags that were given, as settings keys (flags win over the file and the environment)."""
-    out: dict[str, Any] = {}
-    prom: dict[str, Any] = {}
-    if args.prometheus:  # the flag, or GPU_AUDITOR_PROMETHEUS_URL (its default)
-        prom["url"] = args.prometheus
-    if args.prometheus_timeout != 60.0:
-        prom["timeout"] = args.prometheus_timeout
-    if args.prometheus_retries != 2:
-        prom["retries"] = args.prometheus_retries
-    if args.pod_labels != "auto":
-        prom["label_convention"] = args.pod_labels
-    if args.prometheus_ca_file:
-        prom["ca_file"] = args.prometheus_ca_file
-    if args.prometheus_insecure:
-        prom["tls_verify"] = False
-    if args.match:
-        matchers = {}
-        for item in args.match:
-            label, sep, value = item.partition("=")
-            if not sep or not label.strip():
-                from auditor.errors import BadInput
-
-                raise BadInput(f"--match {item!r}: use LABEL=VALUE, e.g. cluster=prod")
-            matchers[label.strip()] = value
-        prom["matchers"] = matchers
-    if prom:
-        out["prometheus"] = prom
+    out: dict[str, Any] = prometheus_overrides(args)
     kube: dict[str, Any] = {}
     if args.kubeconfig:
         kube.update(kubeconfig=args.kubeconfig, in_cluster=False)
@@ -120,24 +95,16 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from auditor.operator_loop import Operator
+    from auditor import compose
     from auditor.settings import load_cli_settings
 
     settings = load_cli_settings(args.config, overrides=overrides_from_args(args))
     logging.getLogger().setLevel(
         min(logging.getLogger().level or logging.WARNING, getattr(logging, settings.log_level.upper()))
     )
-    token = None
-    if args.prometheus_token_file:
-        from auditor.cli.audit import _read_secret
-
-        token = _read_secret(args.prometheus_token_file, "--prometheus-token-file")
-    source = None
-    if token:
-        from auditor.operator_loop.service import build_source
-
-        source = build_source(settings, token=token)
-    op = Operator(settings, source=source, dry_run=args.dry_run)
+    # every adapter (Prometheus with the flags' credentials, store, API client, clock) from the
+    # composition root: the same as audit's and doctor's
+    op = compose.operator(settings, auth=prometheus_auth(args), dry_run=args.dry_run)
     if args.once:
         result = op.run_once()
         if args.output == "json":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from auditor.errors import PermanentError
 
@@ -37,13 +37,16 @@ def add_store_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
 
 
-def command_settings(args: argparse.Namespace) -> "Settings":
-    """The settings of a store-reading command: the operator's sources, ``--db`` over all of them."""
+def command_settings(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> "Settings":
+    """The settings of a command: the operator's sources, then ``overrides`` (its other flags as
+    settings keys), ``--db`` over all of them."""
     from auditor.settings import load_cli_settings
 
+    merged = dict(overrides or {})
     db = getattr(args, "db", None)
-    overrides = {"store": {"url": db, "url_env": None}} if db else None
-    return load_cli_settings(getattr(args, "config", None), overrides=overrides)
+    if db:
+        merged["store"] = {"url": db, "url_env": None}
+    return load_cli_settings(getattr(args, "config", None), overrides=merged or None)
 
 
 #: what to do about a store that holds nothing (the end of both "empty store" errors)

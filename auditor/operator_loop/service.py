@@ -16,66 +16,39 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from datetime import datetime, timezone
 from typing import Any, Callable
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from auditor.clock import SYSTEM_CLOCK, NowOnly
 from auditor.errors import AuditorError, SourceUnavailable
-from auditor.kube.client import KubeConfig, api_client, read_only
+from auditor.kube.client import read_only
 from auditor.kube.lease import LeaderElector, LeaseUnavailable, lease_namespace
-from auditor.kube.resolver import KubeResolver
 from auditor.operator_loop.cycle import ORIGIN, CycleResult, CycleRunner, LostLeadership
 from auditor.operator_loop.health import HealthServer, OperatorMetrics
 from auditor.operator_loop.policies import PolicyStage
 from auditor.operator_loop.reports import ReportStage
 from auditor.operator_loop.retention import RetentionStage
+from auditor.ports import Clock
 from auditor.settings import Settings
 
 log = logging.getLogger(__name__)
-
-
-def utc_now() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def default_identity() -> str:
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
 
 
-def build_source(settings: Settings, token: str | None = None):  # -> PrometheusSource
-    """The Prometheus source the settings describe (secrets from the variables they name)."""
-    from auditor.errors import BadInput
-    from auditor.sources.prometheus import PrometheusSource
-
-    p = settings.prometheus
-    if not p.url:
-        raise BadInput("prometheus.url is not set (settings file, GPU_AUDITOR_PROMETHEUS_URL or --prometheus)")
-    token = token or settings.secret(p.bearer_token_env, "prometheus.bearer_token_env")
-    basic = None
-    if p.username_env:
-        user = settings.secret(p.username_env, "prometheus.username_env") or ""
-        basic = (user, settings.secret(p.password_env, "prometheus.password_env") or "")
-    return PrometheusSource(
-        p.url,
-        bearer_token=token,
-        basic_auth=basic,
-        ca_file=p.ca_file,
-        insecure=not p.tls_verify,
-        timeout=p.timeout.total_seconds(),
-        retries=p.retries,
-        matchers=p.matchers,
-        pod_labels=None if p.label_convention == "auto" else p.label_convention,
-    )
-
-
 class Operator:
-    """One operator replica. Build it, then :meth:`run_forever` or :meth:`run_once`.
+    """One operator replica. Build it (:func:`auditor.compose.operator`), then :meth:`run_forever`
+    or :meth:`run_once`.
 
-    ``clock`` gives every "now" of the loop (cycle ends, policy decisions, report schedule);
-    ``dry_run`` decides without acting on anything (see the module docstring).
+    The adapters not given are built by the composition root (:mod:`auditor.compose`) from
+    ``settings``. ``clock`` (a :class:`~auditor.ports.Clock`, or a function returning "now")
+    gives every "now" of the loop (cycle ends, policy decisions, report schedule, the Lease's
+    times); ``dry_run`` decides without acting on anything (see the module docstring).
     """
 
     def __init__(
@@ -86,36 +59,26 @@ class Operator:
         source: Any = None,
         api: Any = None,
         identity: str | None = None,
-        clock: Callable[[], datetime] = utc_now,
+        clock: Clock | Callable[[], datetime] = SYSTEM_CLOCK,
         dry_run: bool = False,
     ) -> None:
-        from auditor.store import Store
+        from auditor import compose
 
         self.settings = settings
-        self.clock = clock
+        #: the loop's clock; :attr:`clock` is its ``now`` (what the stages and the scheduler call)
+        self.time: Clock = clock if isinstance(clock, Clock) else NowOnly(clock)
+        self.clock: Callable[[], datetime] = self.time.now
         self.dry_run = dry_run
         self.metrics = OperatorMetrics()
         self.identity = settings.leader_election.identity or identity or default_identity()
-        self.api = api or api_client(
-            KubeConfig(
-                kubeconfig=settings.kubernetes.kubeconfig,
-                in_cluster=settings.kubernetes.in_cluster,
-                context=settings.kubernetes.context,
-                impersonate=settings.kubernetes.impersonate,
-            )
-        )
-        if dry_run:
-            read_only(self.api)
-        self.store = store or Store.open(settings.database_url())
-        self.source = source or build_source(settings)
-        self.resolver = KubeResolver(
-            self.api,
-            cluster=settings.cluster,
-            team_sources=settings.team_sources,
-            kueue=settings.features.kueue,
-            unresolved_pods=settings.unresolved_pods,
-            deleted_pod_memory=settings.deleted_pod_memory,
-        )
+        if api is None:
+            api = compose.kube_api(settings, dry_run=dry_run)
+        elif dry_run:
+            read_only(api)
+        self.api = api
+        self.store = store or compose.store(settings)
+        self.source = source or compose.prometheus_source(settings)
+        self.resolver = compose.kube_resolver(settings, self.api)
         le = settings.leader_election
         self.elector: LeaderElector | None = None
         #: why the elector gave up (e.g. the Lease's namespace is missing): ``run_forever`` raises it
@@ -177,7 +140,7 @@ class Operator:
             return False, "scheduler stopped"
         began = self._cycle_began
         limit = 3 * self.settings.interval.total_seconds() + 600
-        if began is not None and time.monotonic() - began > limit:
+        if began is not None and self.time.monotonic() - began > limit:
             return False, f"cycle running for more than {limit:.0f} s"
         return True, "ok"
 
@@ -248,7 +211,7 @@ class Operator:
             self.metrics.cycles.labels("standby").inc()
             return None
         with self._cycle_lock:
-            self._cycle_began = time.monotonic()
+            self._cycle_began = self.time.monotonic()
             try:
                 with self.metrics.cycle_seconds.time():
                     result = self.runner.run(self.clock())

@@ -1,0 +1,189 @@
+"""The composition root: the one place that turns settings into adapters.
+
+Every CLI command and the operator build their Prometheus source, store, Kubernetes client,
+resolver, actions, notifiers and clock here, from one :class:`~auditor.settings.Settings`
+(the file, ``GPU_AUDITOR_*`` variables, then the command's flags as overrides). So a connection
+option exists once: a flag that ``--help`` lists reaches every command that reads Prometheus,
+because no command builds its own client (the drift this replaced: ``run`` ignored the
+basic-auth flags and ``GPU_AUDITOR_PROMETHEUS_TOKEN`` that ``audit`` honoured).
+
+Secrets are never settings values (they would be logged with the effective settings): the file
+names the variables that hold them (``*_env`` keys), and a command line names files or its own
+variables (:class:`PrometheusAuth`), resolved here only when the adapter is built.
+
+Use-cases (engine, operator cycle, policy run, reports, doctor) never import this module; they
+take the ports of :mod:`auditor.ports` and are handed what is built here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from auditor.clock import SYSTEM_CLOCK
+from auditor.errors import BadInput
+
+if TYPE_CHECKING:  # each adapter is imported where it is built: `--help` loads none of them
+    from kubernetes.client import ApiClient
+
+    from auditor.actions.kube import KubeActions
+    from auditor.kube.resolver import KubeResolver
+    from auditor.operator_loop.service import Operator
+    from auditor.ports import Clock
+    from auditor.settings import Settings
+    from auditor.sources.prometheus import PrometheusSource
+    from auditor.store import Store
+
+#: the command line's own variables for Prometheus credentials (never settings: they are secrets)
+PROMETHEUS_TOKEN_ENV = "GPU_AUDITOR_PROMETHEUS_TOKEN"
+PROMETHEUS_PASSWORD_ENV = "GPU_AUDITOR_PROMETHEUS_PASSWORD"
+
+
+@dataclass(frozen=True)
+class PrometheusAuth:
+    """Where a command's Prometheus credentials come from: files named by flags (a secret as a
+    flag value would show in ``ps`` and shell history), else :data:`PROMETHEUS_TOKEN_ENV` /
+    :data:`PROMETHEUS_PASSWORD_ENV`. Given at all, they replace the settings file's ``*_env``
+    credentials; a command line that gives none leaves those in force."""
+
+    token_file: str | None = None
+    user: str | None = None
+    password_file: str | None = None
+
+
+def _read_secret(path: str, what: str) -> str:
+    try:
+        value = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise BadInput(f"{what} {path}: cannot read ({exc.strerror})") from None
+    if not value:
+        raise BadInput(f"{what} {path}: file is empty")
+    return value
+
+
+def prometheus_credentials(
+    settings: "Settings", auth: PrometheusAuth | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[str | None, tuple[str, str] | None]:
+    """``(bearer token, (user, password))`` for Prometheus, at most one of them set.
+
+    The command line's inputs (``auth``, and its variables) win over the settings' ``*_env``
+    keys; contradictions are :class:`BadInput` naming the flags, before anything is contacted.
+    """
+    env = os.environ if environ is None else environ
+    token: str | None = None
+    basic: tuple[str, str] | None = None
+    if auth is not None:
+        if auth.token_file:
+            token = _read_secret(auth.token_file, "--prometheus-token-file")
+        elif env.get(PROMETHEUS_TOKEN_ENV, "").strip():
+            token = env[PROMETHEUS_TOKEN_ENV].strip()
+        if auth.user:
+            if auth.password_file:
+                password = _read_secret(auth.password_file, "--prometheus-password-file")
+            elif env.get(PROMETHEUS_PASSWORD_ENV) is not None:
+                password = env[PROMETHEUS_PASSWORD_ENV]
+            else:
+                raise BadInput(f"--prometheus-user needs --prometheus-password-file or env {PROMETHEUS_PASSWORD_ENV}")
+            basic = (auth.user, password)
+        elif auth.password_file:
+            raise BadInput("--prometheus-password-file needs --prometheus-user")
+        if token and basic:
+            raise BadInput("give a bearer token or basic auth for Prometheus, not both")
+        if token or basic:
+            return token, basic
+    p = settings.prometheus
+    token = settings.secret(p.bearer_token_env, "prometheus.bearer_token_env", env)
+    if p.username_env:
+        user = settings.secret(p.username_env, "prometheus.username_env", env) or ""
+        basic = (user, settings.secret(p.password_env, "prometheus.password_env", env) or "")
+    if token and basic:
+        raise BadInput("prometheus: give bearer_token_env or username_env/password_env, not both")
+    return token, basic
+
+
+def prometheus_source(
+    settings: "Settings", auth: PrometheusAuth | None = None, environ: Mapping[str, str] | None = None
+) -> "PrometheusSource":
+    """The Prometheus source the settings describe: URL, auth, TLS, timeout, retries, matchers,
+    label convention — the same for ``audit``, ``doctor``, ``run`` and the operator."""
+    from auditor.sources.prometheus import PrometheusSource
+
+    p = settings.prometheus
+    if not p.url:
+        raise BadInput("prometheus.url is not set (settings file, GPU_AUDITOR_PROMETHEUS_URL or --prometheus)")
+    if p.ca_file and not Path(p.ca_file).is_file():
+        raise BadInput(f"prometheus.ca_file (--prometheus-ca-file) {p.ca_file}: no such file")
+    token, basic = prometheus_credentials(settings, auth, environ)
+    return PrometheusSource(
+        p.url,
+        bearer_token=token,
+        basic_auth=basic,
+        ca_file=p.ca_file,
+        insecure=not p.tls_verify,
+        timeout=p.timeout.total_seconds(),
+        retries=p.retries,
+        matchers=p.matchers,
+        pod_labels=None if p.label_convention == "auto" else p.label_convention,
+    )
+
+
+def kube_api(settings: "Settings", *, dry_run: bool = False) -> "ApiClient":
+    """The Kubernetes API client of ``kubernetes:``; read-only (every write refused) for a dry run."""
+    from auditor.kube.client import KubeConfig, api_client, read_only
+
+    k = settings.kubernetes
+    api = api_client(
+        KubeConfig(kubeconfig=k.kubeconfig, in_cluster=k.in_cluster, context=k.context, impersonate=k.impersonate)
+    )
+    return read_only(api) if dry_run else api
+
+
+def kube_resolver(settings: "Settings", api: "ApiClient") -> "KubeResolver":
+    """Pods → jobs and teams through the API (owner chains, Kueue, team sources), not started."""
+    from auditor.kube.resolver import KubeResolver
+
+    return KubeResolver(
+        api,
+        cluster=settings.cluster,
+        team_sources=settings.team_sources,
+        kueue=settings.features.kueue,
+        unresolved_pods=settings.unresolved_pods,
+        deleted_pod_memory=settings.deleted_pod_memory,
+    )
+
+
+def kube_actions(api: "ApiClient", instance: str | None = None) -> "KubeActions":
+    """The cluster writes the policies make (annotations, Events, requeues)."""
+    from auditor.actions import KubeActions
+
+    return KubeActions(api) if instance is None else KubeActions(api, instance=instance)
+
+
+def store(settings: "Settings") -> "Store":
+    """The store of ``store:`` (``GPU_AUDITOR_DATABASE_URL`` and ``--db`` already merged in)."""
+    from auditor.store import Store
+
+    return Store.open(settings.database_url())
+
+
+def clock() -> "Clock":
+    """The process's clock (the wall clock and the monotonic one)."""
+    return SYSTEM_CLOCK
+
+
+def operator(
+    settings: "Settings",
+    *,
+    auth: PrometheusAuth | None = None,
+    dry_run: bool = False,
+    **given: Any,
+) -> "Operator":
+    """The operator with every adapter built from ``settings`` (``given`` ones, e.g. a test's
+    store or clock, are used instead)."""
+    from auditor.operator_loop.service import Operator
+
+    if "source" not in given:
+        given["source"] = prometheus_source(settings, auth)
+    return Operator(settings, dry_run=dry_run, **given)

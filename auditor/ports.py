@@ -1,0 +1,179 @@
+"""Ports: what the use-cases need from the outside, as small protocols.
+
+The use-cases (the audit in :mod:`auditor.engine`, the operator cycle, the policy run, the
+reports, ``doctor``, next the admission gate) are written against these, never against an
+adapter's class: the composition root (:mod:`auditor.compose`) hands them the real adapters
+(Prometheus, the SQL store, the Kubernetes API, Slack/webhooks, the system clock), and a test
+hands them fakes of its own. Each port lists only the calls its use-cases make, so a fake is a
+few lines and the type checker names every use-case a new call would touch.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+
+from auditor.core.accumulate import JobAggregate
+from auditor.core.model import Bucket, JobRef, Window
+from auditor.correlate import JobResolver
+from auditor.sources.base import MetricSource, SourceResult
+
+__all__ = [
+    "ChatNotifier",
+    "Clock",
+    "ClusterActions",
+    "CycleStore",
+    "DecisionLog",
+    "Displacement",
+    "EventNotifier",
+    "JobResolver",
+    "JobView",
+    "MetricSource",
+    "SourceResult",
+    "SummaryStore",
+]
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """Time as the code outside the core sees it: "now", elapsed time, and waiting.
+
+    ``now`` is timezone-aware UTC; ``monotonic`` only measures intervals (it never jumps);
+    ``wait`` sleeps up to ``seconds`` or until ``event`` is set and returns whether it is — the
+    one way a loop sleeps, so a fake clock can advance instead of sleeping.
+    """
+
+    def now(self) -> datetime: ...
+
+    def monotonic(self) -> float: ...
+
+    def wait(self, event: threading.Event, seconds: float) -> bool: ...
+
+
+class Displacement(Protocol):
+    """GPU time a write moved between two job identities (:class:`auditor.store.store.Displaced`)."""
+
+    job_id: int
+    namespace: str
+    pod: str
+    buckets: int
+    owner: int
+
+
+class SummaryStore(Protocol):
+    """What one audit (:func:`auditor.engine.run_audit`) reads and writes: jobs, their bucket
+    rollup and aggregates, their summaries, and the run's record."""
+
+    def upsert_job(self, job: JobRef, first_seen: datetime, last_seen: datetime) -> int: ...
+
+    def job(self, job_id: int) -> JobRef | None: ...
+
+    def replace_buckets(self, job_id: int, buckets: Sequence[Bucket]) -> Sequence[Displacement]: ...
+
+    def buckets(self, job_id: int, window: Window | None = None) -> list[Bucket]: ...
+
+    def aggregate(self, job_id: int) -> JobAggregate | None: ...
+
+    def save_aggregate(self, job_id: int, agg: JobAggregate, now: datetime) -> None: ...
+
+    def summary(self, job_id: int) -> dict | None: ...
+
+    def save_summary(self, job_id: int, summary: dict) -> None: ...
+
+    def delete_summary(self, job_id: int) -> bool: ...
+
+    def record_run(
+        self,
+        window: Window,
+        started: datetime,
+        finished: datetime,
+        *,
+        jobs: int,
+        queries: int,
+        status: str,
+        detail: dict,
+    ) -> int: ...
+
+
+class CycleStore(SummaryStore, Protocol):
+    """The operator cycle's store: the audit's, plus the cursor (past runs), open jobs and one
+    transaction per chunk."""
+
+    def runs(self, *, limit: int = 100) -> list[dict]: ...
+
+    def open_jobs(self, cluster: str) -> list[tuple[int, JobRef, datetime, datetime]]: ...
+
+    def set_job_ended(self, job_id: int, ended_at: datetime | None) -> None: ...
+
+    def batch(self) -> AbstractContextManager[Any]: ...
+
+
+class JobView(JobResolver, Protocol):
+    """The operator's view of the cluster's GPU jobs (:class:`auditor.kube.resolver.KubeResolver`):
+    pods → jobs, plus what Kubernetes says about each job (``JobInfo``) at ``now``."""
+
+    def jobs(self, now: datetime | None = None) -> Mapping[str, Any]: ...
+
+    def forget(self, info: Any) -> None: ...
+
+
+class DecisionLog(Protocol):
+    """The policies' memory (:class:`auditor.store.decisions.DecisionStore`) as a dry run uses it:
+    would-do decisions (the escalation record itself is the policy runner's)."""
+
+    def record_would_do(
+        self,
+        job: Any,
+        policy: str,
+        *,
+        dedup_key: str,
+        mode: str,
+        step: int,
+        action_names: list[str],
+        now: datetime,
+        verdict: str,
+        reason: str,
+        evidence: dict,
+    ) -> bool: ...
+
+
+class ClusterActions(Protocol):
+    """The cluster reads and writes a policy step makes (:class:`auditor.actions.kube.KubeActions`)."""
+
+    def facts(self, summary: Mapping[str, Any]) -> Any: ...
+
+    def annotate(self, summary: Mapping[str, Any], annotations: Mapping[str, Any]) -> dict: ...
+
+    def event(
+        self,
+        summary: Mapping[str, Any],
+        *,
+        key: str,
+        reason: str,
+        note: str,
+        action: str,
+        now: datetime,
+        type_: str = "Warning",
+    ) -> dict: ...
+
+    def requeue_target(self, summary: Mapping[str, Any]) -> dict: ...
+
+    def deactivate(self, target: dict, *, lower_priority_by: int = 0) -> dict: ...
+
+    def holds_quota(self, target: Mapping[str, Any]) -> bool | None: ...
+
+    def reactivate(self, target: dict) -> dict: ...
+
+
+class ChatNotifier(Protocol):
+    """A chat destination (:class:`auditor.notify.slack.SlackNotifier`): text plus optional blocks."""
+
+    def send(self, text: str, blocks: list[dict] | None = None) -> Any: ...
+
+
+class EventNotifier(Protocol):
+    """A machine destination (:class:`auditor.notify.webhook.WebhookNotifier`): a typed, signed event."""
+
+    def send(self, kind: str, payload: dict, *, delivery_id: str | None = None) -> Any: ...
