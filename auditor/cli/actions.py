@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from auditor.cli.storeopts import add_store_flags
@@ -86,10 +86,11 @@ def table(rows: list[dict]) -> str:
 def run(args: argparse.Namespace) -> int:
     import sys
 
+    from auditor import compose
     from auditor.cli.storeopts import command_settings, open_store, require_jobs
     from auditor.store.decisions import DecisionStore
 
-    now = datetime.now(timezone.utc)
+    now = compose.clock().now()
     since = since_time(args.since, now)
     if since > now:
         raise BadInput(f"--since {args.since}: in the future")

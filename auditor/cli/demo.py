@@ -18,7 +18,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from auditor.core.metrics import Metric
@@ -188,12 +188,13 @@ def run_demo(
 
     ``thresholds`` are the verdict thresholds (default: the built-in ones), so that a tuning can
     be tried on the bundled traces before it reaches the operator."""
+    from auditor import compose
     from auditor.engine import run_audit
     from auditor.sources.replay import ReplaySource
     from auditor.store import Store
 
     say = progress or (lambda _m: None)
-    now = (now or datetime.now(timezone.utc)).replace(microsecond=0)
+    now = (now or compose.clock().now()).replace(microsecond=0)
     out_dir.mkdir(parents=True, exist_ok=True)
     sc = scenario(now)
     source = ReplaySource(sc.feeds, end=now, duration=sc.duration, interval=sc.interval)

@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Mapping, Sequence
 
@@ -74,6 +73,7 @@ def validate(args: argparse.Namespace) -> int:
 def simulate(args: argparse.Namespace) -> int:
     """Backtest over the store and the policies the operator uses (its settings sources), unless
     ``--db``/``--policies`` name others; a store without jobs is an error (exit 1)."""
+    from auditor import compose
     from auditor.cli.storeopts import command_settings, open_store, require_jobs
     from auditor.operator_loop.policies import policy_files
     from auditor.policy.backtest import simulate as backtest
@@ -84,7 +84,7 @@ def simulate(args: argparse.Namespace) -> int:
     policies = load_dir(args.policies) if args.policies else load_files(policy_files(settings))
     if not policies:
         raise BadInput("no policies to simulate (give --policies DIR, or set policies.dir / policies.builtin)")
-    now = datetime.now(timezone.utc)
+    now = compose.clock().now()
     store = open_store(settings, existing=True)
     try:
         require_jobs(store)

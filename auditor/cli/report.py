@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +83,7 @@ def _options(args: argparse.Namespace, settings: Any) -> Any:
 
 
 def _handle(args: argparse.Namespace) -> int:
+    from auditor import compose
     from auditor.cli.storeopts import command_settings, open_store, require_jobs
     from auditor.reports.formats import teams_csv, to_json, to_markdown, write_jobs_csv
     from auditor.reports.service import generate, iter_jobs
@@ -96,7 +96,7 @@ def _handle(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     suffix = f"{week}" + (f"-{_slug(args.team)}" if args.team else "")
-    now = datetime.now(timezone.utc).replace(microsecond=0)
+    now = compose.clock().now().replace(microsecond=0)
     written: list[Path] = []
     store = open_store(settings, existing=True)
     try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime, timezone
 
 from auditor.cli.storeopts import add_store_flags
 from auditor.errors import BadInput
@@ -60,11 +59,12 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _prune(args: argparse.Namespace) -> int:
+    from auditor import compose
     from auditor.cli.storeopts import command_settings, open_store
     from auditor.store.retention import Retention, prune
     from auditor.timeparse import parse_time
 
-    now = parse_time(args.as_of, datetime.now(timezone.utc).replace(microsecond=0), what="--as-of")
+    now = parse_time(args.as_of, compose.clock().now().replace(microsecond=0), what="--as-of")
     settings = command_settings(args)
     cluster = None if args.all_clusters else (args.cluster or settings.cluster)
     if args.cluster is not None and not args.cluster.strip():

@@ -62,7 +62,7 @@ def open_store(settings: "Settings", *, existing: bool = False) -> "Store":
     ``existing`` (the commands that only read): a SQLite file that does not exist is refused
     instead of being created empty, so a mistyped path leaves nothing behind.
     """
-    from auditor.store import Store
+    from auditor import compose
     from auditor.store.urls import display_url, resolve
 
     url = settings.database_url()
@@ -75,7 +75,7 @@ def open_store(settings: "Settings", *, existing: bool = False) -> "Store":
             and not Path(sa_url.database).exists()
         ):
             raise PermanentError(f"store {display_url(sa_url)}: no such file, so no audited jobs. {ELSEWHERE}")
-    store = Store.open(url)
+    store = compose.store(settings)
     print(f"gpu-auditor: reading store {store.display_url}", file=sys.stderr)
     return store
 

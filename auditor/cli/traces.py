@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 from auditor.core.metrics import Metric, Naming
@@ -43,7 +42,9 @@ def parse_job_spec(spec: str, gpus: int) -> tuple[PodRef, tuple[str, ...]]:
 
 
 def _to_openmetrics(args: argparse.Namespace) -> int:
-    now = datetime.now(timezone.utc)
+    from auditor import compose
+
+    now = compose.clock().now()
     trace = load_trace(args.trace)
     end = parse_time(args.end, now, what="--end")
     duration = parse_duration(args.duration, what="--duration")
