@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence, SupportsFloat
 
 from auditor.cli.storeopts import add_store_flags
+from auditor.core.admission import AdmissionFacts
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, JobRef
 from auditor.errors import BadInput
@@ -85,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from auditor.cli.storeopts import command_settings, open_store, require_jobs
+    from auditor.store.admissions import AdmissionStore
 
     namespace, kind, name = parse_ref(args.job)
     if args.png and not Path(args.png).parent.exists():
@@ -119,15 +121,20 @@ def run(args: argparse.Namespace) -> int:
             None,
         )
         buckets = store.buckets(job_id)
+        admission = AdmissionStore(store).facts(job_id)
     finally:
         store.close()
     if summary is None:
         print(f"gpu-auditor: job {job.key} has buckets but no summary yet; re-run the audit", file=sys.stderr)
         return 1
     if args.output == "json":
-        print(json.dumps({"summary": summary, "buckets": [_bucket_json(b) for b in buckets]}, indent=2, default=str))
+        doc: dict = {"summary": summary}
+        if admission is not None:  # only jobs that went through a Kueue queue have them
+            doc["admission"] = admission.to_json()
+        doc["buckets"] = [_bucket_json(b) for b in buckets]
+        print(json.dumps(doc, indent=2, default=str))
     else:
-        print(render(summary, buckets))
+        print(render(summary, buckets, admission))
     if args.png:
         draw_png(summary, buckets, args.png)
         print(f"wrote {args.png}", file=sys.stderr)
@@ -145,8 +152,8 @@ def _num(v: SupportsFloat | None, fmt: str = "{:.2f}") -> str:
     return "-" if v is None else fmt.format(float(v))
 
 
-def render(summary: dict, buckets: Sequence[Bucket]) -> str:
-    """The whole explanation as text."""
+def render(summary: dict, buckets: Sequence[Bucket], admission: AdmissionFacts | None = None) -> str:
+    """The whole explanation as text (with Kueue's admission facts when the job was queued)."""
     out: list[str] = []
     ref = f"{summary.get('namespace')}/{summary.get('job')}"
     out.append(f"{ref}   cluster {summary.get('cluster')}   team {summary.get('team')}")
@@ -178,6 +185,8 @@ def render(summary: dict, buckets: Sequence[Bucket]) -> str:
         )
         + f"   MFU~ {_pct(summary.get('mfu_estimate'))}"
     )
+    if admission is not None:
+        out.append(kueue_line(admission))
     stats = summary.get("stats") or {}
     if stats:
         out.append("")
@@ -216,6 +225,34 @@ def render(summary: dict, buckets: Sequence[Bucket]) -> str:
         out.append("")
         out.extend(timeline(buckets))
     return "\n".join(out)
+
+
+def _wait(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = int(round(seconds))
+    return f"{s} s" if s < 120 else (f"{s // 60} min {s % 60} s" if s < 7200 else f"{s / 3600:.1f} h")
+
+
+def kueue_line(f: AdmissionFacts) -> str:
+    """One line of what Kueue says: the admitting queue, the wait, evictions and requeues."""
+    queue = f"ClusterQueue {f.cluster_queue or '?'}" + (f" (LocalQueue {f.local_queue})" if f.local_queue else "")
+    if f.admitted_at is not None:
+        waited = f"waited {_wait(f.queue_wait_s)} until admitted {f.admitted_at.isoformat().replace('+00:00', 'Z')}"
+    elif f.pending and f.eviction_count == 0:
+        waited = f"waiting for admission since {f.created.isoformat().replace('+00:00', 'Z')}"
+    else:
+        waited = "first admission not seen"
+    parts = [f"kueue: {queue}", waited]
+    if f.eviction_count:
+        reasons = ", ".join(f"{r} {n}" for r, n in sorted(f.evictions.items()))
+        parts.append(f"evictions {f.eviction_count} ({reasons})")
+        parts.append(f"requeues {f.requeues}")
+        if f.pending:
+            parts.append("waiting for re-admission")
+        elif f.last_admitted_at is not None:
+            parts.append(f"re-admitted after {_wait(f.last_wait_s)}")
+    return "   ".join(parts)
 
 
 def _is_ratio(metric: str) -> bool:

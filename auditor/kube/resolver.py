@@ -41,6 +41,7 @@ from auditor.core.model import JobRef, PodRef
 from auditor.kube import gpus as gpumod
 from auditor.kube.client import METADATA_ACCEPT, call_json, preferred_version, resource_path
 from auditor.kube.informer import Informer
+from auditor.kube.kueue_facts import workload_facts
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +240,7 @@ def _workload(obj: dict) -> dict:
         "namespace": meta.get("namespace"),
         "queue": spec.get("queueName"),
         "cluster_queue": (status.get("admission") or {}).get("clusterQueue"),
+        "admission": workload_facts(obj),  # Kueue's admission facts (auditor.kube.kueue_facts)
         "uids": [u for u in [(meta.get("labels") or {}).get(KUEUE_JOB_UID)] if u]
         + [r.get("uid") for r in meta.get("ownerReferences") or [] if r.get("uid")],
     }

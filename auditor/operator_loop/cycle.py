@@ -33,6 +33,7 @@ from auditor.core.model import Window
 from auditor.engine import align_down, run_audit, sort_summaries
 from auditor.errors import AuditorError
 from auditor.kube.resolver import JobInfo, KubeResolver
+from auditor.operator_loop.admissions import record_admissions
 from auditor.sources.base import MetricSource
 
 log = logging.getLogger(__name__)
@@ -229,6 +230,14 @@ class CycleRunner:
             result.queries += audit.report.queries
             result.warnings.extend(audit.report.warnings)
             touched.update(proxy.saved)
+        # every stored job still open, not only those with new samples: an evicted job waiting
+        # for re-admission sends none, and that is when its Workload changes
+        known = {k: job_id for k, (job_id, _ref, _seen) in open_jobs.items()}
+        known.update({k: job_id for k, (job_id, _s) in touched.items()})
+        with self.store.batch():
+            record_admissions(self.store, self.resolver, view, known, now)
+            if not self.still_leader():
+                raise LostLeadership("the Lease was lost during the cycle; its writes are rolled back")
         result.finalized = self._finalize(now, view, open_jobs, touched)
         self._covered = set(view)
         result.summaries = sort_summaries([s for _id, s in touched.values()])

@@ -1,0 +1,31 @@
+"""Record Kueue's admission facts of the jobs an audit wrote (the operator's cycle, ``audit``).
+
+The use-case between the resolver's Workload cache (:mod:`auditor.kube.kueue_facts`) and the
+store (:mod:`auditor.store.admissions`): after the summaries of a cycle are saved, each of those
+jobs with a Kueue Workload gets its reading folded into its stored facts.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Mapping
+
+from auditor.kube.kueue_facts import facts_by_job
+from auditor.store.admissions import AdmissionStore
+from auditor.store.store import Store
+
+
+def record_admissions(
+    store: Store, resolver: Any, view: Mapping[str, Any], job_ids: Mapping[str, int], now: datetime
+) -> int:
+    """Store the admission facts of the jobs ``job_ids`` (job key → store id) found in ``view``.
+
+    ``resolver`` is a :class:`~auditor.kube.resolver.KubeResolver` (anything else, e.g. the
+    label-only resolver of ``audit --no-kube``, has no Workloads: nothing is recorded).
+    Returns the number of jobs whose stored facts changed.
+    """
+    if getattr(resolver, "workloads", None) is None:
+        return 0
+    facts = facts_by_job(resolver, view)
+    readings = [(job_ids[k], f) for k, f in facts.items() if k in job_ids]
+    return AdmissionStore(store).record(readings, now)
