@@ -27,16 +27,19 @@ import json
 import logging
 import os
 import threading
-import time
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.rest import ApiException
 
+from auditor.clock import SYSTEM_CLOCK
 from auditor.errors import BadInput, PermanentError
 from auditor.kube.client import call_json
+
+if TYPE_CHECKING:
+    from auditor.ports import Clock
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +128,9 @@ class LeaderElector:
 
     ``on_started(…)``/``on_stopped(…)`` are called from the elector's thread when leadership
     is gained or lost. :attr:`is_leader` is the current state; :meth:`ensure_leader` is the check
-    to make right before acting (it is False as soon as a renewal is overdue).
+    to make right before acting (it is False as soon as a renewal is overdue). Every time it
+    reads (the Lease's renew times, its own deadlines, the waits between tries) comes from
+    ``clock``, so a test with a fake clock runs a whole term in milliseconds.
     """
 
     def __init__(
@@ -142,8 +147,10 @@ class LeaderElector:
         on_stopped: Callable[[], None] | None = None,
         on_fatal: Callable[[LeaseUnavailable], None] | None = None,
         namespace_origin: str = "",
+        clock: "Clock" = SYSTEM_CLOCK,
     ) -> None:
         self.api = api
+        self.clock = clock
         self.namespace = namespace
         self.name = name
         self.identity = identity
@@ -175,7 +182,7 @@ class LeaderElector:
     @property
     def is_leader(self) -> bool:
         with self._lock:
-            return self._leader and time.monotonic() - self._last_renew < self.renew_deadline
+            return self._leader and self.clock.monotonic() - self._last_renew < self.renew_deadline
 
     def ensure_leader(self) -> bool:
         return self.is_leader
@@ -213,7 +220,7 @@ class LeaderElector:
                     self._safe(self.on_started)
             elif was and not self.is_leader:
                 self._lose("could not renew the Lease within the renew deadline")
-            self._stop.wait(self.retry_period)
+            self.clock.wait(self._stop, self.retry_period)
 
     def _lose(self, why: str) -> None:
         with self._lock:
@@ -237,7 +244,7 @@ class LeaderElector:
         False when someone else held it all that time; raises :class:`LeaseUnavailable` (or
         :class:`LeaseNamespaceMissing`) at once when waiting cannot help.
         """
-        deadline = time.monotonic() + timeout
+        deadline = self.clock.monotonic() + timeout
         while True:
             if self.try_acquire_or_renew():
                 return True
@@ -245,9 +252,9 @@ class LeaderElector:
                 raise self.fatal
             if self.refused is not None:
                 raise self.refused
-            if time.monotonic() >= deadline or self._stop.is_set():
+            if self.clock.monotonic() >= deadline or self._stop.is_set():
                 return False
-            self._stop.wait(min(self.retry_period, max(0.0, deadline - time.monotonic())))
+            self.clock.wait(self._stop, min(self.retry_period, max(0.0, deadline - self.clock.monotonic())))
 
     def stop(self, release: bool = True) -> None:
         """Stop the loop; with ``release`` give the Lease back if we hold it."""
@@ -261,8 +268,8 @@ class LeaderElector:
 
     def try_acquire_or_renew(self) -> bool:
         """One attempt; True when we hold the Lease afterwards."""
-        now_wall = datetime.now(timezone.utc)
-        now = time.monotonic()
+        now_wall = self.clock.now()
+        now = self.clock.monotonic()
         self.refused = None
         try:
             lease = call_json(self.api, self._path, timeout=self.renew_deadline)
@@ -293,7 +300,7 @@ class LeaderElector:
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
         record = (holder, spec.get("renewTime"), spec.get("leaseTransitions"))
-        seen = time.monotonic()  # after the GET (as client-go): a slow read never shortens a term
+        seen = self.clock.monotonic()  # after the GET (as client-go): a slow read never shortens a term
         with self._lock:
             if record != self._observed:
                 self._observed, self._observed_at = record, seen
@@ -301,11 +308,7 @@ class LeaderElector:
         duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
         mine = holder == self.identity
         if holder and not mine and seen - observed_at < duration:
-            with self._lock:
-                was = self._leader
-                self._leader = False
-            if was:
-                self._lose(f"the Lease is held by {holder}")
+            self._lose(f"the Lease is held by {holder}")  # says so (on_stopped) if we led
             return False
         transitions = int(spec.get("leaseTransitions") or 0) + (0 if mine else 1)
         body = self._body(lease, now_wall, transitions=transitions, acquire=not mine, spec=spec)
@@ -387,7 +390,7 @@ class LeaderElector:
         spec = lease.get("spec") or {}
         if spec.get("holderIdentity") != self.identity:
             return False
-        now = datetime.now(timezone.utc)
+        now = self.clock.now()
         body = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",

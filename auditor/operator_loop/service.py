@@ -100,6 +100,7 @@ class Operator:
                 on_started=self._on_started,
                 on_stopped=self._on_stopped,
                 on_fatal=self._on_fatal,
+                clock=self.time,
             )
         self.runner = CycleRunner(
             store=self.store,
