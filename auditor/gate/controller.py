@@ -196,7 +196,7 @@ class GateController:
 
     def _on_workload(self, obj: dict) -> None:
         view = WorkloadView.parse(obj)
-        if view.quota_reserved and not view.finished and self._ours_pending(view):
+        if view.awaits_checks and self._ours_pending(view):
             key = f"{view.namespace}/{view.name}"
             with self._lock:
                 fresh = key not in self._latest
@@ -225,7 +225,7 @@ class GateController:
         seen = time.monotonic() if seen is None else seen
         view = WorkloadView.parse(obj)
         pending = self._ours_pending(view)
-        if not (view.quota_reserved and not view.finished and pending):
+        if not (view.awaits_checks and pending):
             return None
         now = self.clock()
         owner = self.kube.owner(view)

@@ -65,6 +65,8 @@ class WorkloadView:
     owner_uid: str
     cluster_queue: str
     quota_reserved: bool
+    #: ``Evicted=True``: Kueue is taking the quota back (our check reset to Pending on the way)
+    evicted: bool
     admitted: bool
     finished: bool
     active: bool
@@ -88,6 +90,7 @@ class WorkloadView:
             owner_uid=str(owner.get("uid") or ""),
             cluster_queue=str((status.get("admission") or {}).get("clusterQueue") or ""),
             quota_reserved=_true(wl, "QuotaReserved"),
+            evicted=_true(wl, "Evicted"),
             admitted=_true(wl, "Admitted"),
             finished=_true(wl, "Finished"),
             active=spec.get("active", True) is not False,
@@ -95,6 +98,12 @@ class WorkloadView:
             priority_class=str((spec.get("priorityClassRef") or {}).get("name") or ""),
             checks={str(c.get("name")): dict(c) for c in status.get("admissionChecks") or []},
         )
+
+    @property
+    def awaits_checks(self) -> bool:
+        """Holds quota for its checks: not finished, not being evicted (answering a check that
+        Kueue reset to Pending during an eviction would undo the eviction)."""
+        return self.quota_reserved and not self.evicted and not self.finished
 
     @property
     def job(self) -> dict[str, str]:

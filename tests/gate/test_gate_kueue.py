@@ -1,0 +1,228 @@
+"""The efficiency gate's AdmissionCheck controller on the test bed's real Kueue (v0.17.0).
+
+A ClusterQueue runs the gate's AdmissionCheck on its GPU flavor (``onFlavors``); the controller
+(auditor/gate) runs against a real store (SQLite file, PostgreSQL for the store-failure cases)
+whose lineage history is what earlier audit cycles would have recorded. No kubelet or Job
+controller runs in the bed: a Job Kueue admits is unsuspended and has no pods, which is all the
+gate needs to be seen at work.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+
+import pytest
+from gate_bed import (
+    check_state,
+    cluster_queue,
+    condition,
+    events,
+    gate_queue,
+    gpu_job,
+    is_true,
+    job,
+    record_runs,
+    running_gate,
+    until,
+    workload_of,
+)
+from kueue_objects import KV, kueue_running
+
+from auditor.core.lineage import LineageKey
+from auditor.gate.kueue import GATE_DECISION, GATE_REJECTED
+from auditor.kube.client import call_json, resource_path
+from auditor.store import Store
+from auditor.store.lineage import AckLog
+
+pytestmark = [
+    pytest.mark.testbed,
+    pytest.mark.skipif(not kueue_running(), reason="the bed runs without the Kueue controller"),
+]
+
+FLAGGED = ["low_sm_efficiency", "low_sm_efficiency", "healthy", "low_sm_efficiency"]
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store.open(f"sqlite:///{tmp_path}/gate.db")
+    yield s
+    s.close()
+
+
+def _wl(api, ns, name):
+    return call_json(api, resource_path(KV, "workloads", ns, name))
+
+
+def _reasons(api, ns, name):
+    return {e.get("reason") for e in events(api, ns, name)}
+
+
+def test_the_check_becomes_active_and_a_clean_lineage_is_admitted_at_once(kube_admin, namespace, store):
+    api, ns = kube_admin, namespace
+    with gate_queue(api, ns) as q:
+        inactive = until(lambda: condition(cluster_queue(api, q.cluster_queue), "Active"), "the CQ's Active condition")
+        assert inactive["status"] == "False" and "inactive AdmissionCheck" in inactive["message"], inactive
+        with running_gate(api, store) as ctl:
+            check = until(
+                lambda: (
+                    is_true(call_json(api, resource_path(KV, "admissionchecks", None, q.check)), "Active")
+                    and call_json(api, resource_path(KV, "admissionchecks", None, q.check))
+                ),
+                "the AdmissionCheck Active",
+            )
+            assert condition(check, "Active")["reason"] == "Active"
+            until(lambda: is_true(cluster_queue(api, q.cluster_queue), "Active"), "the ClusterQueue Active")
+
+            created = gpu_job(api, ns, "clean-7f9c2")
+            wl = workload_of(api, ns, created)
+            wl = until(lambda: (w := _wl(api, ns, wl["metadata"]["name"])) and is_true(w, "Admitted") and w, "Admitted")
+            state = check_state(wl, q.check)
+            assert state["state"] == "Ready" and state["message"].startswith("gpu-auditor: admitted, lineage")
+            assert "no gate rule fires" in state["message"]
+            until(lambda: job(api, ns, "clean-7f9c2")["spec"]["suspend"] is False, "Kueue unsuspends the Job")
+            decided = until(
+                lambda: json.loads(
+                    job(api, ns, "clean-7f9c2")["metadata"].get("annotations", {}).get(GATE_DECISION, "{}")
+                ),
+                "the decision annotation",
+            )
+            assert (
+                decided["state"] == "Ready"
+                and decided["lineage"] == f"{ns}/clean"
+                and decided["workload"] == wl["metadata"]["name"]
+            )
+            assert 0 <= decided["decide_seconds"] < 2
+            (d,) = [d for d in ctl.decided if d.workload == wl["metadata"]["name"]]
+            assert d.state == "Ready" and 0 < d.seconds < 5 and d.decide_seconds <= d.seconds
+
+            # the check runs on the GPU flavor only: a CPU job is admitted without it
+            cpu = gpu_job(api, ns, "cpu-only", cpu=True)
+            cwl = workload_of(api, ns, cpu)
+            cwl = until(
+                lambda: (w := _wl(api, ns, cwl["metadata"]["name"])) and is_true(w, "Admitted") and w, "CPU Admitted"
+            )
+            assert check_state(cwl, q.check) == {}
+            assert [x for x in ctl.decided if x.workload == cwl["metadata"]["name"]] == []
+
+
+def test_observe_admits_a_flagged_lineage_and_says_it_would_hold(kube_admin, namespace, store):
+    api, ns = kube_admin, namespace
+    record_runs(store, LineageKey("default", ns, "train"), FLAGGED, _now())
+    with gate_queue(api, ns) as q, running_gate(api, store, mode="observe"):
+        until(lambda: is_true(cluster_queue(api, q.cluster_queue), "Active"), "the ClusterQueue Active")
+        wl = workload_of(api, ns, gpu_job(api, ns, "train-x2kq9", lineage="train"))
+        wl = until(lambda: (w := _wl(api, ns, wl["metadata"]["name"])) and is_true(w, "Admitted") and w, "Admitted")
+        msg = check_state(wl, q.check)["message"]
+        assert msg.startswith("gpu-auditor (observe mode): admitted; enforce would hold: would hold until acknowledged")
+        assert f"acknowledge with `gpu-auditor ack {ns}/train`" in msg
+        until(lambda: "EfficiencyGateWouldHold" in _reasons(api, ns, "train-x2kq9"), "the would-hold Event")
+        (ev,) = [e for e in events(api, ns, "train-x2kq9") if e["reason"] == "EfficiencyGateWouldHold"]
+        assert ev["type"] == "Warning" and ev["note"] == msg[:1024]
+
+
+def test_enforce_rejects_with_quota_released_and_an_acknowledgement_readmits(kube_admin, namespace, store):
+    api, ns = kube_admin, namespace
+    key = LineageKey("default", ns, "train")
+    record_runs(store, key, FLAGGED, _now())
+    with gate_queue(api, ns) as q, running_gate(api, store, mode="enforce", holds_namespace=ns):
+        until(lambda: is_true(cluster_queue(api, q.cluster_queue), "Active"), "the ClusterQueue Active")
+        held = workload_of(api, ns, gpu_job(api, ns, "train-b7d2k", lineage="train"))["metadata"]["name"]
+        wl = until(lambda: (w := _wl(api, ns, held)) and w["spec"].get("active") is False and w, "deactivated")
+        until(lambda: condition(_wl(api, ns, held), "QuotaReserved").get("status") == "False", "quota released")
+        evicted = condition(_wl(api, ns, held), "Evicted")
+        assert (evicted["status"], evicted["reason"]) == ("True", "DeactivatedDueToAdmissionCheck"), evicted
+        # Kueue replaced our message: the reason lives in our annotation and Event
+        ann = job(api, ns, "train-b7d2k")["metadata"]["annotations"]
+        rejected = json.loads(ann[GATE_REJECTED])
+        assert rejected["workload"] == held and rejected["how"] == f"acknowledge with `gpu-auditor ack {ns}/train`"
+        assert rejected["reason"].startswith("gpu-auditor: held, hold until acknowledged")
+        until(lambda: "EfficiencyGateHeld" in _reasons(api, ns, "train-b7d2k"), "the held Event")
+        holds = call_json(api, resource_path("v1", "configmaps", ns, "gpu-auditor-holds"))["data"]
+        assert holds[f"{ns}.train"].startswith("hold: hold until acknowledged")
+        assert job(api, ns, "train-b7d2k")["spec"]["suspend"] is True
+
+        # the released quota admits another job at once
+        other = workload_of(api, ns, gpu_job(api, ns, "other"))["metadata"]["name"]
+        until(lambda: is_true(_wl(api, ns, other), "Admitted"), "the other job admitted on the released quota")
+        call_json(
+            api,
+            resource_path("batch/v1", "jobs", ns, "other"),
+            method="DELETE",
+            query=[("propagationPolicy", "Background")],
+        )
+
+        # acknowledged: the sweep deletes the rejected Workload, Kueue recreates it, the check admits
+        AckLog(store).acknowledge(key, "alice@example.com", None, "fixed the input pipeline", _now())
+        uid = job(api, ns, "train-b7d2k")["metadata"]["uid"]
+
+        def readmitted():
+            items = call_json(
+                api, resource_path(KV, "workloads", ns), query=[("labelSelector", f"kueue.x-k8s.io/job-uid={uid}")]
+            )["items"]
+            return next(
+                (w for w in items if w["metadata"]["name"] != held or w["metadata"]["uid"] != wl["metadata"]["uid"]),
+                None,
+            )
+
+        fresh = until(readmitted, "the Workload recreated after the acknowledgement", timeout=60)
+        fresh = until(
+            lambda: (w := _wl(api, ns, fresh["metadata"]["name"])) and is_true(w, "Admitted") and w, "re-admitted", 60
+        )
+        assert check_state(fresh, q.check)["message"].startswith(
+            "gpu-auditor: admitted, acknowledged by alice@example.com"
+        )
+        until(lambda: job(api, ns, "train-b7d2k")["spec"]["suspend"] is False, "the Job runs")
+        until(
+            lambda: (
+                f"{ns}.train"
+                not in (call_json(api, resource_path("v1", "configmaps", ns, "gpu-auditor-holds")).get("data") or {})
+            ),
+            "the lineage dropped from the holds ConfigMap",
+        )
+        assert "EfficiencyGateReleased" in _reasons(api, ns, "train-b7d2k")
+
+
+def test_retry_evicts_a_running_job_and_kueue_v017_readmits_it_ahead_of_a_waiting_one(kube_admin, namespace, store):
+    """Measured on Kueue v0.17.0: ``Retry`` without delay evicts an admitted Workload (eviction
+    reason AdmissionCheck, ``retryCount`` 1) and requeues it at once; a job already waiting for
+    the quota is parked as inadmissible and only retried asynchronously, so the requeued job gets
+    the freed quota back (with BestEffortFIFO and StrictFIFO alike, even with a lower priority
+    boost). "Back of the queue" does not hold while someone waits: the policy requeue keeps its
+    ``spec.active`` path, which does put the job behind (tests/policy/test_kueue_requeue.py)."""
+    api, ns = kube_admin, namespace
+    with gate_queue(api, ns) as q, running_gate(api, store) as ctl:
+        until(lambda: is_true(cluster_queue(api, q.cluster_queue), "Active"), "the ClusterQueue Active")
+        first = workload_of(api, ns, gpu_job(api, ns, "first"))["metadata"]["name"]
+        until(lambda: is_true(_wl(api, ns, first), "Admitted"), "the first job admitted")
+        waiting = workload_of(api, ns, gpu_job(api, ns, "waiting"))["metadata"]["name"]
+        until(
+            lambda: condition(_wl(api, ns, waiting), "QuotaReserved").get("reason") == "Pending", "the second job waits"
+        )
+        until(lambda: ctl.kube.pending_workloads(q.cluster_queue) == 1, "the ClusterQueue counts it pending")
+
+        done = ctl.requeue(ns, first, "gpu-auditor: requeued by policy low-sm (3 % SM activity)")
+        assert done == {"type": "workload-check", "namespace": ns, "name": first, "checks": [q.check], "state": "Retry"}
+        wl = until(
+            lambda: (
+                (w := _wl(api, ns, first))
+                and check_state(w, q.check).get("retryCount") == 1
+                and is_true(w, "Admitted")
+                and not is_true(w, "Evicted")
+                and check_state(w, q.check).get("state") == "Ready"
+                and w
+            ),
+            "evicted, requeued and re-admitted",
+        )
+        evictions = wl["status"]["schedulingStats"]["evictions"]
+        assert [(e["reason"], e["count"]) for e in evictions] == [("AdmissionCheck", 1)], evictions
+        assert check_state(wl, q.check)["state"] == "Ready"  # the gate answered the re-admission again
+        assert len([d for d in ctl.decided if d.workload == first]) == 2
+        time.sleep(1.0)
+        assert condition(_wl(api, ns, waiting), "QuotaReserved").get("status") == "False"
+        assert ctl.requeue(ns, "no-such-workload", "x") is None
