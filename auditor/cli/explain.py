@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence, SupportsFloat
 
 from auditor.cli.storeopts import add_store_flags
-from auditor.core.admission import AdmissionFacts
+from auditor.core.admission import AdmissionFacts, format_wait
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, JobRef
 from auditor.errors import BadInput
@@ -227,18 +227,13 @@ def render(summary: dict, buckets: Sequence[Bucket], admission: AdmissionFacts |
     return "\n".join(out)
 
 
-def _wait(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    s = int(round(seconds))
-    return f"{s} s" if s < 120 else (f"{s // 60} min {s % 60} s" if s < 7200 else f"{s / 3600:.1f} h")
-
-
 def kueue_line(f: AdmissionFacts) -> str:
     """One line of what Kueue says: the admitting queue, the wait, evictions and requeues."""
     queue = f"ClusterQueue {f.cluster_queue or '?'}" + (f" (LocalQueue {f.local_queue})" if f.local_queue else "")
     if f.admitted_at is not None:
-        waited = f"waited {_wait(f.queue_wait_s)} until admitted {f.admitted_at.isoformat().replace('+00:00', 'Z')}"
+        waited = (
+            f"waited {format_wait(f.queue_wait_s)} until admitted {f.admitted_at.isoformat().replace('+00:00', 'Z')}"
+        )
     elif f.pending and f.eviction_count == 0:
         waited = f"waiting for admission since {f.created.isoformat().replace('+00:00', 'Z')}"
     else:
@@ -251,7 +246,7 @@ def kueue_line(f: AdmissionFacts) -> str:
         if f.pending:
             parts.append("waiting for re-admission")
         elif f.last_admitted_at is not None:
-            parts.append(f"re-admitted after {_wait(f.last_wait_s)}")
+            parts.append(f"re-admitted after {format_wait(f.last_wait_s)}")
     return "   ".join(parts)
 
 

@@ -204,3 +204,15 @@ def quantile(values: Sequence[float], q: float) -> float | None:
     pos = (len(xs) - 1) * q
     lo, hi = math.floor(pos), math.ceil(pos)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def format_wait(seconds: float | None) -> str:
+    """A queue wait for people: ``42 s``, ``12 min``, ``3.4 h`` (``–`` when unknown)."""
+    if seconds is None:
+        return "–"
+    s = int(round(seconds))
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{round(s / 60)} min"
+    return f"{s / 3600:.1f} h"

@@ -14,6 +14,9 @@ reads the same in every format. Definitions (docs/reports.md has the user-facing
 - ``waste_gpu_hours``: measured GPU-hours × (1 − SM activity); ``waste_cost`` prices them, and
   ``cost`` prices all allocated GPU-hours, at the GPU model's price per GPU-hour.
 - ``tensor_active_gpu_hours``: GPU-hours × tensor-pipe activity, over jobs that report it.
+- ``queue_wait_median_s`` / ``queue_wait_p90_s``: over the ``admitted_jobs`` that Kueue first
+  admitted in the week, the time from their Workload's creation to that admission (Kueue's
+  ``Admitted`` condition); null when none was admitted through a Kueue queue.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
+from auditor.core.admission import format_wait, quantile
 from auditor.core.model import Verdict
 from auditor.core.summary import rfc3339
 from auditor.errors import BadInput
@@ -35,6 +39,7 @@ ALL_TEAMS = "*"
 HOURS_DIGITS = 3
 RATIO_DIGITS = 4
 MONEY_DIGITS = 2
+WAIT_DIGITS = 1
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,8 @@ FIGURES: tuple[tuple[str, str, str], ...] = (
     ("sm_active_gpu_hours", "SM-active GPU-h", "hours"),
     ("tensor_active_gpu_hours", "tensor-active GPU-h", "hours"),
     ("efficiency", "efficiency", "ratio"),
+    ("queue_wait_median_s", "queue wait median", "wait"),
+    ("queue_wait_p90_s", "queue wait p90", "wait"),
     ("waste_gpu_hours", "waste GPU-h", "hours"),
     ("waste_cost", "waste cost", "money"),
     ("unmeasured_gpu_hours", "unmeasured GPU-h", "hours"),
@@ -154,6 +161,8 @@ def fmt(kind: str, v: Any, currency: str = "") -> str:
         return fmt_ratio(v)
     if kind == "money":
         return fmt_money(v, currency)
+    if kind == "wait":
+        return format_wait(v)
     return "–" if v is None else str(v)
 
 
@@ -172,6 +181,17 @@ class WeekData:
     #: JobWeek rows that are candidates for the top lists, with (code, message) advice
     top_candidates: Sequence[Any] = ()
     advice: Mapping[int, tuple[str, str]] = field(default_factory=dict)
+    #: per team, the Kueue queue waits (seconds) of the jobs first admitted in the week
+    queue_waits: Mapping[str, Sequence[float]] = field(default_factory=dict)
+
+
+def queue_wait(waits: Sequence[float]) -> dict[str, Any]:
+    """The queue-wait figures of a team (or the cluster): jobs admitted, median and p90 wait."""
+    return {
+        "admitted_jobs": len(waits),
+        "queue_wait_median_s": _round(quantile(waits, 0.5), WAIT_DIGITS),
+        "queue_wait_p90_s": _round(quantile(waits, 0.9), WAIT_DIGITS),
+    }
 
 
 def job_json(j: Any, prices: Prices, advice: tuple[str, str] | None) -> dict[str, Any]:
@@ -270,7 +290,7 @@ def build_report(
     candidates = [j for j in current.top_candidates if j.team in per_now]
     team_docs = []
     for t in names:
-        doc = {"team": t, **per_now[t].as_json()}
+        doc = {"team": t, **per_now[t].as_json(), **queue_wait(current.queue_waits.get(t, ()))}
         acts = actions_of(t)
         doc["actions"] = acts
         doc["actions_total"] = sum(acts.values())
@@ -284,6 +304,7 @@ def build_report(
     total = {
         "team": ALL_TEAMS if scope == "cluster" else (names[0] if len(names) == 1 else ALL_TEAMS),
         **whole_now.as_json(),
+        **queue_wait([w for t in names for w in current.queue_waits.get(t, ())]),
     }
     acts = actions_of(None)
     total["actions"] = acts

@@ -13,6 +13,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from auditor.reports.aggregate import Prices, WeekData, build_report, job_json
 from auditor.reports.weeks import IsoWeek, zone
+from auditor.store.admissions import AdmissionStore
 from auditor.store.reports import ReportStore
 from auditor.store.store import Store
 
@@ -58,7 +59,8 @@ def _week_data(
         keep.extend(lst[: opts.top_n])
     advice = rs.advice([j.job_id for j in keep])
     actions = rs.actions(start, end, cluster=opts.cluster)
-    return WeekData(str(week), start, end, groups, actions, keep, advice)
+    waits = AdmissionStore(rs.store).week_waits(start, end, cluster=opts.cluster, teams=teams)
+    return WeekData(str(week), start, end, groups, actions, keep, advice, waits)
 
 
 def generate(

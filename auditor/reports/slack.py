@@ -25,6 +25,10 @@ def _kpi_fields(t: Mapping[str, Any], cur: str) -> dict:
         [
             ("GPU-hours", fmt("hours", t["gpu_hours"])),
             ("Efficiency (SM activity)", fmt("ratio", t["efficiency"])),
+            (
+                "Queue wait median · p90",
+                f"{fmt('wait', t['queue_wait_median_s'])} · {fmt('wait', t['queue_wait_p90_s'])}",
+            ),
             ("Waste GPU-hours", fmt("hours", t["waste_gpu_hours"])),
             ("Waste cost", fmt("money", t["waste_cost"], cur)),
             ("Unmeasured GPU-hours", fmt("hours", t["unmeasured_gpu_hours"])),

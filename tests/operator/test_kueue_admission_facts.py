@@ -24,6 +24,13 @@ from auditor.cli.main import main
 from auditor.kube.client import KubeConfig, api_client, call_json, resource_path
 from auditor.kube.resolver import KubeResolver
 from auditor.operator_loop.cycle import CycleRunner
+from auditor.reports import IsoWeek, generate
+from auditor.reports.aggregate import fmt
+from auditor.reports.formats import to_markdown
+from auditor.reports.html import render_html
+from auditor.reports.service import ReportOptions
+from auditor.reports.slack import team_message
+from auditor.reports.weeks import zone
 from auditor.sources.prometheus import PrometheusSource
 from auditor.store import Store
 from auditor.store.admissions import AdmissionStore
@@ -143,8 +150,24 @@ def test_operator_records_queue_waits_evictions_and_requeues(
                 assert f["second"].evictions == {"Deactivated": 1} and f["second"].pending
                 assert f["second"].queue_wait_s == s2.queue_wait_s  # the first admission's wait stays
                 waits = (f["first"].queue_wait_s, s2.queue_wait_s)
+                # the weekly report: the team's queue wait next to its efficiency
+                week = IsoWeek.containing(f["first"].admitted_at, zone("UTC"))
+                same_week = IsoWeek.containing(s2.admitted_at, zone("UTC")) == week
+                report = generate(store, week, now=now, options=ReportOptions(cluster=case))
         finally:
             resolver.stop()
+
+    (team,) = [t for t in report["teams"] if t["jobs"] or t["admitted_jobs"]]
+    if same_week:  # both first admitted in this ISO week (always, unless the test ran across Monday 00:00 UTC)
+        assert team["admitted_jobs"] == 2 and report["total"]["admitted_jobs"] == 2
+        assert team["queue_wait_median_s"] == pytest.approx((waits[0] + waits[1]) / 2)
+        assert team["queue_wait_p90_s"] == pytest.approx(waits[0] + 0.9 * (waits[1] - waits[0]))
+    md = to_markdown(report)
+    assert f"- **queue wait median**: {fmt('wait', report['total']['queue_wait_median_s'])}" in md
+    html = render_html(report)
+    assert 'data-k="queue_wait_median_s"' in html and "queue wait p90" in html
+    _text, blocks = team_message(report, team)
+    assert any("Queue wait median · p90" in f["text"] for b in blocks for f in b.get("fields", []))
 
     # explain shows them, as text and as JSON
     assert main(["explain", f"{ns}/Job/first", "--db", postgres_url, "--cluster", case]) == 0
