@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
+from typing import Iterator
 
 import pytest
 from gate_bed import (
@@ -226,3 +228,73 @@ def test_retry_evicts_a_running_job_and_kueue_v017_readmits_it_ahead_of_a_waitin
         time.sleep(1.0)
         assert condition(_wl(api, ns, waiting), "QuotaReserved").get("status") == "False"
         assert ctl.requeue(ns, "no-such-workload", "x") is None
+
+
+@contextmanager
+def _store_not_answering(url: str) -> Iterator[None]:
+    """PostgreSQL that accepts connections but does not answer the gate's read: another session
+    holds an exclusive lock on the lineages table (as a long migration or a stuck vacuum would)."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        conn.execute("LOCK TABLE lineages IN ACCESS EXCLUSIVE MODE")
+        try:
+            yield
+        finally:
+            conn.rollback()
+
+
+@pytest.fixture
+def pg_store(postgres_url):
+    s = Store.open(postgres_url)
+    yield s, postgres_url
+    s.close()
+
+
+def test_with_the_store_not_answering_the_gate_admits_within_its_timeout(kube_admin, namespace, pg_store):
+    api, ns = kube_admin, namespace
+    store, url = pg_store
+    record_runs(store, LineageKey("default", ns, "train"), FLAGGED, _now())
+    with gate_queue(api, ns) as q, running_gate(api, store, mode="enforce", timeout=1.0) as ctl:
+        until(lambda: is_true(cluster_queue(api, q.cluster_queue), "Active"), "the ClusterQueue Active")
+        with _store_not_answering(url):
+            wl = workload_of(api, ns, gpu_job(api, ns, "train-q8z5m", lineage="train"))["metadata"]["name"]
+            until(lambda: is_true(_wl(api, ns, wl), "Admitted"), "admitted fail-open")
+        msg = check_state(_wl(api, ns, wl), q.check)["message"]
+        assert (
+            msg
+            == "gpu-auditor: admitted without a decision, no decision within 1 s (the store did not answer) (fail-open)"
+        )
+        (d,) = [d for d in ctl.decided if d.workload == wl]
+        assert d.failure and 1.0 <= d.decide_seconds < 1.5 and d.seconds < 3.0
+        until(lambda: "EfficiencyGateFailOpen" in _reasons(api, ns, "train-q8z5m"), "the fail-open Event")
+
+
+def test_fail_closed_rejects_while_the_store_does_not_answer_and_readmits_after(kube_admin, namespace, pg_store):
+    api, ns = kube_admin, namespace
+    store, url = pg_store
+    with gate_queue(api, ns) as q, running_gate(api, store, mode="enforce", timeout=1.0, fail_closed=True):
+        until(lambda: is_true(cluster_queue(api, q.cluster_queue), "Active"), "the ClusterQueue Active")
+        with _store_not_answering(url):
+            wl = workload_of(api, ns, gpu_job(api, ns, "clean-r4t6w"))
+            held = wl["metadata"]["name"]
+            until(lambda: _wl(api, ns, held)["spec"].get("active") is False, "rejected (fail-closed)")
+            until(lambda: condition(_wl(api, ns, held), "QuotaReserved").get("status") == "False", "quota released")
+            until(lambda: "EfficiencyGateFailClosed" in _reasons(api, ns, "clean-r4t6w"), "the fail-closed Event")
+            rejected = json.loads(job(api, ns, "clean-r4t6w")["metadata"]["annotations"][GATE_REJECTED])
+            assert "no decision within 1 s" in rejected["reason"] and "fail-closed" in rejected["reason"]
+            time.sleep(2.0)  # sweeps run meanwhile and release nothing without an answer
+            assert _wl(api, ns, held)["metadata"]["uid"] == wl["metadata"]["uid"]
+        # the store answers again: the sweep decides (clean lineage), re-creates the Workload, it is admitted
+        uid = job(api, ns, "clean-r4t6w")["metadata"]["uid"]
+
+        def admitted():
+            items = call_json(
+                api, resource_path(KV, "workloads", ns), query=[("labelSelector", f"kueue.x-k8s.io/job-uid={uid}")]
+            )["items"]
+            return next(
+                (w for w in items if w["metadata"]["uid"] != wl["metadata"]["uid"] and is_true(w, "Admitted")), None
+            )
+
+        fresh = until(admitted, "re-admitted once the store answers", timeout=60)
+        assert check_state(fresh, q.check)["message"].startswith("gpu-auditor: admitted, lineage")
