@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from itertools import groupby
 from operator import attrgetter
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
+from auditor.clock import SYSTEM_CLOCK
 from auditor.core.accumulate import JobAggregate, ShareMap, StaleFold
 from auditor.core.model import Bucket, JobRef, PodRef, Window
 from auditor.core.rollup import LazyBuckets
@@ -31,8 +32,8 @@ from auditor.core.thresholds import Thresholds
 from auditor.correlate import JobResolver, NoKubeResolver
 from auditor.sources.base import MetricSource, SourceReport
 
-if TYPE_CHECKING:  # the store imports SQLAlchemy; the engine runs without it when store=None
-    from auditor.store import Store
+if TYPE_CHECKING:
+    from auditor.ports import Clock, Displacement, SummaryStore
 
 __all__ = ["AuditResult", "JobResolver", "NoKubeResolver", "run_audit", "sort_summaries"]
 
@@ -96,10 +97,10 @@ def align_down(t: datetime, width: timedelta) -> datetime:
 
 
 def _hand_over(
-    store: "Store",
+    store: "SummaryStore",
     job_id: int,
     job: JobRef,
-    displaced: list,
+    displaced: "Sequence[Displacement]",
     report: SourceReport,
     *,
     now: datetime,
@@ -116,7 +117,7 @@ def _hand_over(
     the API: the pod's job) name the same GPU time differently; the later one wins, unless it
     is a guess against an identity the API resolved.
     """
-    by_job: dict[int, list] = defaultdict(list)
+    by_job: dict[int, list[Displacement]] = defaultdict(list)
     for d in displaced:
         by_job[d.job_id].append(d)
     for loser_id, items in sorted(by_job.items()):
@@ -153,7 +154,7 @@ def _hand_over(
 
 
 def _fold_cumulative(
-    store: "Store",
+    store: "SummaryStore",
     job_id: int,
     buckets: list[Bucket],
     shares: ShareMap,
@@ -207,7 +208,7 @@ def _cluster_of(resolver: JobResolver) -> dict[str, str]:
 def run_audit(
     source: MetricSource,
     resolver: JobResolver,
-    store: "Store | None",
+    store: "SummaryStore | None",
     window: Window,
     *,
     now: datetime,
@@ -215,12 +216,14 @@ def run_audit(
     width: timedelta = timedelta(minutes=5),
     cumulative: bool = False,
     progress: Callable[[str], None] | None = None,
+    clock: "Clock | None" = None,
 ) -> AuditResult:
     """Audit ``window``: one source read, then per job store → read back → summarize → save.
 
     ``cumulative`` (store only): summarize each job over all of its stored buckets, not just
     those of this window — what the operator's periodic cycles report. ``progress`` receives
-    short human-readable status lines (the CLI prints them on stderr).
+    short human-readable status lines (the CLI prints them on stderr). ``clock`` times the
+    run's record (started, finished); ``now`` is the audit's instant (the summaries' ``now``).
     """
     with gc_paused():
         return _run_audit(
@@ -233,13 +236,14 @@ def run_audit(
             width=width,
             cumulative=cumulative,
             progress=progress,
+            clock=clock or SYSTEM_CLOCK,
         )
 
 
 def _run_audit(
     source: MetricSource,
     resolver: JobResolver,
-    store: "Store | None",
+    store: "SummaryStore | None",
     window: Window,
     *,
     now: datetime,
@@ -247,9 +251,10 @@ def _run_audit(
     width: timedelta,
     cumulative: bool,
     progress: Callable[[str], None] | None,
+    clock: "Clock",
 ) -> AuditResult:
     say = progress or (lambda _msg: None)
-    started = datetime.now(timezone.utc)
+    started = clock.now()
     th = thresholds or Thresholds()
     try:
         say(f"reading {window.start.isoformat()} .. {window.end.isoformat()} ({width.total_seconds():.0f} s buckets)")
@@ -346,7 +351,7 @@ def _run_audit(
             run_id = store.record_run(
                 window,
                 started,
-                datetime.now(timezone.utc),
+                clock.now(),
                 jobs=len(summaries),
                 queries=report.queries,
                 status="ok" if not report.warnings else "ok_with_warnings",
@@ -369,7 +374,7 @@ def _run_audit(
                 store.record_run(
                     window,
                     started,
-                    datetime.now(timezone.utc),
+                    clock.now(),
                     jobs=0,
                     queries=0,
                     status="failed",

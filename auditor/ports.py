@@ -11,7 +11,6 @@ few lines and the type checker names every use-case a new call would touch.
 from __future__ import annotations
 
 import threading
-from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
@@ -24,12 +23,10 @@ __all__ = [
     "ChatNotifier",
     "Clock",
     "ClusterActions",
-    "CycleStore",
     "DecisionLog",
     "Displacement",
     "EventNotifier",
     "JobResolver",
-    "JobView",
     "MetricSource",
     "SourceResult",
     "SummaryStore",
@@ -55,11 +52,20 @@ class Clock(Protocol):
 class Displacement(Protocol):
     """GPU time a write moved between two job identities (:class:`auditor.store.store.Displaced`)."""
 
-    job_id: int
-    namespace: str
-    pod: str
-    buckets: int
-    owner: int
+    @property
+    def job_id(self) -> int: ...
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def pod(self) -> str: ...
+
+    @property
+    def buckets(self) -> int: ...
+
+    @property
+    def owner(self) -> int: ...
 
 
 class SummaryStore(Protocol):
@@ -95,28 +101,6 @@ class SummaryStore(Protocol):
         status: str,
         detail: dict,
     ) -> int: ...
-
-
-class CycleStore(SummaryStore, Protocol):
-    """The operator cycle's store: the audit's, plus the cursor (past runs), open jobs and one
-    transaction per chunk."""
-
-    def runs(self, *, limit: int = 100) -> list[dict]: ...
-
-    def open_jobs(self, cluster: str) -> list[tuple[int, JobRef, datetime, datetime]]: ...
-
-    def set_job_ended(self, job_id: int, ended_at: datetime | None) -> None: ...
-
-    def batch(self) -> AbstractContextManager[Any]: ...
-
-
-class JobView(JobResolver, Protocol):
-    """The operator's view of the cluster's GPU jobs (:class:`auditor.kube.resolver.KubeResolver`):
-    pods → jobs, plus what Kubernetes says about each job (``JobInfo``) at ``now``."""
-
-    def jobs(self, now: datetime | None = None) -> Mapping[str, Any]: ...
-
-    def forget(self, info: Any) -> None: ...
 
 
 class DecisionLog(Protocol):

@@ -24,16 +24,17 @@ after its end (late scrapes included), and ``jobs.ended_at`` is set.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
+from auditor.clock import SYSTEM_CLOCK
 from auditor.core.model import Window
 from auditor.engine import align_down, run_audit, sort_summaries
 from auditor.errors import AuditorError
 from auditor.kube.resolver import JobInfo, KubeResolver
 from auditor.operator_loop.admissions import record_admissions
+from auditor.ports import Clock
 from auditor.sources.base import MetricSource
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,7 @@ class CycleRunner:
         dry_run: bool = False,
         still_leader: Callable[[], bool] = lambda: True,
         thresholds: Any = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.store = store
         self.source = source
@@ -144,6 +146,8 @@ class CycleRunner:
         self.dry_run = dry_run
         self.still_leader = still_leader
         self.thresholds = thresholds
+        #: "now" when ``run`` is given none, and the cycle's timing
+        self.clock = clock
         self._covered: set[str] = set()  # job keys whose history this process has read
 
     # ------------------------------------------------------------------ cursor
@@ -192,8 +196,8 @@ class CycleRunner:
     # ------------------------------------------------------------------ cycle
 
     def run(self, now: datetime | None = None) -> CycleResult:
-        t0 = time.monotonic()
-        now = now or datetime.now(timezone.utc)
+        t0 = self.clock.monotonic()
+        now = now or self.clock.now()
         view = self.resolver.jobs(now)
         open_jobs = {
             ref.key: (job_id, ref, last_seen) for job_id, ref, _first, last_seen in self.store.open_jobs(self.cluster)
@@ -211,17 +215,16 @@ class CycleRunner:
         for chunk in self.chunks(window):
             proxy = _CycleStore(self.store, view, cycle_end=now, settle=self.end_settle, detail=detail)
             with self.store.batch():
-                # _CycleStore stands in for Store by duck typing; a store port (Protocol) for the
-                # engine, part of the ports refactor, replaces this ignore.
-                audit = run_audit(
+                audit = run_audit(  # proxy is a SummaryStore (auditor.ports), as run_audit asks
                     self.source,
                     self.resolver,
-                    proxy,  # type: ignore[arg-type]
+                    proxy,
                     chunk,
                     now=now,
                     width=self.width,
                     cumulative=True,
                     thresholds=self.thresholds,
+                    clock=self.clock,
                 )
                 self._reopen(proxy.saved, open_jobs)
                 if not self.still_leader():
@@ -241,7 +244,7 @@ class CycleRunner:
         result.finalized = self._finalize(now, view, open_jobs, touched)
         self._covered = set(view)
         result.summaries = sort_summaries([s for _id, s in touched.values()])
-        result.seconds = time.monotonic() - t0
+        result.seconds = self.clock.monotonic() - t0
         return result
 
     def _reopen(self, saved: dict[str, tuple[int, dict]], open_jobs: dict) -> None:

@@ -8,7 +8,7 @@ after each cycle; a standby never sends.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Callable
 
 from auditor.errors import AuditorError
@@ -37,9 +37,9 @@ class ReportStage:
         if self.enabled:
             add_report_job(scheduler, self.trigger, lambda: self.send(clock()) if is_leader() else None)
 
-    def send(self, now: datetime | None = None) -> None:
-        """Send what is due at ``now`` (the operator's clock; the wall clock when omitted); a
-        failure is logged (the ledger retries it later), never raised."""
+    def send(self, now: datetime) -> None:
+        """Send what is due at ``now`` (the operator's clock); a failure is logged (the ledger
+        retries it later), never raised."""
         from auditor.reports import send_due_reports
 
         if not self.enabled:
@@ -47,7 +47,7 @@ class ReportStage:
         try:
             result = send_due_reports(
                 self.store,
-                now or datetime.now(timezone.utc),
+                now,
                 trigger=self.trigger,
                 destinations=self.destinations,
                 options=self.options,

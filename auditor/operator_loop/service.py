@@ -114,6 +114,7 @@ class Operator:
             still_leader=self.is_leader,
             dry_run=dry_run,
             thresholds=settings.thresholds,
+            clock=self.time,
         )
         self.policies = (
             PolicyStage(settings, self.store, self.api, self.identity, dry_run=dry_run)
