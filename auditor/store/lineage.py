@@ -1,0 +1,380 @@
+"""Lineages on a :class:`~auditor.store.Store` (migration 0009): runs, acknowledgements, snoozes.
+
+The efficiency gate decides a submission from this alone (DESIGN.md: a fast lookup, no
+Prometheus), so one lineage's history is two indexed reads. Three roles, three small classes:
+
+- :class:`LineageRecorder` — the audit writes each job's latest verdict as a run of its lineage;
+- :class:`LineageHistoryReader` — the gate (and ``explain``, the report, ``policy simulate``)
+  reads a lineage's history;
+- :class:`AckLog` — ``gpu-auditor ack``, the signed link and the annotation path record who
+  acknowledged or snoozed a lineage, when, until when and why. A signed link's id is unique in
+  the log, so a link acknowledges once.
+
+Runs are kept by their job's identity (kind, name, uid), not by the ``jobs`` row: the history of
+a lineage outlives the retention of the buckets it was judged on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Mapping
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+
+from auditor.core.gate import AckKind, Acknowledgement, LineageHistory, LineageRun
+from auditor.core.lineage import LineageKey
+from auditor.core.model import JobRef
+from auditor.errors import BadInput, StoreError
+from auditor.store.store import Store
+from auditor.store.tables import JSONDoc, UTCDateTime
+
+_md = sa.MetaData()
+
+lineages = sa.Table(
+    "lineages",
+    _md,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("cluster", sa.String(253), nullable=False),
+    sa.Column("namespace", sa.String(253), nullable=False),
+    sa.Column("lineage", sa.String(253), nullable=False),
+    sa.Column("team", sa.String(253), nullable=False, server_default=""),
+    sa.Column("first_seen", UTCDateTime, nullable=False),
+    sa.Column("last_seen", UTCDateTime, nullable=False),
+    sa.UniqueConstraint("cluster", "namespace", "lineage", name="uq_lineages_identity"),
+)
+lineage_runs = sa.Table(
+    "lineage_runs",
+    _md,
+    sa.Column("lineage_id", sa.Integer, sa.ForeignKey("lineages.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("job_kind", sa.String(253), nullable=False),
+    sa.Column("job_name", sa.String(253), nullable=False),
+    sa.Column("job_uid", sa.String(64), nullable=False),
+    sa.Column("verdict", sa.String(64), nullable=False),
+    sa.Column("findings", JSONDoc, nullable=False),
+    sa.Column("start", UTCDateTime, nullable=True),
+    sa.Column("end", UTCDateTime, nullable=True),
+    sa.Column("gpu_hours", sa.Float, nullable=True),
+    sa.Column("waste_gpu_hours", sa.Float, nullable=True),
+    sa.Column("final", sa.Boolean, nullable=False),
+    sa.Column("recorded_at", UTCDateTime, nullable=False),
+    sa.PrimaryKeyConstraint("lineage_id", "job_kind", "job_name", "job_uid", name="pk_lineage_runs"),
+    sa.Index("ix_lineage_runs_start", "lineage_id", "start"),
+    sa.Index("ix_lineage_runs_job", "job_name", "job_kind"),
+)
+lineage_acks = sa.Table(
+    "lineage_acks",
+    _md,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("lineage_id", sa.Integer, sa.ForeignKey("lineages.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("by", sa.String(253), nullable=False),
+    sa.Column("at", UTCDateTime, nullable=False),
+    sa.Column("until", UTCDateTime, nullable=True),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("via", sa.String(32), nullable=False),
+    sa.Column("link_id", sa.String(128), nullable=True, unique=True),
+    sa.Index("ix_lineage_acks_lineage", "lineage_id", "at"),
+    sa.Index("ix_lineage_acks_at", "at"),
+)
+
+#: the tables of this module (schema comparison in tests)
+TABLES: tuple[sa.Table, ...] = (lineages, lineage_runs, lineage_acks)
+
+
+class LinkAlreadyUsed(BadInput):
+    """A signed acknowledgement link was used before: a link acknowledges once."""
+
+
+def _insert(conn: sa.Connection) -> Any:
+    return sqlite_dialect.insert if conn.dialect.name == "sqlite" else pg_dialect.insert
+
+
+def _lineage_id(conn: sa.Connection, key: LineageKey, now: datetime, team: str = "") -> int:
+    """The lineage's row id, created (or its ``last_seen``/team advanced) on the way."""
+    stmt = _insert(conn)(lineages).values(
+        cluster=key.cluster, namespace=key.namespace, lineage=key.lineage, team=team, first_seen=now, last_seen=now
+    )
+    update: dict[str, Any] = {"last_seen": sa.func.max(lineages.c.last_seen, stmt.excluded.last_seen)}
+    if conn.dialect.name != "sqlite":
+        update["last_seen"] = sa.func.greatest(lineages.c.last_seen, stmt.excluded.last_seen)
+    if team:
+        update["team"] = stmt.excluded.team
+    stmt = stmt.on_conflict_do_update(index_elements=["cluster", "namespace", "lineage"], set_=update)
+    conn.execute(stmt)
+    return int(conn.execute(sa.select(lineages.c.id).where(_is(key))).scalar_one())
+
+
+def _is(key: LineageKey) -> sa.ColumnElement[bool]:
+    return sa.and_(
+        lineages.c.cluster == key.cluster,
+        lineages.c.namespace == key.namespace,
+        lineages.c.lineage == key.lineage,
+    )
+
+
+def _time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo is not None else None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def run_of(job: JobRef, summary: Mapping[str, Any]) -> LineageRun:
+    """The run a job's audit-JSON summary makes of it (verdict, findings' codes, span)."""
+    codes = tuple(str(f.get("code")) for f in summary.get("findings") or () if isinstance(f, Mapping) and f.get("code"))
+    return LineageRun(
+        job=job.job,
+        verdict=str(summary.get("verdict") or ""),
+        start=_time(summary.get("start")),
+        end=_time(summary.get("end")),
+        uid=job.uid,
+        findings=codes,
+        gpu_hours=_float(summary.get("gpu_hours")),
+        waste_gpu_hours=_float(summary.get("waste_gpu_hours")),
+        final=bool(summary.get("final")),
+    )
+
+
+class LineageRecorder:
+    """Writes each audited job's latest verdict as one run of its lineage (idempotent per job)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def record(self, key: LineageKey, run: LineageRun, now: datetime, *, team: str = "") -> None:
+        """Store ``run`` under ``key``, replacing what an earlier cycle recorded of the same job."""
+        kind, _, name = run.job.partition("/")
+        with self.store.writing(f"record run {run.job} of lineage {key}") as conn:
+            lid = _lineage_id(conn, key, now, team)
+            values = {
+                "lineage_id": lid,
+                "job_kind": kind,
+                "job_name": name,
+                "job_uid": run.uid or "",
+                "verdict": run.verdict,
+                "findings": list(run.findings),
+                "start": run.start,
+                "end": run.end,
+                "gpu_hours": run.gpu_hours,
+                "waste_gpu_hours": run.waste_gpu_hours,
+                "final": run.final,
+                "recorded_at": now,
+            }
+            stmt = _insert(conn)(lineage_runs).values(**values)
+            keys = ("lineage_id", "job_kind", "job_name", "job_uid")
+            conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=list(keys), set_={k: stmt.excluded[k] for k in values if k not in keys}
+                )
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class LineageSummary:
+    """One lineage as a list shows it: its key, team, number of runs and last activity."""
+
+    key: LineageKey
+    team: str
+    runs: int
+    last_seen: datetime
+
+
+class LineageHistoryReader:
+    """The gate's store port: one lineage's history in two indexed reads."""
+
+    def __init__(self, store: Store, *, max_runs: int = 50) -> None:
+        self.store = store
+        self.max_runs = max_runs
+
+    def history(self, key: LineageKey, now: datetime) -> LineageHistory:
+        """The ``max_runs`` newest runs (oldest first) and every acknowledgement of ``key``.
+
+        An unknown lineage has an empty history (a first submission is admitted clean). ``now``
+        bounds nothing here (:func:`auditor.core.gate.decide` weighs the runs as of its ``now``);
+        it is part of the port so that a reader may cache.
+        """
+        del now
+        with self.store.reading(f"read the history of lineage {key}") as conn:
+            row = conn.execute(sa.select(lineages.c.id, lineages.c.team).where(_is(key))).first()
+            if row is None:
+                return LineageHistory(key)
+            return self._history(conn, key, row.id, row.team)
+
+    def histories(self, *, cluster: str | None = None, since: datetime | None = None) -> list[LineageHistory]:
+        """Every lineage seen since ``since`` (``policy simulate``, the report), by key."""
+        q = sa.select(lineages)
+        if cluster is not None:
+            q = q.where(lineages.c.cluster == cluster)
+        if since is not None:
+            q = q.where(lineages.c.last_seen >= since)
+        with self.store.reading("read lineage histories") as conn:
+            rows = conn.execute(q.order_by(lineages.c.cluster, lineages.c.namespace, lineages.c.lineage)).all()
+            return [self._history(conn, _key(r), r.id, r.team) for r in rows]
+
+    def lineage_of_job(self, namespace: str, kind: str, name: str, cluster: str | None = None) -> LineageKey | None:
+        """The lineage a stored job was recorded under (``explain``), or None."""
+        q = (
+            sa.select(lineages)
+            .join(lineage_runs, lineage_runs.c.lineage_id == lineages.c.id)
+            .where(lineages.c.namespace == namespace, lineage_runs.c.job_kind == kind, lineage_runs.c.job_name == name)
+        )
+        if cluster is not None:
+            q = q.where(lineages.c.cluster == cluster)
+        with self.store.reading(f"find the lineage of {namespace}/{kind}/{name}") as conn:
+            row = conn.execute(q.order_by(lineage_runs.c.recorded_at.desc()).limit(1)).first()
+        return None if row is None else _key(row)
+
+    def lineages(self, *, cluster: str | None = None, namespace: str | None = None) -> list[LineageSummary]:
+        """Known lineages with their run counts, most recently seen first."""
+        n = sa.func.count(lineage_runs.c.job_name)
+        q = (
+            sa.select(lineages, n.label("runs"))
+            .outerjoin(lineage_runs, lineage_runs.c.lineage_id == lineages.c.id)
+            .group_by(*lineages.c)
+        )
+        if cluster is not None:
+            q = q.where(lineages.c.cluster == cluster)
+        if namespace is not None:
+            q = q.where(lineages.c.namespace == namespace)
+        with self.store.reading("list lineages") as conn:
+            rows = conn.execute(q.order_by(lineages.c.last_seen.desc(), lineages.c.id)).all()
+        return [LineageSummary(_key(r), r.team, int(r.runs), r.last_seen) for r in rows]
+
+    def _history(self, conn: sa.Connection, key: LineageKey, lid: int, team: str) -> LineageHistory:
+        r = lineage_runs.c
+        newest = (
+            sa.select(lineage_runs)
+            .where(r.lineage_id == lid)
+            .order_by(sa.case((r.start.is_(None), 1), else_=0), r.start.desc(), r.end.desc(), r.job_name)
+            .limit(self.max_runs)
+        )
+        runs = [_run(x) for x in conn.execute(newest)]
+        acks = conn.execute(
+            sa.select(lineage_acks)
+            .where(lineage_acks.c.lineage_id == lid)
+            .order_by(lineage_acks.c.at, lineage_acks.c.id)
+        )
+        return LineageHistory(key, tuple(reversed(runs)), tuple(_ack(a) for a in acks), team)
+
+
+class AckLog:
+    """Acknowledgements and snoozes of lineages: who, when, until when, why, through what."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def acknowledge(
+        self,
+        key: LineageKey,
+        by: str,
+        until: datetime | None,
+        reason: str,
+        now: datetime,
+        *,
+        via: str = "cli",
+        link_id: str | None = None,
+        kind: AckKind = AckKind.ACK,
+    ) -> Acknowledgement:
+        """Record that ``by`` acknowledged ``key`` at ``now`` (valid until ``until``, None: no end).
+
+        ``link_id`` (a signed link's id) may be used once: a second use raises
+        :class:`LinkAlreadyUsed` and records nothing. ``kind`` snooze admits every submission
+        until ``until`` (which it then needs).
+        """
+        if not by.strip():
+            raise BadInput("an acknowledgement needs who made it (by)")
+        if until is not None and until <= now:
+            raise BadInput(f"until {until.isoformat()} is not after now ({now.isoformat()})")
+        if kind is AckKind.SNOOZE and until is None:
+            raise BadInput("a snooze needs an end (until)")
+        ack = Acknowledgement(by=by.strip(), at=now, until=until, reason=reason.strip(), kind=kind, via=via)
+        try:
+            with self.store.writing(f"acknowledge lineage {key}") as conn:
+                lid = _lineage_id(conn, key, now)
+                conn.execute(
+                    lineage_acks.insert().values(
+                        lineage_id=lid,
+                        kind=ack.kind.value,
+                        by=ack.by,
+                        at=ack.at,
+                        until=ack.until,
+                        reason=ack.reason,
+                        via=ack.via,
+                        link_id=link_id,
+                    )
+                )
+        except StoreError as exc:
+            if link_id is not None and self.link_used(link_id):
+                raise LinkAlreadyUsed(f"this acknowledgement link was already used ({link_id})") from exc
+            raise
+        return ack
+
+    def snooze(
+        self, key: LineageKey, by: str, until: datetime, reason: str, now: datetime, *, via: str = "cli"
+    ) -> Acknowledgement:
+        """Admit every submission of ``key`` until ``until`` (recorded like an acknowledgement)."""
+        return self.acknowledge(key, by, until, reason, now, via=via, kind=AckKind.SNOOZE)
+
+    def link_used(self, link_id: str) -> bool:
+        with self.store.reading("look up an acknowledgement link") as conn:
+            found = conn.execute(sa.select(lineage_acks.c.id).where(lineage_acks.c.link_id == link_id)).first()
+        return found is not None
+
+    def acks(self, key: LineageKey) -> list[Acknowledgement]:
+        """Every acknowledgement and snooze of ``key``, oldest first."""
+        q = (
+            sa.select(lineage_acks)
+            .join(lineages, lineages.c.id == lineage_acks.c.lineage_id)
+            .where(_is(key))
+            .order_by(lineage_acks.c.at, lineage_acks.c.id)
+        )
+        with self.store.reading(f"read acknowledgements of {key}") as conn:
+            return [_ack(a) for a in conn.execute(q)]
+
+    def since(self, after: datetime, *, cluster: str | None = None) -> list[tuple[LineageKey, Acknowledgement]]:
+        """Acknowledgements and snoozes made after ``after``, oldest first (the gate releases
+        the holds of these lineages)."""
+        q = (
+            sa.select(lineage_acks, lineages.c.cluster, lineages.c.namespace, lineages.c.lineage)
+            .join(lineages, lineages.c.id == lineage_acks.c.lineage_id)
+            .where(lineage_acks.c.at > after)
+            .order_by(lineage_acks.c.at, lineage_acks.c.id)
+        )
+        if cluster is not None:
+            q = q.where(lineages.c.cluster == cluster)
+        with self.store.reading("read recent acknowledgements") as conn:
+            return [(_key(r), _ack(r)) for r in conn.execute(q)]
+
+
+def _key(r: Any) -> LineageKey:
+    return LineageKey(r.cluster, r.namespace, r.lineage)
+
+
+def _run(r: Any) -> LineageRun:
+    return LineageRun(
+        job=f"{r.job_kind}/{r.job_name}",
+        verdict=r.verdict,
+        start=r.start,
+        end=r.end,
+        uid=r.job_uid or None,
+        findings=tuple(str(c) for c in (r.findings or ())),
+        gpu_hours=r.gpu_hours,
+        waste_gpu_hours=r.waste_gpu_hours,
+        final=bool(r.final),
+    )
+
+
+def _ack(r: Any) -> Acknowledgement:
+    return Acknowledgement(
+        by=r.by, at=r.at, until=r.until, reason=r.reason or "", kind=AckKind(r.kind), via=r.via or "cli"
+    )
