@@ -320,6 +320,24 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
     return checks
 
 
+def kueue_priority_boost_check(state: str, detail: str) -> Check:
+    """Kueue's ``PriorityBoost`` gate (:func:`auditor.kube.kueue_features.probe_priority_boost`
+    finds ``state``): requeue's ``lowerPriorityBy`` writes an annotation that acts only with it."""
+    name = "Kueue PriorityBoost gate"
+    if state == "on":
+        return Check(name, OK, f"on: {detail}")
+    if state == "off":
+        return Check(
+            name,
+            WARN,
+            f"off: {detail}; requeue.lowerPriorityBy writes kueue.x-k8s.io/priority-boost, which Kueue then ignores",
+            "set `featureGates: {PriorityBoost: true}` in Kueue's manager configuration (the "
+            "kueue-manager-config ConfigMap; alpha since v0.17) or start Kueue with "
+            "--feature-gates=PriorityBoost=true, or leave requeue.lowerPriorityBy unset",
+        )
+    return Check(name, INFO, f"unknown: {detail}")
+
+
 def _csv(metric: Metric, naming: Naming = Naming.CLASSIC) -> str:
     """The counters-CSV line that enables ``metric``, spelled as ``naming``'s exporter spells it."""
     line = CSV_LINES[metric]
@@ -359,4 +377,4 @@ def as_json(checks: list[Check]) -> list[dict]:
     return [asdict(c) | {"failed": c.failed} for c in checks]
 
 
-__all__ = ["Check", "run_checks", "format_checks", "as_json"]
+__all__ = ["Check", "run_checks", "kueue_priority_boost_check", "format_checks", "as_json"]

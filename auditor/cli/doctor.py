@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from auditor.cli.promopts import add_prometheus_flags, command_source, prometheus_overrides
 from auditor.cli.storeopts import CONFIG_HELP
 from auditor.timeparse import parse_duration
+
+if TYPE_CHECKING:
+    from auditor.doctor import Check
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,6 +28,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", metavar="FILE", help=f"{CONFIG_HELP}; its prometheus: section, under these flags")
     p.add_argument("--lookback", metavar="DURATION", default="1h", help="how far back to look for series (default 1h)")
     p.add_argument("--output", choices=("text", "json"), default="text")
+    kube = p.add_mutually_exclusive_group()
+    kube.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help="also check the cluster's Kueue (its PriorityBoost gate) through this kubeconfig",
+    )
+    kube.add_argument("--in-cluster", action="store_true", help="as --kubeconfig, with the pod's service account")
     p.set_defaults(handler=run)
 
 
@@ -38,8 +49,23 @@ def run(args: argparse.Namespace) -> int:
         checks = run_checks(source, compose.clock().now(), lookback)
     finally:
         source.close()
+    if args.kubeconfig or args.in_cluster:
+        checks.append(_kueue_check(args))
     if args.output == "json":
         print(json.dumps(as_json(checks), indent=2))
     else:
         print(format_checks(checks))
     return 1 if any(c.failed for c in checks) else 0
+
+
+def _kueue_check(args: argparse.Namespace) -> "Check":
+    from auditor.doctor import kueue_priority_boost_check
+    from auditor.kube.client import KubeConfig, api_client
+    from auditor.kube.kueue_features import probe_priority_boost
+
+    api = api_client(KubeConfig(kubeconfig=args.kubeconfig, in_cluster=args.in_cluster))
+    try:
+        probe = probe_priority_boost(api)
+    finally:
+        api.close()
+    return kueue_priority_boost_check(probe.state, probe.detail)
