@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # each adapter is imported where it is built: `--help` loads 
     from auditor.kube.resolver import KubeResolver
     from auditor.operator_loop.service import Operator
     from auditor.ports import Clock
+    from auditor.reports import Destinations
     from auditor.settings import Settings
     from auditor.sources.prometheus import PrometheusSource
     from auditor.store import Store
@@ -159,6 +160,14 @@ def kube_actions(api: "ApiClient", instance: str | None = None) -> "KubeActions"
     from auditor.actions import KubeActions
 
     return KubeActions(api) if instance is None else KubeActions(api, instance=instance)
+
+
+def report_destinations(settings: "Settings") -> "Destinations":
+    """The weekly reports' Slack channels and webhook, from ``notifications:`` (secrets from the
+    variables it names)."""
+    from auditor.reports import Destinations
+
+    return Destinations.from_settings(settings.notifications)
 
 
 def store(settings: "Settings") -> "Store":

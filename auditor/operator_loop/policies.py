@@ -19,6 +19,7 @@ from auditor.errors import AuditorError
 from auditor.policy.config import runner_config
 from auditor.policy.loader import PolicyRegistry, read_dir
 from auditor.policy.runner import Decision, PolicyRunner
+from auditor.ports import ClusterActions
 from auditor.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -59,14 +60,13 @@ class PolicyStage:
     notification, no resumed action) and records each due step as a would-do decision instead.
     """
 
-    def __init__(self, settings: Settings, store: Any, api: Any, identity: str, *, dry_run: bool = False) -> None:
-        from auditor.actions import KubeActions
+    def __init__(self, settings: Settings, store: Any, actions: ClusterActions, *, dry_run: bool = False) -> None:
         from auditor.store.decisions import DecisionStore
 
         self.settings = settings
         self.dry_run = dry_run
         self.registry = PolicyRegistry()
-        self.runner = PolicyRunner(self.registry, store, KubeActions(api, instance=identity), runner_config(settings))
+        self.runner = PolicyRunner(self.registry, store, actions, runner_config(settings))
         self.repo = DecisionStore(store)
 
     def run(self, summaries: list[dict], *, now: datetime) -> list[Decision]:

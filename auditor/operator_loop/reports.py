@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 class ReportStage:
     """Built at start-up, so a bad schedule, time zone or price stops the operator with a clear error."""
 
-    def __init__(self, settings: Settings, store: Any) -> None:
+    def __init__(self, settings: Settings, store: Any, destinations: Any = None) -> None:
         from auditor.reports import Destinations, build_trigger, options_from
 
         self.store = store
@@ -28,7 +28,8 @@ class ReportStage:
         self.enabled = bool(settings.reports.weekly_schedule.strip())
         self.options = options_from(settings.reports, cluster=settings.cluster)
         self.trigger = build_trigger(settings.reports.weekly_schedule, self.options.timezone) if self.enabled else None
-        self.destinations = Destinations.from_settings(settings.notifications)
+        #: the Slack channels and webhook (the operator's come from the composition root)
+        self.destinations = destinations or Destinations.from_settings(settings.notifications)
 
     def schedule(self, scheduler: Any, is_leader: Callable[[], bool], clock: Callable[[], datetime]) -> None:
         """Register the cron job; it sends what is due at ``clock()`` (the operator's clock)."""

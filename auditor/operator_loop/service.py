@@ -117,12 +117,14 @@ class Operator:
             clock=self.time,
         )
         self.policies = (
-            PolicyStage(settings, self.store, self.api, self.identity, dry_run=dry_run)
+            PolicyStage(settings, self.store, compose.kube_actions(self.api, instance=self.identity), dry_run=dry_run)
             if (settings.policies.builtin or settings.policies.dir)
             else None
         )
-        self.reports = ReportStage(settings, self.store)
+        self.reports = ReportStage(settings, self.store, compose.report_destinations(settings))
         self.retention = RetentionStage(settings, self.store)
+        #: the efficiency gate's AdmissionCheck controller (``gate.enabled``), run while leading
+        self.gate = self._gate_stage() if settings.gate.enabled and not dry_run else None
         self.scheduler: BackgroundScheduler | None = None
         self.health: HealthServer | None = None
         self._stop = threading.Event()
@@ -153,8 +155,27 @@ class Operator:
             return False, "informers not synced"
         return True, "leader" if self.is_leader() else "standby"
 
+    def _gate_stage(self) -> Any:
+        from auditor.gate.stage import GateStage
+
+        return GateStage(
+            self.settings,
+            self.api,
+            self.store,
+            (),
+            clock=self.clock,
+            instance=self.identity,
+            registry=self.metrics.registry,
+        )
+
+    def _start_gate(self) -> None:
+        if self.gate is not None and not self._stop.is_set():
+            # its informers sync in their own time; the elector's thread must not wait for them
+            threading.Thread(target=self.gate.start, name="gate-start", daemon=True).start()
+
     def _on_started(self) -> None:
         self.metrics.leader.set(1)
+        self._start_gate()
         if self.scheduler is not None and not self._stop.is_set():
             try:  # audit right away instead of waiting for the next interval
                 self.scheduler.modify_job("cycle", next_run_time=self.clock())
@@ -163,6 +184,8 @@ class Operator:
 
     def _on_stopped(self) -> None:
         self.metrics.leader.set(0)
+        if self.gate is not None:
+            self.gate.stop()
 
     def _on_fatal(self, exc: LeaseUnavailable) -> None:
         self.fatal = exc
@@ -196,6 +219,8 @@ class Operator:
         if self.elector is not None:
             self.elector.stop(release=True)
         self.metrics.leader.set(0)
+        if self.gate is not None:
+            self.gate.close()
         self.resolver.stop()
         if self.health is not None:
             self.health.stop()
@@ -316,6 +341,8 @@ class Operator:
         self.scheduler.start()
         if self.elector is not None:
             self.elector.start()
+        else:
+            self._start_gate()
         try:
             self._stop.wait()
         finally:
