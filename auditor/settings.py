@@ -220,6 +220,26 @@ class ReportsSettings(_Section):
     teams: list[str] = Field(default_factory=list)
 
 
+class GateSettings(_Section):
+    """The efficiency gate (docs/gate.md): the AdmissionCheck controller the operator runs on the
+    leader. ``mode`` observe (the default) decides and says what enforce would do, always
+    admitting; ``timeout`` bounds one decision (the Workload holds quota meanwhile); past it, or
+    with the store unreadable, the job is admitted with a message unless ``fail_closed``."""
+
+    enabled: bool = False
+    mode: Literal["observe", "enforce"] = "observe"
+    timeout: Duration = timedelta(seconds=2)
+    fail_closed: bool = False
+    #: the WorkloadPriorityClass that probation re-submissions get (rules may name another)
+    probation_priority_class: str = "gpu-auditor-probation"
+    #: the holds ConfigMap that the chart's MutatingAdmissionPolicy reads (hold before quota);
+    #: no namespace: that path is off and holds go through the check's Rejected path alone
+    holds_namespace: str | None = None
+    holds_name: str = "gpu-auditor-holds"
+    #: how often held jobs are looked at again (acknowledged ones are released)
+    sweep_interval: Duration = timedelta(seconds=10)
+
+
 class HttpSettings(_Section):
     port: int = Field(default=8080, ge=0, le=65535)  # 0: any free port (tests)
     host: str = "0.0.0.0"
@@ -260,6 +280,7 @@ class Settings(_Section):
     notifications: NotificationsSettings = Field(default_factory=NotificationsSettings)
     reports: ReportsSettings = Field(default_factory=ReportsSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    gate: GateSettings = Field(default_factory=GateSettings)
     #: the verdict thresholds (auditor/core/thresholds.py, docs/verdicts.md "Tuning")
     thresholds: ThresholdSection = Field(default_factory=Thresholds)
 

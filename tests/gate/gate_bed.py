@@ -17,11 +17,12 @@ from typing import Any, Callable, Iterator
 
 from kueue_objects import KV, delete_cluster_object
 
-from auditor.core.gate import GateAction, GateMode, GateRule, LineageRun, decide
+from auditor.core.gate import GateAction, GateRule, LineageRun
 from auditor.core.lineage import LineageKey
 from auditor.gate.admission import AdmissionGate, GateSettings
 from auditor.gate.controller import ControllerConfig, GateController
 from auditor.gate.kueue import CONTROLLER_NAME
+from auditor.gate.stage import core_decide
 from auditor.kube.client import call_json, resource_path
 
 HOLD_RULE = GateRule("hold-low-sm", GateAction.HOLD, verdicts=frozenset({"low_sm_efficiency"}), at_least=3, of_last=5)
@@ -29,10 +30,6 @@ PROBATION_RULE = GateRule(
     "probation-after-idle", GateAction.DEPRIORITIZE, verdicts=frozenset({"idle"}), within=timedelta(days=7)
 )
 RULES = [HOLD_RULE, PROBATION_RULE]
-
-
-def core_decide(history: Any, rules: Any, mode: str, now: datetime) -> Any:
-    return decide(history, rules, GateMode(mode), now)
 
 
 @dataclass

@@ -1,0 +1,98 @@
+"""``gpu-auditor run --config <settings> --kubeconfig --prometheus --db`` runs the gate outside a
+cluster, under the operator's leader election: the leader answers the AdmissionCheck, and the
+decision latency shows on its /metrics."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from gate_bed import check_state, cluster_queue, gate_queue, gpu_job, is_true, until, workload_of
+from kueue_objects import KV, kueue_running
+
+from auditor.kube.client import call_json, resource_path
+
+pytestmark = [
+    pytest.mark.testbed,
+    pytest.mark.skipif(not kueue_running(), reason="the bed runs without the Kueue controller"),
+]
+
+
+def _metrics(log: Path) -> str:
+    m = re.search(r"on port (\d+)", log.read_text(errors="replace"))
+    if not m:
+        return ""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{m.group(1)}/metrics", timeout=5) as r:
+            return r.read().decode()
+    except OSError:
+        return ""
+
+
+def test_run_answers_the_check_as_leader(kube_admin, namespace, testbed, tmp_path):
+    api, ns = kube_admin, namespace
+    cfg = tmp_path / "settings.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "interval": "1h",
+                "http": {"port": 0, "host": "127.0.0.1"},
+                "policies": {"builtin": False},
+                "leader_election": {"namespace": ns, "lease_name": "gpu-auditor"},
+                "gate": {"enabled": True, "timeout": "1s", "sweep_interval": "1s"},
+            }
+        )
+    )
+    log = tmp_path / "run.log"
+    exe = Path(sys.executable).with_name("gpu-auditor")
+    with gate_queue(api, ns) as q:
+        proc = subprocess.Popen(
+            [
+                str(exe),
+                "-v",
+                "run",
+                "--config",
+                str(cfg),
+                "--kubeconfig",
+                testbed.kubeconfig,
+                "--prometheus",
+                testbed.prometheus_url,
+                "--db",
+                f"sqlite:///{tmp_path}/s.db",
+            ],
+            env={**os.environ, "GPU_AUDITOR_LEADER_ELECTION__IDENTITY": "gate-run-test"},
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            until(
+                lambda: is_true(cluster_queue(api, q.cluster_queue), "Active"), "the CQ Active (our check Active)", 60
+            )
+            lease = call_json(api, resource_path("coordination.k8s.io/v1", "leases", ns, "gpu-auditor"))
+            assert lease["spec"]["holderIdentity"] == "gate-run-test"
+            wl = workload_of(api, ns, gpu_job(api, ns, "train-m2n4p"))["metadata"]["name"]
+            wl_obj = until(
+                lambda: (w := call_json(api, resource_path(KV, "workloads", ns, wl))) and is_true(w, "Admitted") and w,
+                "admitted by the running operator",
+            )
+            assert check_state(wl_obj, q.check)["message"].startswith("gpu-auditor: admitted, lineage")
+            text = until(
+                lambda: (
+                    (m := _metrics(log))
+                    and 'gpu_auditor_gate_decisions_total{decided="yes",state="Ready",would="admit"}' in m
+                    and m
+                ),
+                "metrics",
+            )
+            assert 'gpu_auditor_gate_decision_seconds_count{state="Ready"}' in text
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            assert proc.wait(30) == 0, log.read_text()
