@@ -204,7 +204,9 @@ def evaluate_sustained(
                     False, {**ev, "reason": f"{c.field}={v:.3f} at {s.isoformat()} breaks {c.describe()}"}
                 )
             worst[c.field] = v if c.field not in worst else (max if c.op in ("<", "<=") else min)(worst[c.field], v)
-    means_all = {f: round(sum(covered[s][f][0] for s in covered) / len(covered), 4) for f in needed}
+    # in the conditions' order, as ``worst``: a set's order would differ from process to process
+    fields = dict.fromkeys(c.field for c in rule.conditions)
+    means_all = {f: round(sum(covered[s][f][0] for s in covered) / len(covered), 4) for f in fields}
     return SustainedResult(True, {**ev, "means": means_all, "worst": {k: round(v, 4) for k, v in worst.items()}})
 
 

@@ -259,3 +259,17 @@ def test_warm_up_is_judged_from_the_job_start_not_the_buckets_read() -> None:
     assert not young.fires and "younger than warm-up" in young.reason
     old = evaluate(p, {**SUM, "start": (NOW - timedelta(hours=30)).isoformat()}, now=NOW, buckets=recent)
     assert old.fires, old.reason
+
+
+def test_sustained_evidence_lists_fields_in_the_conditions_order() -> None:
+    """The evidence is stored and sent as JSON: its key order must not change from run to run
+    (it followed a set's order, which differs between processes)."""
+    (p,) = parse_policies(
+        P.replace(
+            "conditions: [{field: sm_active", 'conditions: [{field: gpu_util, op: ">=", value: 0.5}, {field: sm_active'
+        ),
+        "p.yaml",
+    )
+    ev = evaluate(p, SUM, now=NOW, buckets=example_buckets({"gpu_util": 0.9, "sm_active": 0.1, "minutes": 60}))
+    sustained = ev.evidence["sustained"]
+    assert list(sustained["means"]) == list(sustained["worst"]) == ["gpu_util", "sm_active"]
