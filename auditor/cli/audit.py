@@ -136,6 +136,10 @@ def run(args: argparse.Namespace) -> int:
                     progress=log.info,
                     thresholds=settings.thresholds,
                 )
+                if api is not None:  # Kueue's admission facts of the audited jobs
+                    from auditor.operator_loop.admissions import record_audit_admissions
+
+                    record_audit_admissions(store, resolver, result.summaries, now)
                 decisions = []
                 if policies is not None:
                     from auditor.policy.runner import PolicyRunner

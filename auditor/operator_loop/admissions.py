@@ -1,4 +1,4 @@
-"""Record Kueue's admission facts of the jobs an audit wrote (the operator's cycle, ``audit``).
+"""Record Kueue's admission facts of the jobs an audit wrote (the operator's cycle, ``audit --kubeconfig``).
 
 The use-case between the resolver's Workload cache (:mod:`auditor.kube.kueue_facts`) and the
 store (:mod:`auditor.store.admissions`): after the summaries of a cycle are saved, each of those
@@ -8,7 +8,7 @@ jobs with a Kueue Workload gets its reading folded into its stored facts.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from auditor.kube.kueue_facts import facts_by_job
 from auditor.store.admissions import AdmissionStore
@@ -29,3 +29,23 @@ def record_admissions(
     facts = facts_by_job(resolver, view)
     readings = [(job_ids[k], f) for k, f in facts.items() if k in job_ids]
     return AdmissionStore(store).record(readings, now)
+
+
+def record_audit_admissions(store: Store, resolver: Any, summaries: Iterable[Mapping[str, Any]], now: datetime) -> int:
+    """``audit`` with the Kubernetes API: the admission facts of the jobs it summarized.
+
+    The job ids come from the store (the audit just wrote those jobs); the Workloads from the
+    resolver's informer, as in the operator's cycle.
+    """
+    if getattr(resolver, "workloads", None) is None:
+        return 0
+    view = resolver.jobs(now)
+    ids: dict[str, int] = {}
+    for s in summaries:
+        kind, _, name = str(s.get("job") or "").partition("/")
+        key = f"{s.get('cluster')}/{s.get('namespace')}/{s.get('job')}"
+        if key in view and name:
+            found = store.find_job(str(s.get("namespace")), kind, name, str(s.get("cluster")))
+            if found is not None:
+                ids[key] = found[0]
+    return record_admissions(store, resolver, view, ids, now)

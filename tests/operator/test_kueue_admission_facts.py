@@ -179,3 +179,40 @@ def test_operator_records_queue_waits_evictions_and_requeues(
     assert doc["cluster_queue"] == cq and doc["queue_wait_s"] == waits[1] and doc["pending"] is True
     with capsys.disabled():
         print(f"\nkueue queue waits (s): first {waits[0]}, second (behind first) {waits[1]}")
+
+
+def test_audit_with_the_kubernetes_api_records_them(
+    testbed, kube_admin, namespace, prometheus, tmp_path, capsys
+) -> None:
+    api, ns = kube_admin, namespace
+    case = f"ka{uuid.uuid4().hex[:8]}"
+    wall = datetime.now(timezone.utc).replace(second=0, microsecond=0)
+    end = wall.replace(minute=wall.minute // 5 * 5) - timedelta(hours=2)
+    db = f"sqlite:///{tmp_path}/s.db"
+    with gpu_quota(api, ns, gpus=1) as cq:
+        job = gpu_job(api, ns, "train")
+        w = job_workload(api, ns, job)["metadata"]["name"]
+        _until("admitted", lambda: has_condition(call_json(api, resource_path(KV, "workloads", ns, w)), "Admitted"))
+        replayed_job_pods(
+            api,
+            prometheus,
+            ns,
+            job,
+            case=case,
+            phase="resnet50_bf16_training",
+            end=end,
+            duration=timedelta(minutes=20),
+            interval=INTERVAL,
+            pods=1,
+            gpus=1,
+        )
+        argv = ["audit", "--prometheus", prometheus.url, "--kubeconfig", testbed.kubeconfig, "--match", f"case={case}"]
+        window = ["--start", (end - timedelta(minutes=25)).isoformat(), "--end", end.isoformat()]
+        assert main([*argv, *window, "--db", db, "--cluster", case, "--output", "json"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    with Store.open(db) as store:
+        job_id, _ref = store.find_job(ns, "Job", "train", case) or (None, None)
+        assert job_id is not None
+        facts = AdmissionStore(store).facts(job_id)
+    assert facts is not None and facts.cluster_queue == cq and facts.workload == w
+    assert facts.queue_wait_s is not None and facts.eviction_count == 0
