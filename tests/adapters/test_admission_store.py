@@ -92,3 +92,16 @@ def test_week_waits_by_team(store_url: str) -> None:
         assert a.week_waits(day + timedelta(days=1), day + timedelta(days=8), cluster="c1") == {}
     finally:
         store.close()
+
+
+def test_a_deleted_job_takes_its_facts_along(store_url: str) -> None:
+    store = Store.open(store_url)
+    try:
+        a = AdmissionStore(store)
+        job_id = _job(store, "gone", "vision")
+        a.record([(job_id, admission_facts(DOCS["admitted"]))], T0)
+        with store.writing("delete a job") as conn:
+            conn.execute(JOBS.delete().where(JOBS.c.id == job_id))  # as retention does
+        assert a.facts(job_id) is None
+    finally:
+        store.close()
