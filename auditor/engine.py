@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 from auditor.clock import SYSTEM_CLOCK
 from auditor.core.accumulate import JobAggregate, ShareMap, StaleFold
 from auditor.core.model import Bucket, JobRef, PodRef, Window
+from auditor.core.readings import SourceReport
 from auditor.core.rollup import LazyBuckets
 from auditor.core.summary import shared_gpus, shares_among, summarize_aggregate, summarize_job
 from auditor.core.thresholds import Thresholds
 from auditor.correlate import JobResolver, NoKubeResolver
-from auditor.sources.base import MetricSource, SourceReport
+from auditor.ports import MetricSource
 
 if TYPE_CHECKING:
     from auditor.ports import Clock, Displacement, SummaryStore

@@ -11,13 +11,13 @@ few lines and the type checker names every use-case a new call would touch.
 from __future__ import annotations
 
 import threading
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from auditor.core.accumulate import JobAggregate
 from auditor.core.model import Bucket, JobRef, Window
+from auditor.core.readings import SourceResult
 from auditor.correlate import JobResolver
-from auditor.sources.base import MetricSource, SourceResult
 
 __all__ = [
     "ChatNotifier",
@@ -31,6 +31,17 @@ __all__ = [
     "SourceResult",
     "SummaryStore",
 ]
+
+
+class MetricSource(Protocol):
+    """Reads rollup buckets for all pods and GPUs of a window (Prometheus, a trace replay).
+
+    The number of calls a source makes must not grow with the number of jobs.
+    """
+
+    def read(self, window: Window, width: timedelta) -> SourceResult:
+        """Return the ``width``-aligned buckets that overlap ``window`` (half-open)."""
+        ...
 
 
 @runtime_checkable

@@ -136,7 +136,3 @@ BY_NAME: dict[str, AgentField] = {f.name: f for f in FIELDS}
 BY_DCGM_ID: dict[int, AgentField] = {f.dcgm_id: f for f in FIELDS}
 GPM_FIELDS: tuple[AgentField, ...] = tuple(f for f in FIELDS if f.gpm_id is not None)
 PROFILING: frozenset[str] = frozenset(f.name for f in FIELDS if f.profiling)
-
-#: the value of the ``source`` label on every series the agent serves (see :mod:`auditor.agent.dedup`)
-SOURCE_LABEL = "source"
-SOURCE_VALUE = "gpu-auditor-agent"

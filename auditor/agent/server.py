@@ -24,11 +24,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterable
 
 from auditor import __version__
-from auditor.agent.fields import FIELDS, SOURCE_LABEL, SOURCE_VALUE
+from auditor.agent.fields import FIELDS
 from auditor.agent.podresources import PodResourcesClient, attribute
 from auditor.agent.sampler import Device, GpuSampler
 from auditor.agent.window import SampleWindow, Tick
 from auditor.core.model import PodRef
+from auditor.core.source_preference import SOURCE_LABEL, SOURCE_VALUE
 from auditor.errors import BadInput
 
 log = logging.getLogger(__name__)

@@ -1,17 +1,16 @@
-"""The interface every metric source implements (Prometheus, trace replay, ...).
+"""What a metric source hands back: a window's rollup buckets and what it saw while reading.
 
-A source answers one question: for a window, the rollup buckets of every (pod, GPU, metric)
-it has. The number of calls a source makes must not grow with the number of jobs.
+The values every source (Prometheus, trace replay, ...) returns through the
+:class:`~auditor.ports.MetricSource` port; pure data, so the use-cases and the core read them
+without knowing which source made them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Protocol
 
 from auditor.core.metrics import Metric
-from auditor.core.model import Bucket, Window
+from auditor.core.model import Bucket
 
 
 @dataclass(slots=True)
@@ -34,11 +33,3 @@ class SourceReport:
 class SourceResult:
     buckets: list[Bucket]
     report: SourceReport
-
-
-class MetricSource(Protocol):
-    """Reads rollup buckets for all pods and GPUs of a window."""
-
-    def read(self, window: Window, width: timedelta) -> SourceResult:
-        """Return the ``width``-aligned buckets that overlap ``window`` (half-open)."""
-        ...

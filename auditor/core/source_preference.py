@@ -11,8 +11,9 @@ series of the best-ranked source that has one, and drops the others:
 - dcgm-exporter for the metrics the agent does not serve (an agent on plain NVML has no
   profiling series; dcgm-exporter's then still count).
 
-Pure: it only looks at label sets. Series that name no device are kept as they are (the caller
-reports them).
+Pure: it only looks at label sets (so it lives in the core: the Prometheus source applies it to
+what it reads, the agent only sets the label). Series that name no device are kept as they are
+(the caller reports them).
 
 In PromQL, the same preference per evaluation step (per bucket, finer than per window) is
 ``AGG_over_time(X{source="gpu-auditor-agent"}[r]) or on(UUID, GPU_I_ID) AGG_over_time(X{source!="gpu-auditor-agent"}[r])``
@@ -24,9 +25,11 @@ from __future__ import annotations
 
 from typing import Callable, Hashable, Mapping, Sequence, TypeVar
 
-from auditor.agent.fields import SOURCE_LABEL, SOURCE_VALUE
-
 T = TypeVar("T")
+
+#: the label, and its value, on every series the gpu-auditor node agent serves (auditor/agent/server.py)
+SOURCE_LABEL = "source"
+SOURCE_VALUE = "gpu-auditor-agent"
 
 AGENT = SOURCE_VALUE
 EXPORTER = "dcgm-exporter"

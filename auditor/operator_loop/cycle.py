@@ -34,8 +34,7 @@ from auditor.engine import align_down, run_audit, sort_summaries
 from auditor.errors import AuditorError
 from auditor.kube.resolver import JobInfo, KubeResolver
 from auditor.operator_loop.admissions import record_admissions
-from auditor.ports import Clock
-from auditor.sources.base import MetricSource
+from auditor.ports import Clock, MetricSource
 
 log = logging.getLogger(__name__)
 

@@ -41,14 +41,14 @@ from prometheus_api_client import PrometheusConnect
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from auditor.agent.dedup import prefer_one_source
 from auditor.core.accumulate import interval_of
 from auditor.core.metrics import BY_NAME, SPECS, UTIL_RATIO, Metric, Naming, detect_naming, scale_of
 from auditor.core.model import Bucket, GpuId, PodRef, Window
+from auditor.core.readings import SourceReport, SourceResult
 from auditor.core.rollup import BucketRun, LazyBuckets, Piece, Sample, aggregate
+from auditor.core.source_preference import prefer_one_source
 from auditor.errors import BadInput, QueryRefused, SourceUnavailable
 from auditor.sources import promql
-from auditor.sources.base import SourceReport, SourceResult
 
 _loads: Callable[[bytes | str], Any]
 try:  # several times faster on the multi-megabyte answers of a large cluster
@@ -297,7 +297,7 @@ class _Series:
 
 
 class PrometheusSource:
-    """:class:`~auditor.sources.base.MetricSource` over a Prometheus-compatible query API.
+    """:class:`~auditor.ports.MetricSource` over a Prometheus-compatible query API.
 
     ``matchers`` are extra label equalities added to every selector (e.g. ``{"cluster": "prod"}``
     where several clusters share one Prometheus/Thanos). ``pod_labels`` forces a convention
@@ -384,7 +384,7 @@ class PrometheusSource:
             series = [s for s in series if s.name != UTIL_RATIO]
             report.warnings.append(stats.naming_why)
         # A GPU exported by both the node agent and dcgm-exporter is counted once: the agent's
-        # series win per (device, metric) (auditor/agent/dedup.py says why).
+        # series win per (device, metric) (auditor/core/source_preference.py says why).
         series, shadowed = prefer_one_source(series, labels=lambda s: s.labels, metric=lambda s: s.metric)
         if shadowed:
             report.warnings.append(

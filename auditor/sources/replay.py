@@ -14,8 +14,8 @@ from typing import Sequence
 
 from auditor.core.metrics import Metric
 from auditor.core.model import Window
+from auditor.core.readings import SourceReport, SourceResult
 from auditor.core.rollup import aggregate
-from auditor.sources.base import SourceReport, SourceResult
 from auditor.traces import Trace, TraceJob, trace_samples
 
 

@@ -19,11 +19,11 @@ import pytest
 from auditor.core.accumulate import JobAggregate
 from auditor.core.metrics import Metric
 from auditor.core.model import GpuId, PodRef, Window
+from auditor.core.readings import SourceReport, SourceResult
 from auditor.core.rollup import Sample, aggregate
 from auditor.core.summary import gpu_shares
 from auditor.correlate import NoKubeResolver
 from auditor.engine import align_down, run_audit
-from auditor.sources.base import SourceReport, SourceResult
 from auditor.store import Store
 
 W = timedelta(minutes=5)

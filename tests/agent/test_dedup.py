@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from auditor.agent.dedup import device_of, prefer_one_source, promql_prefer_agent, source_of
+from auditor.core.source_preference import device_of, prefer_one_source, promql_prefer_agent, source_of
 
 AGENT = {"source": "gpu-auditor-agent"}
 

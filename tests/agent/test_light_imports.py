@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent(
 
     sys.meta_path.insert(0, Block())
     import auditor.agent.__main__ as entry
-    import auditor.agent.server, auditor.agent.nvml, auditor.agent.dcgm, auditor.agent.dedup
+    import auditor.agent.server, auditor.agent.nvml, auditor.agent.dcgm, auditor.core.source_preference
     from auditor.agent.recorded import RecordedSampler
     from auditor.agent.sampler import Device, open_sampler
     from auditor.agent.server import Agent
