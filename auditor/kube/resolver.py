@@ -37,6 +37,7 @@ from typing import Iterable, Sequence
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from auditor.core.lineage import LINEAGE_LABEL
 from auditor.core.model import JobRef, PodRef
 from auditor.kube import gpus as gpumod
 from auditor.kube.client import METADATA_ACCEPT, call_json, preferred_version, resource_path
@@ -190,7 +191,17 @@ class JobInfo:
             "state": "ended" if self.ended else "running",
             "ended": _iso(self.ended),
             "pods": [p.as_json() for p in sorted(self.pods, key=lambda p: p.name)],
+            "lineage": self.lineage_label,
         }
+
+    @property
+    def lineage_label(self) -> str | None:
+        """The user's ``gpu-auditor.io/lineage`` label: on the top owner, else on one of its pods
+        (a CronJob's label is often only in its pod template); the store derives the lineage
+        from the job's name when there is none (auditor.core.lineage)."""
+        return self.labels.get(LINEAGE_LABEL) or next(
+            (p.labels[LINEAGE_LABEL] for p in self.pods if p.labels.get(LINEAGE_LABEL)), None
+        )
 
 
 def _iso(t: datetime | None) -> str | None:

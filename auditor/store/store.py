@@ -36,6 +36,7 @@ from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, GpuId, JobRef, PodRef, Window
 from auditor.errors import BadInput, StoreError
 from auditor.store import urls
+from auditor.store.lineage_tables import record_summary
 from auditor.store.summaries import SUMMARY_FIELDS as SUMMARY_FIELDS  # re-exported
 from auditor.store.summaries import summary_columns as summary_columns  # re-exported
 from auditor.store.tables import AGGREGATES, AUDIT_RUNS, BUCKETS, JOBS, POD_OWNERS, SUMMARIES
@@ -561,6 +562,8 @@ class Store:
                 set_={k: stmt.excluded[k] for k in values if k != "job_id"},
             )
             conn.execute(stmt)
+            # the job's run of its lineage, in the same transaction: the efficiency gate reads it
+            record_summary(conn, _job_ref(job), summary, values["computed_at"])
 
     def summaries(
         self,

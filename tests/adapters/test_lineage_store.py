@@ -173,3 +173,22 @@ def test_run_of_reads_the_audit_json() -> None:
     job = JobRef("c1", "ml", "Job", "t")
     r = run_of(job, {"verdict": "idle", "start": "2026-11-30T09:00:00Z", "end": None, "findings": ["x", {}]})
     assert r == LineageRun(job="Job/t", verdict="idle", start=T0, end=None, uid=None, findings=(), final=False)
+
+
+def test_saving_a_summary_records_the_run_of_its_lineage(store: Store) -> None:
+    reader = LineageHistoryReader(store)
+    for name, kube in [("train-7f9c2", {}), ("train-29012345", {"lineage": None}), ("x-1", {"lineage": "train"})]:
+        job = JobRef("c1", "ml", "Job", name, uid=f"u-{name}", team="vision")
+        job_id = store.upsert_job(job, T0, T0 + timedelta(hours=1))
+        _, doc = _summary(name, "low_sm_efficiency", 0, kube=kube, computed_at="2026-11-30T10:00:00Z")
+        store.save_summary(job_id, doc)
+        store.save_summary(job_id, {**doc, "verdict": "idle"})  # the next cycle's verdict replaces it
+    h = reader.history(KEY, T0)
+    assert sorted(r.job for r in h.runs) == ["Job/train-29012345", "Job/train-7f9c2", "Job/x-1"]
+    assert {r.verdict for r in h.runs} == {"idle"} and h.team == "vision"
+    assert reader.lineage_of_job("ml", "Job", "x-1", "c1") == KEY
+    # a summary the store refuses records no run either
+    job_id = store.upsert_job(JobRef("c1", "ml", "Job", "bad-7f9c2"), T0, T0)
+    with pytest.raises(Exception, match="no verdict"):
+        store.save_summary(job_id, {"verdict": ""})
+    assert reader.history(LineageKey("c1", "ml", "bad"), T0).runs == ()

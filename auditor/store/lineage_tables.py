@@ -1,0 +1,171 @@
+"""The lineage tables (migration 0009) and the one write the summary store makes into them.
+
+Separate from :mod:`auditor.store.lineage` (the gate's reader and the acknowledgement log) so
+that :meth:`auditor.store.store.Store.save_summary` can record each job's run of its lineage in
+the transaction that saves its summary, without importing the module that imports the store.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Mapping
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+
+from auditor.core.gate import LineageRun
+from auditor.core.lineage import LineageKey, lineage_of
+from auditor.core.model import JobRef
+from auditor.store.tables import JSONDoc, UTCDateTime
+
+_md = sa.MetaData()
+
+lineages = sa.Table(
+    "lineages",
+    _md,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("cluster", sa.String(253), nullable=False),
+    sa.Column("namespace", sa.String(253), nullable=False),
+    sa.Column("lineage", sa.String(253), nullable=False),
+    sa.Column("team", sa.String(253), nullable=False, server_default=""),
+    sa.Column("first_seen", UTCDateTime, nullable=False),
+    sa.Column("last_seen", UTCDateTime, nullable=False),
+    sa.UniqueConstraint("cluster", "namespace", "lineage", name="uq_lineages_identity"),
+)
+lineage_runs = sa.Table(
+    "lineage_runs",
+    _md,
+    sa.Column("lineage_id", sa.Integer, sa.ForeignKey("lineages.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("job_kind", sa.String(253), nullable=False),
+    sa.Column("job_name", sa.String(253), nullable=False),
+    sa.Column("job_uid", sa.String(64), nullable=False),
+    sa.Column("verdict", sa.String(64), nullable=False),
+    sa.Column("findings", JSONDoc, nullable=False),
+    sa.Column("start", UTCDateTime, nullable=True),
+    sa.Column("end", UTCDateTime, nullable=True),
+    sa.Column("gpu_hours", sa.Float, nullable=True),
+    sa.Column("waste_gpu_hours", sa.Float, nullable=True),
+    sa.Column("final", sa.Boolean, nullable=False),
+    sa.Column("recorded_at", UTCDateTime, nullable=False),
+    sa.PrimaryKeyConstraint("lineage_id", "job_kind", "job_name", "job_uid", name="pk_lineage_runs"),
+    sa.Index("ix_lineage_runs_start", "lineage_id", "start"),
+    sa.Index("ix_lineage_runs_job", "job_name", "job_kind"),
+)
+lineage_acks = sa.Table(
+    "lineage_acks",
+    _md,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("lineage_id", sa.Integer, sa.ForeignKey("lineages.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("by", sa.String(253), nullable=False),
+    sa.Column("at", UTCDateTime, nullable=False),
+    sa.Column("until", UTCDateTime, nullable=True),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("via", sa.String(32), nullable=False),
+    sa.Column("link_id", sa.String(128), nullable=True, unique=True),
+    sa.Index("ix_lineage_acks_lineage", "lineage_id", "at"),
+    sa.Index("ix_lineage_acks_at", "at"),
+)
+
+#: the tables of this module (schema comparison in tests)
+TABLES: tuple[sa.Table, ...] = (lineages, lineage_runs, lineage_acks)
+
+
+def _insert(conn: sa.Connection) -> Any:
+    return sqlite_dialect.insert if conn.dialect.name == "sqlite" else pg_dialect.insert
+
+
+def lineage_id_of(conn: sa.Connection, key: LineageKey, now: datetime, team: str = "") -> int:
+    """The lineage's row id, created (or its ``last_seen``/team advanced) on the way."""
+    stmt = _insert(conn)(lineages).values(
+        cluster=key.cluster, namespace=key.namespace, lineage=key.lineage, team=team, first_seen=now, last_seen=now
+    )
+    update: dict[str, Any] = {"last_seen": sa.func.max(lineages.c.last_seen, stmt.excluded.last_seen)}
+    if conn.dialect.name != "sqlite":
+        update["last_seen"] = sa.func.greatest(lineages.c.last_seen, stmt.excluded.last_seen)
+    if team:
+        update["team"] = stmt.excluded.team
+    stmt = stmt.on_conflict_do_update(index_elements=["cluster", "namespace", "lineage"], set_=update)
+    conn.execute(stmt)
+    return int(conn.execute(sa.select(lineages.c.id).where(is_lineage(key))).scalar_one())
+
+
+def is_lineage(key: LineageKey) -> sa.ColumnElement[bool]:
+    return sa.and_(
+        lineages.c.cluster == key.cluster,
+        lineages.c.namespace == key.namespace,
+        lineages.c.lineage == key.lineage,
+    )
+
+
+def _time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo is not None else None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def run_of(job: JobRef, summary: Mapping[str, Any]) -> LineageRun:
+    """The run a job's audit-JSON summary makes of it (verdict, findings' codes, span)."""
+    codes = tuple(str(f.get("code")) for f in summary.get("findings") or () if isinstance(f, Mapping) and f.get("code"))
+    return LineageRun(
+        job=job.job,
+        verdict=str(summary.get("verdict") or ""),
+        start=_time(summary.get("start")),
+        end=_time(summary.get("end")),
+        uid=job.uid,
+        findings=codes,
+        gpu_hours=_float(summary.get("gpu_hours")),
+        waste_gpu_hours=_float(summary.get("waste_gpu_hours")),
+        final=bool(summary.get("final")),
+    )
+
+
+def lineage_of_summary(job: JobRef, summary: Mapping[str, Any]) -> LineageKey:
+    """The lineage a job's summary belongs to: the owner's label, which the operator's cycle puts
+    in ``kube.lineage`` (the resolver reads the top owner's labels), else derived from its name."""
+    label = (summary.get("kube") or {}).get("lineage")
+    labels = {"gpu-auditor.io/lineage": label} if isinstance(label, str) else None
+    return lineage_of(job.namespace, job.name, labels=labels, cluster=job.cluster)
+
+
+def record_run(conn: sa.Connection, key: LineageKey, run: LineageRun, now: datetime, *, team: str = "") -> None:
+    """Store ``run`` under ``key`` in ``conn``'s transaction, replacing an earlier record of the job."""
+    kind, _, name = run.job.partition("/")
+    lid = lineage_id_of(conn, key, now, team)
+    values = {
+        "lineage_id": lid,
+        "job_kind": kind,
+        "job_name": name,
+        "job_uid": run.uid or "",
+        "verdict": run.verdict,
+        "findings": list(run.findings),
+        "start": run.start,
+        "end": run.end,
+        "gpu_hours": run.gpu_hours,
+        "waste_gpu_hours": run.waste_gpu_hours,
+        "final": run.final,
+        "recorded_at": now,
+    }
+    stmt = _insert(conn)(lineage_runs).values(**values)
+    keys = ("lineage_id", "job_kind", "job_name", "job_uid")
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=list(keys), set_={k: stmt.excluded[k] for k in values if k not in keys}
+        )
+    )
+
+
+def record_summary(conn: sa.Connection, job: JobRef, summary: Mapping[str, Any], now: datetime) -> LineageKey:
+    """Record the job's latest verdict as its run of its lineage (``Store.save_summary`` calls it)."""
+    key = lineage_of_summary(job, summary)
+    record_run(conn, key, run_of(job, summary), now, team=str(summary.get("team") or job.team or ""))
+    return key
