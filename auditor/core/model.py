@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 from enum import Enum
 from typing import NamedTuple
 
+from auditor.core.identity import JobKey, format_job
 from auditor.core.metrics import Metric
 
 #: MIG profile "<g>g.<mem>" → slices; the fraction is slices / the GPU's max slices (7 on
@@ -90,14 +91,18 @@ class JobRef:
     queue: str | None = None
 
     @property
+    def identity(self) -> JobKey:
+        return JobKey(self.cluster, self.namespace, self.kind, self.name)
+
+    @property
     def job(self) -> str:
         """``Kind/name``, the job field of the audit JSON."""
-        return f"{self.kind}/{self.name}"
+        return format_job(self.kind, self.name)
 
     @property
     def key(self) -> str:
         """``cluster/namespace/Kind/name``: unique across clusters sharing one store."""
-        return f"{self.cluster}/{self.namespace}/{self.kind}/{self.name}"
+        return str(self.identity)
 
 
 class Bucket(NamedTuple):

@@ -1,0 +1,491 @@
+"""The audit JSON as a value: :class:`JobSummary` (one job) with its :class:`GpuSummary` rows
+and :class:`MetricStats`, and the one place that writes and reads DESIGN.md's shape
+(:meth:`JobSummary.to_json` / :meth:`JobSummary.from_json`).
+
+Values are held as the JSON gives them (ratios rounded to 6 places, ``None`` for a metric that
+is absent — never 0), so ``from_json(doc).to_json() == doc`` for every document the core
+writes; the golden files under tests/golden/ hold the shape byte for byte. A consumer reads
+attributes, so the type checker lists every reader of a field.
+
+Adding a field: declare it here (with its JSON name), write and read it in ``to_json`` /
+``from_json``, and — if the weekly report or a policy reads it — its store column
+(:data:`auditor.store.summaries.SUMMARY_FIELDS`, a migration) and docs/verdicts.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timezone
+from typing import Any
+
+from auditor.core.identity import JobKey
+from auditor.core.metrics import Metric
+from auditor.core.model import Finding, Verdict
+
+#: the activity fields of the audit JSON (ratios 0–1), in output order
+ACTIVITY_FIELDS: tuple[tuple[str, Metric], ...] = (
+    ("gpu_util", Metric.GPU_UTIL),
+    ("gr_engine_active", Metric.GR_ENGINE_ACTIVE),
+    ("sm_active", Metric.SM_ACTIVE),
+    ("sm_occupancy", Metric.SM_OCCUPANCY),
+    ("tensor_active", Metric.TENSOR_ACTIVE),
+    ("dram_active", Metric.DRAM_ACTIVE),
+    ("fp32_active", Metric.FP32_ACTIVE),
+    ("fp16_active", Metric.FP16_ACTIVE),
+)
+#: device readings reported as means in their own units
+DEVICE_FIELDS: tuple[tuple[str, Metric], ...] = (
+    ("power_w", Metric.POWER),
+    ("fb_used_mib", Metric.FB_USED),
+    ("sm_clock_mhz", Metric.SM_CLOCK),
+    ("pcie_rx_bytes_per_s", Metric.PCIE_RX),
+    ("pcie_tx_bytes_per_s", Metric.PCIE_TX),
+)
+MEAN_FIELDS: tuple[tuple[str, Metric], ...] = ACTIVITY_FIELDS + DEVICE_FIELDS
+
+
+class SummaryFormatError(ValueError):
+    """A document that is not an audit-JSON summary; the message names the field."""
+
+
+def rfc3339(t: datetime) -> str:
+    """RFC 3339 UTC with ``Z``, whole seconds unless there is a fraction (milliseconds)."""
+    v = t.astimezone(timezone.utc)
+    return v.isoformat(timespec="milliseconds" if v.microsecond else "seconds").replace("+00:00", "Z")
+
+
+def parse_rfc3339(text: object, what: str) -> datetime:
+    """The inverse of :func:`rfc3339` (any offset is accepted, the result is UTC)."""
+    if not isinstance(text, str):
+        raise SummaryFormatError(f"{what}: expected an RFC 3339 time, got {text!r}")
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise SummaryFormatError(f"{what}: {text!r} is not an RFC 3339 time") from None
+    if t.tzinfo is None:
+        raise SummaryFormatError(f"{what}: {text!r} has no time zone")
+    return t.astimezone(timezone.utc)
+
+
+# --------------------------------------------------------------------------- field readers
+
+
+def _get(doc: Mapping[str, Any], key: str, what: str) -> Any:
+    if key not in doc:
+        raise SummaryFormatError(f"{what}.{key}: missing")
+    return doc[key]
+
+
+def _str(doc: Mapping[str, Any], key: str, what: str) -> str:
+    v = _get(doc, key, what)
+    if not isinstance(v, str):
+        raise SummaryFormatError(f"{what}.{key}: expected a string, got {v!r}")
+    return v
+
+
+def _opt_str(doc: Mapping[str, Any], key: str, what: str) -> str | None:
+    v = doc.get(key)
+    if v is not None and not isinstance(v, str):
+        raise SummaryFormatError(f"{what}.{key}: expected a string or null, got {v!r}")
+    return v
+
+
+def _num(v: object, what: str) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise SummaryFormatError(f"{what}: expected a number or null, got {v!r}")
+    return v
+
+
+def _opt_num(doc: Mapping[str, Any], key: str, what: str) -> float | None:
+    return _num(doc.get(key), f"{what}.{key}")
+
+
+def _int(doc: Mapping[str, Any], key: str, what: str) -> int:
+    v = _get(doc, key, what)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise SummaryFormatError(f"{what}.{key}: expected an integer, got {v!r}")
+    return v
+
+
+def _metric(v: object, what: str) -> Metric | None:
+    if v is None:
+        return None
+    try:
+        return Metric(v)
+    except ValueError:
+        raise SummaryFormatError(f"{what}: unknown metric {v!r}") from None
+
+
+def _verdict(v: object, what: str) -> Verdict:
+    try:
+        return Verdict(v)
+    except ValueError:
+        raise SummaryFormatError(f"{what}: unknown verdict {v!r}") from None
+
+
+def _means(doc: Mapping[str, Any], what: str) -> dict[str, float | None]:
+    return {name: _opt_num(doc, name, what) for name, _ in MEAN_FIELDS}
+
+
+def _stats(doc: Mapping[str, Any], what: str) -> dict[Metric, MetricStats]:
+    raw = doc.get("stats") or {}
+    if not isinstance(raw, Mapping):
+        raise SummaryFormatError(f"{what}.stats: expected an object")
+    out: dict[Metric, MetricStats] = {}
+    for name, st in raw.items():
+        m = _metric(name, f"{what}.stats")
+        assert m is not None
+        out[m] = MetricStats.from_json(st, f"{what}.stats.{name}")
+    return out
+
+
+def _stats_json(stats: Mapping[Metric, MetricStats]) -> dict[str, object]:
+    return {m.value: stats[m].to_json() for m in sorted(stats, key=lambda m: m.value)}
+
+
+# --------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricStats:
+    """One metric's statistics over a job or a GPU: ``samples`` valid, ``dropped`` garbage;
+    percentiles over the bucket means (:mod:`auditor.core.summary` says how)."""
+
+    mean: float | None
+    p10: float | None
+    p50: float | None
+    p90: float | None
+    min: float | None
+    max: float | None
+    samples: int
+    dropped: int
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "mean": self.mean,
+            "p10": self.p10,
+            "p50": self.p50,
+            "p90": self.p90,
+            "min": self.min,
+            "max": self.max,
+            "samples": self.samples,
+            "dropped": self.dropped,
+        }
+
+    @classmethod
+    def from_json(cls, doc: object, what: str = "stats") -> MetricStats:
+        if not isinstance(doc, Mapping):
+            raise SummaryFormatError(f"{what}: expected an object")
+        return cls(
+            mean=_opt_num(doc, "mean", what),
+            p10=_opt_num(doc, "p10", what),
+            p50=_opt_num(doc, "p50", what),
+            p90=_opt_num(doc, "p90", what),
+            min=_opt_num(doc, "min", what),
+            max=_opt_num(doc, "max", what),
+            samples=_int(doc, "samples", what),
+            dropped=_int(doc, "dropped", what),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Means:
+    """The means of :data:`MEAN_FIELDS` (``None``: the metric is absent), shared by a job and
+    each of its GPUs."""
+
+    gpu_util: float | None = None
+    gr_engine_active: float | None = None
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    fp32_active: float | None = None
+    fp16_active: float | None = None
+    power_w: float | None = None
+    fb_used_mib: float | None = None
+    sm_clock_mhz: float | None = None
+    pcie_rx_bytes_per_s: float | None = None
+    pcie_tx_bytes_per_s: float | None = None
+
+    def means_json(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name, _ in MEAN_FIELDS}
+
+    def mean_of(self, metric: Metric) -> float | None:
+        """The mean of ``metric`` where the audit JSON has one (else None)."""
+        return getattr(self, _MEAN_NAME[metric]) if metric in _MEAN_NAME else None
+
+
+_MEAN_NAME = {m: name for name, m in MEAN_FIELDS}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSummary(Means):
+    """One (pod, GPU) row of a job's ``per_gpu`` breakdown, with its own verdict."""
+
+    pod: str
+    namespace: str
+    container: str | None
+    gpu: str | None
+    uuid: str
+    mig_instance: str | None
+    mig_profile: str | None
+    hostname: str | None
+    gpu_model: str | None
+    fraction: float | None
+    start: datetime
+    end: datetime
+    gpu_hours: float | None
+    coverage: float | None
+    busy_signal: Metric | None
+    mfu_estimate: float | None
+    waste_gpu_hours: float | None
+    shared_with_pods: int
+    verdict: Verdict
+    stats: Mapping[Metric, MetricStats] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "pod": self.pod,
+            "namespace": self.namespace,
+            "container": self.container,
+            "gpu": self.gpu,
+            "uuid": self.uuid,
+            "mig_instance": self.mig_instance,
+            "mig_profile": self.mig_profile,
+            "hostname": self.hostname,
+            "gpu_model": self.gpu_model,
+            "fraction": self.fraction,
+            "start": rfc3339(self.start),
+            "end": rfc3339(self.end),
+            "gpu_hours": self.gpu_hours,
+            "coverage": self.coverage,
+            "busy_signal": self.busy_signal.value if self.busy_signal else None,
+            **self.means_json(),
+            "mfu_estimate": self.mfu_estimate,
+            "waste_gpu_hours": self.waste_gpu_hours,
+            "shared_with_pods": self.shared_with_pods,
+            "verdict": self.verdict.value,
+            "stats": _stats_json(self.stats),
+        }
+
+    @classmethod
+    def from_json(cls, doc: object, what: str = "per_gpu") -> GpuSummary:
+        if not isinstance(doc, Mapping):
+            raise SummaryFormatError(f"{what}: expected an object")
+        return cls(
+            pod=_str(doc, "pod", what),
+            namespace=_str(doc, "namespace", what),
+            container=_opt_str(doc, "container", what),
+            gpu=_opt_str(doc, "gpu", what),
+            uuid=_str(doc, "uuid", what),
+            mig_instance=_opt_str(doc, "mig_instance", what),
+            mig_profile=_opt_str(doc, "mig_profile", what),
+            hostname=_opt_str(doc, "hostname", what),
+            gpu_model=_opt_str(doc, "gpu_model", what),
+            fraction=_opt_num(doc, "fraction", what),
+            start=parse_rfc3339(_get(doc, "start", what), f"{what}.start"),
+            end=parse_rfc3339(_get(doc, "end", what), f"{what}.end"),
+            gpu_hours=_opt_num(doc, "gpu_hours", what),
+            coverage=_opt_num(doc, "coverage", what),
+            busy_signal=_metric(doc.get("busy_signal"), f"{what}.busy_signal"),
+            **_means(doc, what),
+            mfu_estimate=_opt_num(doc, "mfu_estimate", what),
+            waste_gpu_hours=_opt_num(doc, "waste_gpu_hours", what),
+            shared_with_pods=_int(doc, "shared_with_pods", what),
+            verdict=_verdict(_get(doc, "verdict", what), f"{what}.verdict"),
+            stats=_stats(doc, what),
+        )
+
+
+def finding_to_json(f: Finding) -> dict[str, object]:
+    return {"code": f.code, "message": f.message, "evidence": f.evidence}
+
+
+def finding_from_json(doc: object, what: str = "findings") -> Finding:
+    if not isinstance(doc, Mapping):
+        raise SummaryFormatError(f"{what}: expected an object")
+    evidence = doc.get("evidence") or {}
+    if not isinstance(evidence, dict):
+        raise SummaryFormatError(f"{what}.evidence: expected an object")
+    return Finding(_str(doc, "code", what), _str(doc, "message", what), evidence)
+
+
+#: fields the operator's cycle adds to a job's summary (when it saw the job end), emitted only when set
+LIFECYCLE_FIELDS = ("final", "ended")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSummary(Means):
+    """One job's audit-JSON summary (DESIGN.md "Audit JSON").
+
+    ``final``/``ended`` are the operator's: whether the job has ended and settled (its summary
+    will not change again) and when; ``None`` where nothing said (an ``audit``). ``extra`` keeps
+    what another writer added to a stored document, so reading and writing it loses nothing.
+    """
+
+    key: JobKey
+    uid: str | None
+    team: str
+    queue: str | None
+    gpu_model: str | None
+    gpus: float | None
+    pods: tuple[str, ...]
+    start: datetime
+    end: datetime
+    gpu_hours: float | None
+    busy_signal: Metric | None
+    coverage: float | None
+    mfu_estimate: float | None
+    waste_gpu_hours: float | None
+    verdict: Verdict
+    findings: tuple[Finding, ...]
+    stats: Mapping[Metric, MetricStats]
+    per_gpu: tuple[GpuSummary, ...]
+    window_start: datetime
+    window_end: datetime
+    scrape_interval_s: float | None
+    computed_at: datetime
+    final: bool | None = None
+    ended: datetime | None = None
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def cluster(self) -> str:
+        return self.key.cluster
+
+    @property
+    def namespace(self) -> str:
+        return self.key.namespace
+
+    @property
+    def job(self) -> str:
+        """``Kind/name``."""
+        return self.key.job
+
+    def to_json(self) -> dict[str, object]:
+        """The plain-JSON document (key order as DESIGN.md and the golden files have it)."""
+        out: dict[str, object] = {
+            "cluster": self.key.cluster,
+            "namespace": self.key.namespace,
+            "job": self.key.job,
+            "uid": self.uid,
+            "team": self.team,
+            "queue": self.queue,
+            "gpu_model": self.gpu_model,
+            "gpus": self.gpus,
+            "pods": list(self.pods),
+            "start": rfc3339(self.start),
+            "end": rfc3339(self.end),
+            "gpu_hours": self.gpu_hours,
+            "busy_signal": self.busy_signal.value if self.busy_signal else None,
+            **self.means_json(),
+            "coverage": self.coverage,
+            "mfu_estimate": self.mfu_estimate,
+            "waste_gpu_hours": self.waste_gpu_hours,
+            "verdict": self.verdict.value,
+            "findings": [finding_to_json(f) for f in self.findings],
+            "stats": _stats_json(self.stats),
+            "per_gpu": [g.to_json() for g in self.per_gpu],
+            "window": {"start": rfc3339(self.window_start), "end": rfc3339(self.window_end)},
+            "scrape_interval_s": self.scrape_interval_s,
+            "computed_at": rfc3339(self.computed_at),
+        }
+        if self.final is not None:
+            out["final"] = self.final
+            out["ended"] = rfc3339(self.ended) if self.ended is not None else None
+        out.update({k: v for k, v in self.extra.items() if k not in out})
+        return out
+
+    @classmethod
+    def from_json(cls, doc: object, what: str = "summary") -> JobSummary:
+        """Read a document :meth:`to_json` wrote (or an older one of the same shape); a
+        :class:`SummaryFormatError` names the first field that does not fit."""
+        if not isinstance(doc, Mapping):
+            raise SummaryFormatError(f"{what}: expected an object")
+        try:
+            key = JobKey.of(_str(doc, "cluster", what), _str(doc, "namespace", what), _str(doc, "job", what))
+        except ValueError as exc:
+            raise SummaryFormatError(f"{what}.job: {exc}") from None
+        window = _get(doc, "window", what)
+        if not isinstance(window, Mapping):
+            raise SummaryFormatError(f"{what}.window: expected an object")
+        pods = doc.get("pods") or []
+        findings = doc.get("findings") or []
+        per_gpu = doc.get("per_gpu") or []
+        if not isinstance(pods, list) or not all(isinstance(p, str) for p in pods):
+            raise SummaryFormatError(f"{what}.pods: expected a list of pod names")
+        if not isinstance(findings, list) or not isinstance(per_gpu, list):
+            raise SummaryFormatError(f"{what}: findings and per_gpu must be lists")
+        final = doc.get("final")
+        if final is not None and not isinstance(final, bool):
+            raise SummaryFormatError(f"{what}.final: expected true, false or null, got {final!r}")
+        ended = doc.get("ended")
+        return cls(
+            key=key,
+            uid=_opt_str(doc, "uid", what),
+            team=_str(doc, "team", what),
+            queue=_opt_str(doc, "queue", what),
+            gpu_model=_opt_str(doc, "gpu_model", what),
+            gpus=_opt_num(doc, "gpus", what),
+            pods=tuple(pods),
+            start=parse_rfc3339(_get(doc, "start", what), f"{what}.start"),
+            end=parse_rfc3339(_get(doc, "end", what), f"{what}.end"),
+            gpu_hours=_opt_num(doc, "gpu_hours", what),
+            busy_signal=_metric(doc.get("busy_signal"), f"{what}.busy_signal"),
+            **_means(doc, what),
+            coverage=_opt_num(doc, "coverage", what),
+            mfu_estimate=_opt_num(doc, "mfu_estimate", what),
+            waste_gpu_hours=_opt_num(doc, "waste_gpu_hours", what),
+            verdict=_verdict(_get(doc, "verdict", what), f"{what}.verdict"),
+            findings=tuple(finding_from_json(f, f"{what}.findings[{i}]") for i, f in enumerate(findings)),
+            stats=_stats(doc, what),
+            per_gpu=tuple(GpuSummary.from_json(g, f"{what}.per_gpu[{i}]") for i, g in enumerate(per_gpu)),
+            window_start=parse_rfc3339(_get(window, "start", f"{what}.window"), f"{what}.window.start"),
+            window_end=parse_rfc3339(_get(window, "end", f"{what}.window"), f"{what}.window.end"),
+            scrape_interval_s=_opt_num(doc, "scrape_interval_s", what),
+            computed_at=parse_rfc3339(_get(doc, "computed_at", what), f"{what}.computed_at"),
+            final=final,
+            ended=parse_rfc3339(ended, f"{what}.ended") if ended is not None else None,
+            extra={k: v for k, v in doc.items() if k not in _JSON_KEYS},
+        )
+
+    def value_of(self, name: str) -> object:
+        """A top-level field by its audit-JSON name (what a policy condition names), or None."""
+        if name in _SCALAR_NAMES:
+            v = getattr(self, name)
+            return v.value if isinstance(v, (Verdict, Metric)) else v
+        if name in ("cluster", "namespace", "job"):
+            return getattr(self.key, name)
+        return None
+
+
+#: every key :meth:`JobSummary.to_json` writes itself
+_JSON_KEYS = frozenset(
+    {"cluster", "namespace", "job", "window", *LIFECYCLE_FIELDS}
+    | {f.name for f in fields(JobSummary) if f.name not in ("key", "window_start", "window_end", "extra")}
+)
+#: the top-level fields that hold one number or string (what policies and store columns read)
+_SCALAR_NAMES = frozenset(
+    f.name
+    for f in fields(JobSummary)
+    if f.name not in ("key", "pods", "findings", "stats", "per_gpu", "extra", "final", "ended")
+)
+
+
+def numeric_fields() -> tuple[str, ...]:
+    """The audit JSON's top-level numeric fields (type ``float | None``), in declaration order:
+    what a policy condition can compare."""
+    return tuple(f.name for f in fields(JobSummary) if f.type in ("float | None",))
+
+
+def sort_key(s: JobSummary) -> tuple[bool, float, float, str, str]:
+    """Most wasted GPU-hours first; unknown waste after known, then by GPU-hours, then name."""
+    w = s.waste_gpu_hours
+    return (w is None, -(w or 0.0), -(s.gpu_hours or 0.0), s.namespace, s.job)
+
+
+def sorted_summaries(summaries: Sequence[JobSummary]) -> list[JobSummary]:
+    return sorted(summaries, key=sort_key)
