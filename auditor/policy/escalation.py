@@ -14,21 +14,10 @@ a restarted process that replays a cycle finds the key taken and does nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
+from auditor.core.violations import ViolationState as ViolationState  # re-exported
 from auditor.policy.schema import Policy, Step
-
-
-@dataclass(frozen=True)
-class ViolationState:
-    """What the store remembers of one open violation."""
-
-    id: int | None
-    episode: int
-    opened_at: datetime
-    next_step: int
-    last_step_at: datetime | None
 
 
 def due_step(policy: Policy, state: ViolationState, now: datetime) -> tuple[int, Step] | None:

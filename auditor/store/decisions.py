@@ -14,73 +14,10 @@ from typing import Any, Iterable
 
 import sqlalchemy as sa
 
+from auditor.core.violations import ViolationState
 from auditor.errors import StoreError
-from auditor.policy.escalation import ViolationState
+from auditor.store.policy_tables import actions, decisions, violations
 from auditor.store.store import Store
-from auditor.store.tables import JSONDoc, UTCDateTime
-
-_md = sa.MetaData()
-
-
-def _job_cols() -> list[sa.Column]:
-    return [
-        sa.Column("cluster", sa.String(253), nullable=False),
-        sa.Column("namespace", sa.String(253), nullable=False),
-        sa.Column("kind", sa.String(253), nullable=False),
-        sa.Column("name", sa.String(253), nullable=False),
-    ]
-
-
-violations = sa.Table(
-    "policy_violations",
-    _md,
-    sa.Column("id", sa.Integer, primary_key=True),
-    *_job_cols(),
-    sa.Column("uid", sa.String(64)),
-    sa.Column("policy", sa.String(253), nullable=False),
-    sa.Column("episode", sa.Integer, nullable=False),
-    sa.Column("state", sa.String(32), nullable=False),
-    sa.Column("opened_at", UTCDateTime, nullable=False),
-    sa.Column("last_seen_at", UTCDateTime, nullable=False),
-    sa.Column("closed_at", UTCDateTime),
-    sa.Column("next_step", sa.Integer, nullable=False),
-    sa.Column("last_step_at", UTCDateTime),
-    sa.Column("evidence", JSONDoc, nullable=False),
-)
-decisions = sa.Table(
-    "policy_decisions",
-    _md,
-    sa.Column("id", sa.Integer, primary_key=True),
-    sa.Column("dedup_key", sa.String(700), nullable=False, unique=True),
-    sa.Column("violation_id", sa.Integer),
-    *_job_cols(),
-    sa.Column("policy", sa.String(253), nullable=False),
-    sa.Column("mode", sa.String(16), nullable=False),
-    sa.Column("step", sa.Integer, nullable=False),
-    sa.Column("actions", JSONDoc, nullable=False),
-    sa.Column("decided_at", UTCDateTime, nullable=False),
-    sa.Column("dry_run", sa.Boolean, nullable=False),
-    sa.Column("verdict", sa.String(64), nullable=False),
-    sa.Column("reason", sa.Text, nullable=False),
-    sa.Column("evidence", JSONDoc, nullable=False),
-)
-actions = sa.Table(
-    "policy_actions",
-    _md,
-    sa.Column("id", sa.Integer, primary_key=True),
-    sa.Column("dedup_key", sa.String(760), nullable=False, unique=True),
-    sa.Column("decision_id", sa.Integer),
-    *_job_cols(),
-    sa.Column("policy", sa.String(253), nullable=False),
-    sa.Column("action", sa.String(64), nullable=False),
-    sa.Column("state", sa.String(32), nullable=False),
-    sa.Column("attempts", sa.Integer, nullable=False),
-    sa.Column("created_at", UTCDateTime, nullable=False),
-    sa.Column("updated_at", UTCDateTime, nullable=False),
-    sa.Column("due_at", UTCDateTime),
-    sa.Column("result", JSONDoc, nullable=False),
-    sa.Column("error", sa.Text),
-)
 
 #: action states
 CLAIMED, DONE, FAILED, SKIPPED, WAITING = "claimed", "done", "failed", "skipped", "waiting"
@@ -170,7 +107,7 @@ class DecisionStore:
     ) -> ViolationState:
         """The job's open violation of ``policy``, opened now if there is none."""
         for _ in range(3):
-            with self.store._guard("open a violation"), self.store._connect(write=True, own=True) as conn:
+            with self.store.writing("open a violation", own=True) as conn:
                 row = conn.execute(
                     sa.select(violations).where(
                         job.where(violations), violations.c.policy == policy, violations.c.state == "open"
@@ -214,7 +151,7 @@ class DecisionStore:
             q = q.where(job.where(violations))
         if policy is not None:
             q = q.where(violations.c.policy == policy)
-        with self.store._guard("read violations"), self.store._connect() as conn:
+        with self.store.reading("read violations") as conn:
             return [
                 (JobIdent(r.cluster, r.namespace, r.kind, r.name), r.policy, _state(r))
                 for r in conn.execute(q.order_by(violations.c.id))
@@ -222,7 +159,7 @@ class DecisionStore:
 
     def close_violation(self, job: JobIdent, policy: str, now: datetime) -> bool:
         """Close the open violation (the policy stopped firing): a later one starts a new ladder."""
-        with self.store._guard("close a violation"), self.store._connect(write=True, own=True) as conn:
+        with self.store.writing("close a violation", own=True) as conn:
             n = conn.execute(
                 violations.update()
                 .where(job.where(violations), violations.c.policy == policy, violations.c.state == "open")
@@ -255,7 +192,7 @@ class DecisionStore:
         the violation already moved past it): then the caller must do nothing.
         """
         try:
-            with self.store._guard("claim a step"), self.store._connect(write=True, own=True) as conn:
+            with self.store.writing("claim a step", own=True) as conn:
                 moved = conn.execute(
                     violations.update()
                     .where(
@@ -316,7 +253,7 @@ class DecisionStore:
         error: str | None = None,
         due_at: datetime | None = None,
     ) -> None:
-        with self.store._guard("record an action"), self.store._connect(write=True, own=True) as conn:
+        with self.store.writing("record an action", own=True) as conn:
             conn.execute(
                 actions.update()
                 .where(actions.c.dedup_key == key)
@@ -333,7 +270,7 @@ class DecisionStore:
     def take_action(self, key: str, from_state: str, to_state: str, now: datetime) -> bool:
         """Move an action between states only if it is still in ``from_state`` (compare-and-set),
         so two replicas cannot both run the reactivation of one requeue."""
-        with self.store._guard("take an action"), self.store._connect(write=True, own=True) as conn:
+        with self.store.writing("take an action", own=True) as conn:
             n = conn.execute(
                 actions.update()
                 .where(actions.c.dedup_key == key, actions.c.state == from_state)
@@ -349,7 +286,7 @@ class DecisionStore:
             q = q.where(actions.c.cluster == cluster)
         if action is not None:
             q = q.where(actions.c.action == action)
-        with self.store._guard("read actions"), self.store._connect() as conn:
+        with self.store.reading("read actions") as conn:
             return [_action(r) for r in conn.execute(q.order_by(actions.c.id))]
 
     def count_actions(
@@ -367,7 +304,7 @@ class DecisionStore:
         )
         if cluster is not None:
             q = q.where(actions.c.cluster == cluster)
-        with self.store._guard("count actions"), self.store._connect() as conn:
+        with self.store.reading("count actions") as conn:
             return int(conn.execute(q).scalar_one())
 
     def count_job_actions(self, job: JobIdent, action: str, states: Iterable[str] = (CLAIMED, DONE, WAITING)) -> int:
@@ -376,7 +313,7 @@ class DecisionStore:
             .select_from(actions)
             .where(job.where(actions), actions.c.action == action, actions.c.state.in_(list(states)))
         )
-        with self.store._guard("count actions"), self.store._connect() as conn:
+        with self.store.reading("count actions") as conn:
             return int(conn.execute(q).scalar_one())
 
     def decisions(
@@ -389,7 +326,7 @@ class DecisionStore:
             q = q.where(decisions.c.decided_at < until)
         if job is not None:
             q = q.where(job.where(decisions))
-        with self.store._guard("read decisions"), self.store._connect() as conn:
+        with self.store.reading("read decisions") as conn:
             return [dict(r._mapping) for r in conn.execute(q.order_by(decisions.c.id))]
 
     def actions(
@@ -410,7 +347,7 @@ class DecisionStore:
             q = q.where(actions.c.state.in_(list(states)))
         if cluster is not None:
             q = q.where(actions.c.cluster == cluster)
-        with self.store._guard("read actions"), self.store._connect() as conn:
+        with self.store.reading("read actions") as conn:
             return [_action(r) for r in conn.execute(q.order_by(actions.c.id))]
 
     def stale_claims(self, now: datetime, older_than: timedelta, *, cluster: str) -> list[ActionRow]:
@@ -420,7 +357,7 @@ class DecisionStore:
         q = sa.select(actions).where(
             actions.c.cluster == cluster, actions.c.state == CLAIMED, actions.c.updated_at < now - older_than
         )
-        with self.store._guard("read actions"), self.store._connect() as conn:
+        with self.store.reading("read actions") as conn:
             return [_action(r) for r in conn.execute(q.order_by(actions.c.id))]
 
     def record_would_do(
@@ -445,7 +382,7 @@ class DecisionStore:
         (returns False).
         """
         try:
-            with self.store._guard("record a dry-run decision"), self.store._connect(write=True, own=True) as conn:
+            with self.store.writing("record a dry-run decision", own=True) as conn:
                 conn.execute(
                     decisions.insert().values(
                         dedup_key=dedup_key,

@@ -21,9 +21,9 @@ The deliveries ledger (table ``report_deliveries``, migration 0003) is what make
 go out once per team, week and channel across restarts and replicas: a row is claimed (inserted
 under a unique dedup key) before the message is posted, and marked ``sent`` after.
 
-This module reaches into :class:`~auditor.store.Store`'s connection and error plumbing
-(``_connect``, ``_guard``) rather than adding methods to it: the store keeps one transaction
-and one error policy for everything, and the report queries live beside their users.
+This module uses only the store's public transactions (:meth:`~auditor.store.Store.reading`,
+:meth:`~auditor.store.Store.writing`): the store keeps one transaction and one error policy for
+everything, and the report queries live beside their users.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from auditor.errors import BadInput
+from auditor.store.policy_tables import actions as policy_actions
 from auditor.store.store import Store
 from auditor.store.tables import BUCKETS, JOBS, SUMMARIES, UTCDateTime
 
@@ -146,7 +147,7 @@ class ReportStore:
         2 s) rather than the week's range of ``ix_job_summaries_week``. PostgreSQL keeps its
         own statistics (autovacuum), so it gets the plain comparison."""
         cond = _s.cluster == cluster
-        return sa.func.likely(cond) if self.store._sqlite else cond
+        return sa.func.likely(cond) if self.store.is_sqlite else cond
 
     def _scope(self, q: sa.Select, cluster: str | None, teams: Sequence[str] | None) -> sa.Select:
         if cluster is not None:
@@ -193,7 +194,7 @@ class ReportStore:
             tensor_hours,
         ).where(_s.start >= start, _s.end <= end, _s.end > start)
         q = self._scope(q, cluster, teams).group_by(_s.team, _s.verdict, *([model] if by_model else []))
-        with self.store._guard("read the week's job summaries"), self.store._connect() as conn:
+        with self.store.reading("read the week's job summaries") as conn:
             rows = conn.execute(q).all()
         out = [
             Group(t, v, m or "", int(n), float(gh or 0), float(mh or 0), float(uh or 0), float(w or 0), float(th or 0))
@@ -252,7 +253,7 @@ class ReportStore:
         # instead of the weeks' range of the ``end`` index (the few rows are sorted here)
         q = self._scope(q, cluster, teams)
         out: list[list[JobWeek]] = []
-        with self.store._guard("read the weeks' boundary jobs"), self.store._connect() as conn:
+        with self.store.reading("read the weeks' boundary jobs") as conn:
             rows = sorted(conn.execute(q).all(), key=lambda r: r[0])
             for start, end in weeks:
                 mine = [r for r in rows if r[8] > start and r[7] < end and (r[7] < start or r[8] > end)]
@@ -318,7 +319,7 @@ class ReportStore:
                 return
             q = q.where(_s.job_id.in_(wanted))
         q = q.order_by(_s.job_id)
-        with self.store._guard("read the week's jobs"), self.store._connect() as conn:
+        with self.store.reading("read the week's jobs") as conn:
             result = conn.execution_options(yield_per=5000).execute(q)
             for r in result:
                 j = by_id.get(r[0])
@@ -343,7 +344,7 @@ class ReportStore:
         )
         inner = self._scope(ranked, cluster, teams).subquery()
         q = sa.select(inner.c.job_id).where(inner.c.rk <= n)
-        with self.store._guard("rank the week's jobs by waste"), self.store._connect() as conn:
+        with self.store.reading("rank the week's jobs by waste") as conn:
             return [int(x) for x in conn.execute(q).scalars()]
 
     def advice(self, job_ids: Sequence[int]) -> dict[int, tuple[str, str]]:
@@ -353,7 +354,7 @@ class ReportStore:
             return out
         code = _s.data[("findings", 0, "code")].as_string()
         msg = _s.data[("findings", 0, "message")].as_string()
-        with self.store._guard("read findings"), self.store._connect() as conn:
+        with self.store.reading("read findings") as conn:
             for i in range(0, len(job_ids), _IN_CHUNK):
                 q = sa.select(_s.job_id, code, msg).where(_s.job_id.in_(list(job_ids[i : i + _IN_CHUNK])))
                 for job_id, c, m in conn.execute(q):
@@ -365,20 +366,18 @@ class ReportStore:
         q = sa.select(_s.team).where(_s.end > start, _s.start < end).distinct()
         if cluster is not None:
             q = q.where(self._in_cluster(cluster))
-        with self.store._guard("list teams"), self.store._connect() as conn:
+        with self.store.reading("list teams") as conn:
             return sorted(t for t in conn.execute(q).scalars() if t is not None)
 
     def actions(self, start: datetime, end: datetime, *, cluster: str | None = None) -> dict[str, dict[str, int]]:
         """Policy actions carried out in ``[start, end)``: team → action → count.
 
-        Read from ``policy_actions`` (migration 0002, the policies feature) when that table
-        exists; a store without it reports none. Only actions that took effect (state ``done``)
-        count; the team is the job's (its namespace when the job has none).
+        Read from ``policy_actions`` (migration 0002, the policies feature; every opened store
+        has it). Only actions that took effect (state ``done``) count; the team is the job's (its
+        namespace when the job has none).
         """
-        with self.store._guard("read policy actions"), self.store._connect() as conn:
-            if not sa.inspect(conn).has_table("policy_actions"):
-                return {}
-            a = sa.Table("policy_actions", sa.MetaData(), autoload_with=conn)
+        a = policy_actions
+        with self.store.reading("read policy actions") as conn:
             team = sa.func.coalesce(sa.func.nullif(_jobs.c.team, ""), a.c.namespace)
             q = (
                 sa.select(team, a.c.action, sa.func.count())
@@ -426,7 +425,7 @@ class ReportStore:
         """
         if len(dedup_key) > 700:
             raise BadInput(f"report delivery key too long ({len(dedup_key)} > 700 characters)")
-        ins = self.store._insert(deliveries).values(
+        ins = self.store.insert(deliveries).values(
             dedup_key=dedup_key,
             cluster=cluster,
             week=week,
@@ -449,7 +448,7 @@ class ReportStore:
             )
             .values(status="claimed", attempts=_d.attempts + 1, claimed_at=now, claimed_by=holder, error=None)
         )
-        with self.store._guard(f"claim report delivery {dedup_key}"), self.store._connect(write=True) as conn:
+        with self.store.writing(f"claim report delivery {dedup_key}") as conn:
             if conn.execute(claim).first() is not None:
                 return True
             return conn.execute(retake).rowcount == 1
@@ -464,7 +463,7 @@ class ReportStore:
         if ok:
             values["sent_at"] = now
         stmt = sa.update(deliveries).where(_d.dedup_key == dedup_key, _d.claimed_by == holder, _d.status == "claimed")
-        with self.store._guard(f"record report delivery {dedup_key}"), self.store._connect(write=True) as conn:
+        with self.store.writing(f"record report delivery {dedup_key}") as conn:
             conn.execute(stmt.values(**values))
 
     def deliveries(self, *, cluster: str | None = None, week: str | None = None) -> list[dict]:
@@ -474,7 +473,7 @@ class ReportStore:
             q = q.where(_d.cluster == cluster)
         if week is not None:
             q = q.where(_d.week == week)
-        with self.store._guard("read report deliveries"), self.store._connect() as conn:
+        with self.store.reading("read report deliveries") as conn:
             return [dict(r) for r in conn.execute(q).mappings()]
 
 

@@ -43,10 +43,12 @@ from typing import Any
 import sqlalchemy as sa
 
 from auditor.errors import BadInput
-from auditor.store.decisions import DONE, FAILED, SKIPPED, actions, decisions, violations
+from auditor.store.decisions import DONE, FAILED, SKIPPED
+from auditor.store.policy_tables import actions, decisions, violations
 from auditor.store.reports import deliveries
-from auditor.store.store import Store, _aware
+from auditor.store.store import Store
 from auditor.store.tables import AGGREGATES, AUDIT_RUNS, BUCKETS, JOBS, POD_OWNERS, SUMMARIES
+from auditor.store.values import aware
 
 _jobs, _buckets, _summaries, _runs, _aggregates, _owners = JOBS, BUCKETS, SUMMARIES, AUDIT_RUNS, AGGREGATES, POD_OWNERS
 
@@ -126,8 +128,8 @@ def prune(
 
     Raises :class:`~auditor.errors.StoreError` when the database fails; nothing is deleted then.
     """
-    with store._guard("apply retention"):
-        _aware(now, "now")
+    with store.checking("apply retention"):
+        aware(now, "now")
     if cluster is not None and (not isinstance(cluster, str) or not cluster):
         raise BadInput(f"cluster must be a non-empty name or None (every cluster), got {cluster!r}")
     steps = _steps(
@@ -135,7 +137,7 @@ def prune(
     )
     deleted: dict[str, int] = {}
     what = "count what retention would delete" if dry_run else "apply retention"
-    with store._guard(what), store._connect(write=not dry_run) as conn:
+    with store.reading(what) if dry_run else store.writing(what) as conn:
         for name, table, where in steps:
             if dry_run:
                 deleted[name] = int(

@@ -9,7 +9,6 @@ and the operation, ``retryable`` when a retry can help (a connection drop, a loc
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -40,6 +39,7 @@ from auditor.store.lineage_tables import record_summary
 from auditor.store.summaries import SUMMARY_FIELDS as SUMMARY_FIELDS  # re-exported
 from auditor.store.summaries import summary_columns as summary_columns  # re-exported
 from auditor.store.tables import AGGREGATES, AUDIT_RUNS, BUCKETS, JOBS, POD_OWNERS, SUMMARIES
+from auditor.store.values import Invalid, aware, number, parse_time, plain_json
 
 log = logging.getLogger(__name__)
 
@@ -273,8 +273,8 @@ class Store:
         they are known (a recreated job gets a new uid; a relabelled one a new team).
         """
         with self._guard(f"save job {job.key}"):
-            _aware(first_seen, "first_seen")
-            _aware(last_seen, "last_seen")
+            aware(first_seen, "first_seen")
+            aware(last_seen, "last_seen")
         params = {
             "cluster": job.cluster,
             "namespace": job.namespace,
@@ -504,11 +504,11 @@ class Store:
         where = f"save the aggregate of job {job_id}"
         with self._guard(where):
             if agg.through is None:
-                raise _Invalid("an aggregate without 'through' cannot be stored")
+                raise Invalid("an aggregate without 'through' cannot be stored")
             values = {
                 "job_id": job_id,
                 "through": agg.through,
-                "updated": _aware(now, "now"),
+                "updated": aware(now, "now"),
                 "state": orjson.dumps(agg.to_json()),
             }
         stmt = self._insert(_aggregates).values(**values)
@@ -531,25 +531,25 @@ class Store:
         where = f"save summary of job {job_id}"
         with self._guard(where):
             if not isinstance(summary, dict):
-                raise _Invalid(f"summary must be a dict, got {type(summary).__name__}")
-            doc = _plain_json(summary, "summary")
+                raise Invalid(f"summary must be a dict, got {type(summary).__name__}")
+            doc = plain_json(summary, "summary")
             verdict = summary.get("verdict")
             if not isinstance(verdict, str) or not verdict:
-                raise _Invalid("summary has no verdict")
+                raise Invalid("summary has no verdict")
             values = {
                 "verdict": verdict,
-                "start": _parse_time(summary.get("start"), "start"),
-                "end": _parse_time(summary.get("end"), "end"),
-                "gpu_hours": _number(summary.get("gpu_hours"), "gpu_hours"),
-                "waste_gpu_hours": _number(summary.get("waste_gpu_hours"), "waste_gpu_hours"),
-                "computed_at": _parse_time(summary.get("computed_at"), "computed_at") or datetime.now(timezone.utc),
+                "start": parse_time(summary.get("start"), "start"),
+                "end": parse_time(summary.get("end"), "end"),
+                "gpu_hours": number(summary.get("gpu_hours"), "gpu_hours"),
+                "waste_gpu_hours": number(summary.get("waste_gpu_hours"), "waste_gpu_hours"),
+                "computed_at": parse_time(summary.get("computed_at"), "computed_at") or datetime.now(timezone.utc),
                 "data": doc,
                 **summary_columns(doc),
             }
         with self._guard(where), self._connect(write=True) as conn:
             job = conn.execute(sa.select(_jobs).where(_jobs.c.id == job_id)).mappings().first()
             if job is None:
-                raise _Invalid(f"no job with id {job_id}")
+                raise Invalid(f"no job with id {job_id}")
             values.update(
                 job_id=job_id,
                 cluster=job["cluster"],
@@ -589,9 +589,9 @@ class Store:
             q = q.where(s.team == team)
         with self._guard("read summaries"):
             if since is not None:
-                q = q.where(s.end > _aware(since, "since"))
+                q = q.where(s.end > aware(since, "since"))
             if until is not None:
-                q = q.where(s.start < _aware(until, "until"))
+                q = q.where(s.start < aware(until, "until"))
         q = q.order_by(
             sa.case((s.waste_gpu_hours.is_(None), 1), else_=0),
             s.waste_gpu_hours.desc(),
@@ -639,15 +639,15 @@ class Store:
                 values = {
                     "window_start": window.start,
                     "window_end": window.end,
-                    "started": _aware(started, "started"),
-                    "finished": _aware(finished, "finished"),
+                    "started": aware(started, "started"),
+                    "finished": aware(finished, "finished"),
                     "jobs": int(jobs),
                     "queries": int(queries),
                     "status": str(status),
-                    "detail": _plain_json(detail, "detail", default=str),
+                    "detail": plain_json(detail, "detail", default=str),
                 }
             except (TypeError, ValueError, AttributeError) as exc:
-                raise _Invalid(str(exc)) from None
+                raise Invalid(str(exc)) from None
         stmt = sa.insert(_runs).values(values).returning(_runs.c.id)
         with self._guard("record audit run"), self._connect(write=True) as conn:
             run_id = conn.execute(stmt).scalar_one()
@@ -691,11 +691,11 @@ class Store:
         """Record when a job ended (None: it runs again, e.g. new pods under the same name)."""
         with self._guard(f"mark job {job_id} ended"):
             if ended_at is not None:
-                _aware(ended_at, "ended_at")
+                aware(ended_at, "ended_at")
         stmt = sa.update(_jobs).where(_jobs.c.id == job_id).values(ended_at=ended_at)
         with self._guard(f"mark job {job_id} ended"), self._connect(write=True) as conn:
             if conn.execute(stmt).rowcount == 0:
-                raise _Invalid(f"no job with id {job_id}")
+                raise Invalid(f"no job with id {job_id}")
 
     # ------------------------------------------------------------------ transactions
 
@@ -705,19 +705,38 @@ class Store:
 
         ``what`` names the operation in the :class:`StoreError` raised on failure (with the
         URL and whether a retry can help); inside :meth:`batch` the batch's connection is used.
+        A value refused inside with :class:`~auditor.store.values.Invalid` becomes a StoreError too.
         """
         with self._guard(what), self._connect() as conn:
             yield conn
 
     @contextmanager
-    def writing(self, what: str) -> Iterator[Connection]:
+    def writing(self, what: str, *, own: bool = False) -> Iterator[Connection]:
         """A write transaction: committed when the block succeeds, rolled back when it raises.
 
         Same error mapping as :meth:`reading`; on SQLite it takes the write lock up front, and
-        inside :meth:`batch` it is a savepoint, so a failed block undoes only itself.
+        inside :meth:`batch` it is a savepoint, so a failed block undoes only itself. ``own``
+        takes a transaction of its own even inside a batch, committed when the block ends: for
+        a claim that must be durable before the side effect it guards runs (the decision log).
         """
-        with self._guard(what), self._connect(write=True) as conn:
+        with self._guard(what), self._connect(write=True, own=own) as conn:
             yield conn
+
+    @contextmanager
+    def checking(self, what: str) -> Iterator[None]:
+        """Value checks outside a transaction: :class:`~auditor.store.values.Invalid` raised
+        inside becomes the same StoreError as in :meth:`writing`, before any connection is taken."""
+        with self._guard(what):
+            yield
+
+    @property
+    def is_sqlite(self) -> bool:
+        """Whether the database is SQLite (some queries carry planner hints only it needs)."""
+        return self._sqlite
+
+    def insert(self, table: sa.Table) -> Any:
+        """The dialect's ``INSERT`` for ``table``, with ``on_conflict_do_update/_nothing``."""
+        return self._insert(table)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -766,7 +785,7 @@ class Store:
         """Turn database errors into StoreError naming the URL and the failed operation."""
         try:
             yield
-        except _Invalid as exc:
+        except Invalid as exc:
             raise StoreError(f"store {self.display_url}: {what} failed: {exc}") from exc
         except sa.exc.SQLAlchemyError as exc:
             raise StoreError(
@@ -881,25 +900,6 @@ class Displaced:
     owner: int
 
 
-class _Invalid(ValueError):
-    """A value the store refuses; methods turn it into StoreError with the URL and operation."""
-
-
-def _aware(value: datetime, label: str) -> datetime:
-    if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
-        raise _Invalid(f"{label} must be a timezone-aware datetime, got {value!r}")
-    return value
-
-
-def _plain_json(value: Any, label: str, default: Any = None) -> Any:
-    """A deep copy through JSON: what the database will hold, refused early if it is not JSON
-    (NaN is refused too: PostgreSQL's jsonb rejects it, and SQLite would silently differ)."""
-    try:
-        return json.loads(json.dumps(value, allow_nan=False, default=default))
-    except (TypeError, ValueError) as exc:
-        raise _Invalid(f"{label} is not plain JSON: {exc}") from None
-
-
 def _cached(convert: Any) -> Any:
     """Memoise a time converter: a batch of buckets shares a handful of distinct start/end times."""
     cache: dict[datetime, Any] = {}
@@ -920,19 +920,19 @@ _INT_MAX = 2**31 - 1  # the columns are 32-bit INTEGER on PostgreSQL
 
 
 def _bucket_row(job_id: int, b: Bucket, to_db: Any) -> tuple:
-    """One bucket as driver parameters in ``_BUCKET_COLUMNS`` order, or :class:`_Invalid`
+    """One bucket as driver parameters in ``_BUCKET_COLUMNS`` order, or :class:`Invalid`
     naming the bucket. Checks here keep SQLite and PostgreSQL equally strict."""
     try:
         if b.start.tzinfo is None or b.end.tzinfo is None:
-            raise _Invalid("naive start/end (times must be timezone-aware)")
+            raise Invalid("naive start/end (times must be timezone-aware)")
         if b.end <= b.start:
-            raise _Invalid(f"end {b.end.isoformat()} is not after start")
+            raise Invalid(f"end {b.end.isoformat()} is not after start")
         total, count, dropped, lo, hi = float(b.total), b.count, b.dropped, b.minimum, b.maximum
         if not math.isfinite(total):
-            raise _Invalid(f"total {total!r} is not finite")
+            raise Invalid(f"total {total!r} is not finite")
         for label, n in (("count", count), ("dropped", dropped)):
             if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= _INT_MAX:
-                raise _Invalid(f"{label} {n!r} is not a count")
+                raise Invalid(f"{label} {n!r} is not a count")
         low = None if lo is None or lo != lo else float(lo)  # NaN → NULL (SQLite cannot store NaN)
         high = None if hi is None or hi != hi else float(hi)
         pod, gpu = b.pod, b.gpu
@@ -956,8 +956,8 @@ def _bucket_row(job_id: int, b: Bucket, to_db: Any) -> tuple:
             high,
             dropped,
         )
-    except (_Invalid, TypeError, ValueError, AttributeError) as exc:
-        raise _Invalid(f"bad bucket {_describe(b)}: {exc}") from None
+    except (Invalid, TypeError, ValueError, AttributeError) as exc:
+        raise Invalid(f"bad bucket {_describe(b)}: {exc}") from None
 
 
 def _describe(b: Any) -> str:
@@ -999,28 +999,3 @@ def _job_ref(r: Any) -> JobRef:
         team=r["team"],
         queue=r["queue"],
     )
-
-
-def _parse_time(value: Any, label: str) -> datetime | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        dt = value
-    elif isinstance(value, str):
-        try:
-            dt = datetime.fromisoformat(value.replace("Z", "+00:00") if value.endswith("Z") else value)
-        except ValueError:
-            raise _Invalid(f"{label} {value!r} is not an RFC 3339 time") from None
-    else:
-        raise _Invalid(f"{label} {value!r} is not an RFC 3339 time")
-    if dt.tzinfo is None or dt.utcoffset() is None:
-        raise _Invalid(f"{label} {value!r} has no time zone")
-    return dt
-
-
-def _number(value: Any, label: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _Invalid(f"{label} {value!r} is not a finite number")
-    return float(value)
