@@ -13,6 +13,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from kueue_objects import KV, delete_cluster_object
@@ -59,9 +60,13 @@ def is_true(obj: dict, kind: str) -> bool:
 
 
 @contextmanager
-def gate_queue(api: Any, namespace: str, *, gpus: int = 1, strategy: str = "BestEffortFIFO") -> Iterator[GateQueue]:
+def gate_queue(
+    api: Any, namespace: str, *, gpus: int = 1, strategy: str = "BestEffortFIFO", check: str | None = None
+) -> Iterator[GateQueue]:
+    """``check``: an AdmissionCheck that exists (the chart's), else one is made for the test."""
     case = uuid.uuid4().hex[:8]
-    gpu, cpu, cq, ac = f"gpu-{case}", f"cpu-{case}", f"cq-{case}", f"gpu-efficiency-{case}"
+    gpu, cpu, cq = f"gpu-{case}", f"cpu-{case}", f"cq-{case}"
+    ac = check or f"gpu-efficiency-{case}"
     for rf in (gpu, cpu):
         call_json(
             api,
@@ -69,17 +74,18 @@ def gate_queue(api: Any, namespace: str, *, gpus: int = 1, strategy: str = "Best
             method="POST",
             body={"apiVersion": KV, "kind": "ResourceFlavor", "metadata": {"name": rf}},
         )
-    call_json(
-        api,
-        resource_path(KV, "admissionchecks"),
-        method="POST",
-        body={
-            "apiVersion": KV,
-            "kind": "AdmissionCheck",
-            "metadata": {"name": ac},
-            "spec": {"controllerName": CONTROLLER_NAME},
-        },
-    )
+    if check is None:
+        call_json(
+            api,
+            resource_path(KV, "admissionchecks"),
+            method="POST",
+            body={
+                "apiVersion": KV,
+                "kind": "AdmissionCheck",
+                "metadata": {"name": ac},
+                "spec": {"controllerName": CONTROLLER_NAME},
+            },
+        )
     call_json(
         api,
         resource_path(KV, "clusterqueues"),
@@ -123,7 +129,8 @@ def gate_queue(api: Any, namespace: str, *, gpus: int = 1, strategy: str = "Best
         )
         call_json(api, resource_path(KV, "localqueues", namespace, "lq"), method="DELETE")
         delete_cluster_object(api, "clusterqueues", cq)
-        delete_cluster_object(api, "admissionchecks", ac)
+        if check is None:
+            delete_cluster_object(api, "admissionchecks", ac)
         for rf in (gpu, cpu):
             delete_cluster_object(api, "resourceflavors", rf)
 
@@ -151,11 +158,15 @@ def running_gate(
     timeout: float = 2.0,
     fail_closed: bool = False,
     holds_namespace: str | None = None,
+    holds_name: str = "gpu-auditor-holds",
     reader: Any = None,
+    api_admin: Any = None,
     clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
 ) -> Iterator[GateController]:
     from auditor.store.lineage import AckLog, LineageHistoryReader
 
+    if holds_namespace:
+        ensure_holds_crd(api_admin or api)
     gate = AdmissionGate(
         reader or LineageHistoryReader(store),
         core_decide,
@@ -166,7 +177,7 @@ def running_gate(
     ctl = GateController(
         api,
         gate,
-        ControllerConfig(holds_namespace=holds_namespace, holds_name="gpu-auditor-holds", sweep_interval=0.5),
+        ControllerConfig(holds_namespace=holds_namespace, holds_name=holds_name, sweep_interval=0.5),
         clock=clock,
         instance="test",
     ).start()
@@ -179,9 +190,17 @@ def running_gate(
 
 
 def gpu_job(
-    api: Any, ns: str, name: str, *, lineage: str | None = None, priority_class: str | None = None, cpu: bool = False
+    api: Any,
+    ns: str,
+    name: str,
+    *,
+    lineage: str | None = None,
+    priority_class: str | None = None,
+    cpu: bool = False,
+    dry_run: bool = False,
 ) -> dict:
-    """A one-GPU (or, ``cpu``, one-CPU) batch Job queued to ``lq``."""
+    """A one-GPU (or, ``cpu``, one-CPU) batch Job queued to ``lq`` (``dry_run``: what the admission
+    chain would make of it, nothing created)."""
     req = {"cpu": "1"} if cpu else {"nvidia.com/gpu": "1"}
     labels = {"kueue.x-k8s.io/queue-name": "lq"}
     if lineage:
@@ -192,6 +211,7 @@ def gpu_job(
         api,
         resource_path("batch/v1", "jobs", ns),
         method="POST",
+        query=[("dryRun", "All")] if dry_run else None,
         body={
             "apiVersion": "batch/v1",
             "kind": "Job",
@@ -242,3 +262,47 @@ def check_state(wl: dict, check: str) -> dict:
 def events(api: Any, ns: str, name: str) -> list[dict]:
     items = call_json(api, resource_path("events.k8s.io/v1", "events", ns)).get("items") or []
     return [e for e in items if (e.get("regarding") or {}).get("name") == name]
+
+
+HOLDS_CRD = Path(__file__).resolve().parents[1] / "charts" / "gpu-auditor" / "crds" / "gateholds.gpu-auditor.io.yaml"
+
+
+def ensure_holds_crd(api: Any) -> None:
+    """The chart's GateHolds CRD (helm installs it once from crds/ and never removes it; so do we)."""
+    import yaml
+    from kubernetes.client.exceptions import ApiException
+
+    path = resource_path("apiextensions.k8s.io/v1", "customresourcedefinitions")
+    try:
+        call_json(api, path, method="POST", body=yaml.safe_load(HOLDS_CRD.read_text()))
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    until(
+        lambda: is_true(call_json(api, f"{path}/gateholds.gpu-auditor.io"), "Established"),
+        "the GateHolds CRD established",
+    )
+    until(lambda: _served(api), "gateholds served")
+
+
+def _served(api: Any) -> bool:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        call_json(api, "/apis/gpu-auditor.io/v1alpha1/gateholds")
+        return True
+    except ApiException:
+        return False
+
+
+def holds_of(api: Any, namespace: str, name: str) -> dict[str, str]:
+    """``spec.holds`` of a GateHolds object ({} when it does not exist)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        obj = call_json(api, resource_path("gpu-auditor.io/v1alpha1", "gateholds", namespace, name))
+    except ApiException as exc:
+        if exc.status == 404:
+            return {}
+        raise
+    return dict((obj.get("spec") or {}).get("holds") or {})

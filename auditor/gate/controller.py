@@ -6,7 +6,7 @@ our ``Pending`` check on every Workload that holds quota (Kueue adds the check o
 its ClusterQueue's ``admissionChecksStrategy`` names). A third loop, the sweep, releases what the
 gate held once its lineage is acknowledged: it removes our admission gate from gated Jobs and
 deletes the Workloads the check rejected (Kueue recreates them from the suspended Job; re-activating
-them sticks on Kueue v0.17), and drops released lineages from the holds ConfigMap.
+them sticks on Kueue v0.17), and drops released lineages from the holds.
 
 The operator runs it on the leader only (:meth:`start` on leadership, :meth:`stop` on its loss).
 """
@@ -55,7 +55,7 @@ class ControllerConfig:
     """Where the controller keeps its holds and how often it sweeps."""
 
     cluster: str = "default"
-    #: the holds ConfigMap (read by the chart's MutatingAdmissionPolicy); no namespace: no gated path
+    #: the GateHolds object (read by the chart's MutatingAdmissionPolicy); no namespace: no gated path
     holds_namespace: str | None = None
     holds_name: str = "gpu-auditor-holds"
     sweep_interval: float = 5.0
@@ -318,7 +318,7 @@ class GateController:
             log.warning("gate: could not annotate or record an Event on %s: %s", view.job["job"], exc)
 
     def _list_hold(self, key: LineageKey, verdict: Verdict) -> None:
-        """Enforce's holds and probations go into the ConfigMap, so the next submission is gated
+        """Enforce's holds and probations go into the holds, so the next submission is gated
         before it takes quota (or gets the probation priority class)."""
         if self.holds is None or verdict.decision is None or self.gate.settings.mode != "enforce":
             return
@@ -328,7 +328,7 @@ class GateController:
         try:
             self.holds.set(key, kind, verdict.decision.reason)
         except Exception as exc:  # noqa: BLE001 - the check path still holds this submission
-            log.warning("gate: could not list %s in the holds ConfigMap: %s", lineage_name(key), exc)
+            log.warning("gate: could not list %s in the gate's holds: %s", lineage_name(key), exc)
 
     # ------------------------------------------------------------------ requeue through the check
 
@@ -367,7 +367,7 @@ class GateController:
     def sweep(self, now: datetime, jobs: list[dict] | None = None) -> list[str]:
         """Release every held Job whose lineage the gate now admits (acknowledged, or the store
         answering again after a fail-closed rejection); drop released lineages from the holds
-        ConfigMap. Returns what it released (``Kind ns/name``)."""
+        list. Returns what it released (``Kind ns/name``)."""
         verdicts: dict[LineageKey, Verdict] = {}
 
         def verdict(key: LineageKey) -> Verdict:

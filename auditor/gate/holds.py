@@ -1,10 +1,13 @@
-"""The holds ConfigMap: the lineages whose next submissions the MutatingAdmissionPolicy changes.
+"""The gate's holds: the lineages whose next submissions the MutatingAdmissionPolicy changes.
 
 Kueue's ``kueue.x-k8s.io/admission-gated-by`` can only be set when a Job is created, so the
 decision must be known before the Job exists: the operator lists, per ``<namespace>.<lineage>``,
 ``hold: <reason>`` (the policy adds the gate: no quota is taken until it is removed) or
-``probation: <reason>`` (the policy sets the probation WorkloadPriorityClass). The chart's policy
-reads this ConfigMap as its parameter; outside a cluster the operator creates it when missing.
+``probation: <reason>`` (the policy sets the probation WorkloadPriorityClass), in the ``spec.holds``
+of one ``GateHolds`` object (gpu-auditor.io/v1alpha1, the chart's CRD), the policy's parameter. Not
+a ConfigMap: on Kubernetes 1.36 a policy with a built-in parameter kind loses its parameters for
+good after its binding goes away for a moment (kubernetes/kubernetes#130887). Outside a cluster the
+operator creates the object when missing (the CRD must be installed).
 """
 
 from __future__ import annotations
@@ -23,12 +26,15 @@ _VALUE_MAX = 512
 
 
 def entry_key(key: Key) -> str:
-    """The ConfigMap data key of a lineage (namespace and lineage are label values: no '/')."""
+    """The holds key of a lineage (namespace and lineage are label values: no '/')."""
     return f"{key.namespace}.{key.lineage}"
 
 
+GV = "gpu-auditor.io/v1alpha1"
+
+
 class HoldList:
-    """Read and change the holds ConfigMap ``namespace/name``."""
+    """Read and change the ``GateHolds`` object ``namespace/name``."""
 
     def __init__(self, api: client.ApiClient, namespace: str, name: str) -> None:
         self.api = api
@@ -36,15 +42,15 @@ class HoldList:
         self.name = name
 
     def _path(self) -> str:
-        return resource_path("v1", "configmaps", self.namespace, self.name)
+        return resource_path(GV, "gateholds", self.namespace, self.name)
 
     def read(self) -> dict[str, str]:
         try:
-            return dict(call_json(self.api, self._path()).get("data") or {})
+            return dict((call_json(self.api, self._path()).get("spec") or {}).get("holds") or {})
         except ApiException as exc:
             if exc.status == 404:
                 return {}
-            raise _fail(exc, f"read the holds ConfigMap {self.namespace}/{self.name}") from None
+            raise _fail(exc, f"read the gate's holds {self.namespace}/{self.name}") from None
 
     def set(self, key: Key, kind: str | None, reason: str = "") -> None:
         """``kind`` hold|probation lists the lineage, None removes it."""
@@ -60,19 +66,19 @@ class HoldList:
                 self.api,
                 self._path(),
                 method="PATCH",
-                body={"data": data},
+                body={"spec": {"holds": data}},
                 content_type="application/merge-patch+json",
             )
         except ApiException as exc:
             if exc.status != 404:
-                raise _fail(exc, f"update the holds ConfigMap {self.namespace}/{self.name}") from None
+                raise _fail(exc, f"update the gate's holds {self.namespace}/{self.name}") from None
             body = {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
+                "apiVersion": GV,
+                "kind": "GateHolds",
                 "metadata": {"name": self.name, "namespace": self.namespace},
-                "data": {k: v for k, v in data.items() if v is not None},
+                "spec": {"holds": {k: v for k, v in data.items() if v is not None}},
             }
             try:
-                call_json(self.api, resource_path("v1", "configmaps", self.namespace), method="POST", body=body)
+                call_json(self.api, resource_path(GV, "gateholds", self.namespace), method="POST", body=body)
             except ApiException as exc2:
-                raise _fail(exc2, f"create the holds ConfigMap {self.namespace}/{self.name}") from None
+                raise _fail(exc2, f"create the gate's holds {self.namespace}/{self.name}") from None

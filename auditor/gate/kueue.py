@@ -31,7 +31,7 @@ APPLY = "application/apply-patch+yaml"
 GATED_BY = "kueue.x-k8s.io/admission-gated-by"
 #: our gate name inside that annotation (the MutatingAdmissionPolicy adds it)
 OUR_GATE = "gpu-auditor.io/efficiency-ack"
-#: why the MutatingAdmissionPolicy gated the Job (it copies the holds ConfigMap's value)
+#: why the MutatingAdmissionPolicy gated the Job (it copies the holds entry)
 HOLD_REASON = "gpu-auditor.io/hold-reason"
 #: set by the check path when it rejected the Job's Workload (JSON: lineage, reason, how to ack)
 GATE_REJECTED = "gpu-auditor.io/gate-rejected"

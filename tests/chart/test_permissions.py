@@ -15,7 +15,7 @@ CANONICAL = ROOT / "charts" / "gpu-auditor" / "files" / "permissions.yaml"
 COPY = ROOT / "auditor" / "permissions.yaml"
 
 SCOPES = {"cluster", "namespace"}
-ENABLED_BY = {"always", "annotate", "events", "kueue", "requeue"}
+ENABLED_BY = {"always", "annotate", "events", "kueue", "requeue", "gate", "gateHolds"}
 RULE_KEYS = {"apiGroups", "resources", "verbs", "resourceNamesFrom"}
 NEVER_VERBS = {"*", "escalate", "bind", "impersonate", "deletecollection"}
 
@@ -57,7 +57,7 @@ def test_shape():
         for rule in f["rules"]:
             assert set(rule) <= RULE_KEYS, (name, rule)
             assert rule["apiGroups"] and rule["resources"] and rule["verbs"], (name, rule)
-            assert rule.get("resourceNamesFrom") in (None, "leaseName", "secretNames"), (name, rule)
+            assert rule.get("resourceNamesFrom") in (None, "leaseName", "secretNames", "holdsName"), (name, rule)
 
 
 def test_never_granted():
@@ -67,17 +67,19 @@ def test_never_granted():
             verbs, resources = set(rule["verbs"]), set(rule["resources"])
             assert not verbs & NEVER_VERBS, (name, rule)
             assert "*" not in resources and "*" not in rule["apiGroups"], (name, rule)
-            assert "delete" not in verbs, (name, rule)
+            if "delete" in verbs:  # the gate re-admits a Workload it rejected by deleting it (Kueue #14870)
+                assert (name, rule["apiGroups"], rule["resources"]) == ("gate", ["kueue.x-k8s.io"], ["workloads"]), rule
             if "secrets" in resources:
                 assert f["scope"] == "namespace", f"{name}: Secrets only in the release namespace"
                 assert rule.get("resourceNamesFrom") == "secretNames" and verbs == {"get"}, (name, rule)
 
 
 def test_requeue_is_the_only_writer_of_workloads():
-    """Patching Kueue Workloads (the requeue action) must come from the requeue feature alone."""
+    """Patching Kueue Workloads (the requeue action) must come from the requeue feature alone; the
+    gate only deletes the ones it rejected (and writes their status subresource's check state)."""
     for name, f in load()["features"].items():
         for rule in f["rules"]:
             if "kueue.x-k8s.io" in rule["apiGroups"] and "workloads" in rule["resources"]:
                 writes = set(rule["verbs"]) - {"get", "list", "watch"}
-                assert not writes or name == "requeue", (name, rule)
+                assert not writes or name == "requeue" or (name == "gate" and writes == {"delete"}), (name, rule)
     assert load()["features"]["requeue"]["enabledBy"] == "requeue"

@@ -16,13 +16,14 @@ from datetime import datetime, timezone
 from typing import Iterator
 
 import pytest
-from gate_bed import (
+from gate_objects import (
     check_state,
     cluster_queue,
     condition,
     events,
     gate_queue,
     gpu_job,
+    holds_of,
     is_true,
     job,
     record_runs,
@@ -145,7 +146,7 @@ def test_enforce_rejects_with_quota_released_and_an_acknowledgement_readmits(kub
         assert rejected["workload"] == held and rejected["how"] == f"acknowledge with `gpu-auditor ack {ns}/train`"
         assert rejected["reason"].startswith("gpu-auditor: held, hold until acknowledged")
         until(lambda: "EfficiencyGateHeld" in _reasons(api, ns, "train-b7d2k"), "the held Event")
-        holds = call_json(api, resource_path("v1", "configmaps", ns, "gpu-auditor-holds"))["data"]
+        holds = holds_of(api, ns, "gpu-auditor-holds")
         assert holds[f"{ns}.train"].startswith("hold: hold until acknowledged")
         assert job(api, ns, "train-b7d2k")["spec"]["suspend"] is True
 
@@ -181,10 +182,7 @@ def test_enforce_rejects_with_quota_released_and_an_acknowledgement_readmits(kub
         )
         until(lambda: job(api, ns, "train-b7d2k")["spec"]["suspend"] is False, "the Job runs")
         until(
-            lambda: (
-                f"{ns}.train"
-                not in (call_json(api, resource_path("v1", "configmaps", ns, "gpu-auditor-holds")).get("data") or {})
-            ),
+            lambda: f"{ns}.train" not in holds_of(api, ns, "gpu-auditor-holds"),
             "the lineage dropped from the holds ConfigMap",
         )
         assert "EfficiencyGateReleased" in _reasons(api, ns, "train-b7d2k")

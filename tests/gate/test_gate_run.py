@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from gate_bed import check_state, cluster_queue, gate_queue, gpu_job, is_true, until, workload_of
+from gate_objects import check_state, cluster_queue, gate_queue, gpu_job, is_true, until, workload_of
 from kueue_objects import KV, kueue_running
 
 from auditor.kube.client import call_json, resource_path

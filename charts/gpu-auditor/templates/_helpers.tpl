@@ -65,6 +65,11 @@ app.kubernetes.io/component: node-agent
 {{- default (include "gpu-auditor.fullname" .) .Values.leaderElection.leaseName }}
 {{- end }}
 
+{{/* The gate's GateHolds object (read by its MutatingAdmissionPolicy, written by the operator). */}}
+{{- define "gpu-auditor.holdsName" -}}
+{{- printf "%s-holds" (include "gpu-auditor.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "gpu-auditor.pvcName" -}}
 {{- default (printf "%s-data" (include "gpu-auditor.fullname" .)) .Values.store.sqlite.existingClaim }}
 {{- end }}
@@ -135,8 +140,10 @@ access (files/permissions.yaml, resourceNamesFrom: secretNames).
 {{- $by := .feature.enabledBy }}
 {{- if eq $by "always" }}true
 {{- else if eq $by "requeue" }}{{ .values.requeue.enabled }}
+{{- else if eq $by "gate" }}{{ .values.gate.enabled }}
+{{- else if eq $by "gateHolds" }}{{ and .values.gate.enabled .values.gate.holdBeforeQuota.enabled }}
 {{- else if hasKey .values.features $by }}{{ get .values.features $by }}
-{{- else }}{{ fail (printf "files/permissions.yaml: feature enabledBy %q is not always, requeue or a key of .Values.features" $by) }}
+{{- else }}{{ fail (printf "files/permissions.yaml: feature enabledBy %q is not always, requeue, gate, gateHolds or a key of .Values.features" $by) }}
 {{- end }}
 {{- end }}
 
@@ -155,7 +162,7 @@ resourceNamesFrom is replaced by the names it refers to; a rule left with no nam
 {{- range (include "gpu-auditor.secretRefs" $root | fromJsonArray) }}
 {{- $secretNames = append $secretNames .name }}
 {{- end }}
-{{- $names := dict "leaseName" (list (include "gpu-auditor.leaseName" $root)) "secretNames" ($secretNames | uniq | sortAlpha) }}
+{{- $names := dict "leaseName" (list (include "gpu-auditor.leaseName" $root)) "secretNames" ($secretNames | uniq | sortAlpha) "holdsName" (list (include "gpu-auditor.holdsName" $root)) }}
 {{- $rules := list }}
 {{- range $fname := keys $perm.features | sortAlpha }}
 {{- $f := get $perm.features $fname }}
