@@ -47,12 +47,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def validate(args: argparse.Namespace) -> int:
     from auditor.policy.examples import run_suite
-    from auditor.policy.loader import load_files, parse_policies, read_path
+    from auditor.policy.loader import load_all, parse_policies, read_path
+    from auditor.policy.schema import GatePolicy
 
     files = read_path(args.path)
     if not files:
         raise BadInput(f"{args.path}: no policy files (*.yaml, *.yml) in it")
-    policies = load_files(files)
+    documents = load_all(files)
+    policies = [p for p in documents if not isinstance(p, GatePolicy)]
     failures: list[str] = []
     if not args.no_suites:
         for path, text in files.items():
@@ -60,13 +62,18 @@ def validate(args: argparse.Namespace) -> int:
             suite = Path(path).with_name("suite.yaml")
             if suite.exists() and len(ps) == 1:
                 failures += run_suite(ps[0], suite)
-    for p in policies:
-        print(f"ok  {p.name}  (mode {p.spec.mode.value}, {len(p.spec.escalation)} step(s))")
+    for d in documents:
+        if isinstance(d, GatePolicy):
+            print(f"ok  {d.name}  ({d.describe()})")
+        else:
+            print(f"ok  {d.name}  (mode {d.spec.mode.value}, {len(d.spec.escalation)} step(s))")
     for f in failures:
         print(f"suite failure: {f}", file=sys.stderr)
     if failures:
         return 1
-    print(f"{len(policies)} polic{'y' if len(policies) == 1 else 'ies'} valid")
+    gates = len(documents) - len(policies)
+    also = f" and {gates} gate rule{'' if gates == 1 else 's'}" if gates else ""
+    print(f"{len(policies)} polic{'y' if len(policies) == 1 else 'ies'}{also} valid")
     return 0
 
 
@@ -77,18 +84,26 @@ def simulate(args: argparse.Namespace) -> int:
     from auditor.cli.storeopts import command_settings, open_store, require_jobs
     from auditor.operator_loop.policies import policy_files
     from auditor.policy.backtest import simulate as backtest
-    from auditor.policy.loader import load_dir, load_files
+    from auditor.policy.backtest import simulate_gate
+    from auditor.policy.loader import load_all, read_dir
+    from auditor.policy.schema import GatePolicy, Policy
+    from auditor.store.lineage import LineageHistoryReader
 
     since = parse_duration(args.since, what="--since")
     settings = command_settings(args)
-    policies = load_dir(args.policies) if args.policies else load_files(policy_files(settings))
-    if not policies:
+    documents = load_all(read_dir(args.policies) if args.policies else policy_files(settings))
+    policies = [p for p in documents if isinstance(p, Policy)]
+    gates = [p for p in documents if isinstance(p, GatePolicy)]
+    if not documents:
         raise BadInput("no policies to simulate (give --policies DIR, or set policies.dir / policies.builtin)")
     now = compose.clock().now()
     store = open_store(settings, existing=True)
     try:
         require_jobs(store)
         result = {"store": store.display_url, **backtest(store, policies, since=now - since, until=now)}
+        if gates:
+            histories = LineageHistoryReader(store).histories(cluster=settings.cluster)
+            result["gate"] = simulate_gate(histories, gates, since=now - since, until=now)
     finally:
         store.close()
     if args.output == "json":
@@ -105,7 +120,21 @@ def simulate(args: argparse.Namespace) -> int:
             print(f"  {day}: {c['alerts']} alert(s), {c['requeues']} requeue(s), {c['hits']} job(s)")
         for h in pol["hits"][:20]:
             print(f"  {h['job']}: {h['reason']} → {', '.join(h['actions']) or 'no action yet'}")
+    if "gate" in result:
+        print_gate_simulation(result["gate"])
     return 0
+
+
+def print_gate_simulation(gate: dict) -> None:
+    """What the gate rules would have done in ``enforce`` (``policy simulate``'s text output)."""
+    print(f"\ngate: {gate['submissions']} submission(s) of {gate['lineages']} lineage(s) replayed (as in enforce)")
+    for name, rule in gate["rules"].items():
+        verb = "held" if rule["action"] == "hold" else "deprioritized"
+        print(f"\n{name} ({rule['describe']}): {len(rule['hits'])} submission(s) {verb}")
+        for day, n in sorted(rule["per_day"].items()):
+            print(f"  {day}: {n}")
+        for h in rule["hits"][:20]:
+            print(f"  {h['lineage']} {h['job']} at {h['submitted']}: {'; '.join(h['evidence'])}")
 
 
 #: the CLI's name for the webhook HMAC key before it took the chart's: refused, so that a key set

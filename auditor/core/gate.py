@@ -190,7 +190,7 @@ class GateRule:
 
     def describe(self) -> str:
         what = sorted(self.verdicts) + sorted(self.findings)
-        last = f" of its last {self.of_last} runs" if self.of_last else " runs"
+        last = f" of its last {self.of_last} runs" if self.of_last else (" run" if self.at_least == 1 else " runs")
         within = f" within {_span(self.within)}" if self.within else ""
         return f"flagged {'/'.join(what)} in {self.at_least}{last}{within}"
 

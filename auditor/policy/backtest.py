@@ -14,8 +14,9 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any, Sequence
 
+from auditor.core.gate import LineageHistory, replay
 from auditor.policy.evaluate import evaluate, parse_rfc3339
-from auditor.policy.schema import ActionKind, Policy
+from auditor.policy.schema import ActionKind, GatePolicy, Policy
 
 
 def walk_ladder(policy: Policy, opened: datetime, end: datetime) -> list[tuple[datetime, list[str]]]:
@@ -86,3 +87,49 @@ def simulate(store: Any, policies: Sequence[Policy], *, since: datetime, until: 
     for pol in result["policies"].values():
         pol["per_day"] = dict(pol["per_day"])
     return result
+
+
+def simulate_gate(
+    histories: Sequence[LineageHistory], policies: Sequence[GatePolicy], *, since: datetime, until: datetime
+) -> dict[str, Any]:
+    """What each gate rule would have done (in ``enforce``) to the submissions of ``[since, until)``.
+
+    Every stored run of every lineage is replayed as a submission (:func:`auditor.core.gate.replay`:
+    decided on the runs before it and the acknowledgements made by then); the rule that decided
+    is credited with it. Runs submitted before ``since`` still weigh on later ones.
+    """
+    rules = [p.rule() for p in policies]
+    out: dict[str, Any] = {
+        "since": since.isoformat(),
+        "until": until.isoformat(),
+        "lineages": len(histories),
+        "submissions": 0,
+        "rules": {
+            r.name: {"action": r.action.value, "describe": r.describe(), "hits": [], "per_day": defaultdict(int)}
+            for r in rules
+        },
+    }
+    for h in histories:
+        for step in replay(h, rules, since=since):
+            when = step.run.when
+            if when is None or when >= until:
+                continue
+            out["submissions"] += 1
+            d = step.decision
+            if d.rule is None:
+                continue
+            rule = out["rules"][d.rule]
+            rule["hits"].append(
+                {
+                    "lineage": f"{h.key.cluster}/{h.key}",
+                    "job": step.run.job,
+                    "submitted": when.isoformat(),
+                    "action": d.action.value,
+                    "reason": d.reason,
+                    "evidence": list(d.evidence),
+                }
+            )
+            rule["per_day"][when.date().isoformat()] += 1
+    for rule in out["rules"].values():
+        rule["per_day"] = dict(rule["per_day"])
+    return out

@@ -16,8 +16,8 @@ from typing import Iterable, Mapping
 from pydantic import ValidationError
 
 from auditor.errors import BadInput
-from auditor.policy.schema import Policy
-from auditor.policy.yamlsrc import Located, YamlError, load_documents
+from auditor.policy.schema import GATE_KIND, GatePolicy, Policy
+from auditor.yamldoc import MAX_BYTES, Located, YamlError, load_documents
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +42,29 @@ def _loc_path(doc: Located, loc: tuple) -> tuple:
     return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
 
 
+#: a policy document of either kind
+AnyPolicy = Policy | GatePolicy
+
+
 def parse_policies(text: str, source: str) -> list[Policy]:
-    """Parse and validate every document in ``text``; raise :class:`PolicyError` with file:line."""
+    """The ``GpuPolicy`` documents of ``text``, every document validated (:func:`parse_documents`)."""
+    return [p for p in parse_documents(text, source) if isinstance(p, Policy)]
+
+
+def parse_gate_policies(text: str, source: str) -> list[GatePolicy]:
+    """The ``GatePolicy`` documents (gate rules) of ``text``, every document validated."""
+    return [p for p in parse_documents(text, source) if isinstance(p, GatePolicy)]
+
+
+def parse_documents(text: str, source: str) -> list[AnyPolicy]:
+    """Parse and validate every document in ``text`` (``kind: GpuPolicy`` or ``kind: GatePolicy``);
+    raise :class:`PolicyError` with file:line."""
     try:
         docs = load_documents(text, source)
     except YamlError as exc:
         raise PolicyError([f"{source}:{exc.line}: not valid YAML: {exc}"]) from None
     problems: list[str] = []
-    out: list[Policy] = []
+    out: list[AnyPolicy] = []
     for doc in docs:
         if doc.value is None:
             continue
@@ -57,7 +72,8 @@ def parse_policies(text: str, source: str) -> list[Policy]:
             problems.append(f"{source}:{doc.line}: a policy document must be a mapping")
             continue
         try:
-            out.append(Policy.model_validate(doc.value))
+            model: type[AnyPolicy] = GatePolicy if doc.value.get("kind") == GATE_KIND else Policy
+            out.append(model.model_validate(doc.value))
         except ValidationError as exc:
             found = []
             for err in exc.errors():
@@ -79,10 +95,11 @@ def parse_policies(text: str, source: str) -> list[Policy]:
 REQUIRED_HINTS = {
     "escalation": "the ordered action steps, at least one, e.g. escalation: [{actions: [annotate, event]}] "
     "(in mode audit they are recorded as what would have run)",
+    "action": "what the gate rule does to a re-submission: hold (until acknowledged) or deprioritize",
 }
 
 
-def _check_unique(policies: Iterable[tuple[str, Policy]]) -> list[str]:
+def _check_unique(policies: Iterable[tuple[str, AnyPolicy]]) -> list[str]:
     seen: dict[str, str] = {}
     problems = []
     for src, p in policies:
@@ -94,14 +111,24 @@ def _check_unique(policies: Iterable[tuple[str, Policy]]) -> list[str]:
 
 
 def load_files(files: Mapping[str, str]) -> list[Policy]:
-    """Validate a set of files (name → text, e.g. ConfigMap data) all-or-nothing."""
+    """Validate a set of files (name → text, e.g. ConfigMap data) all-or-nothing; the ``GpuPolicy`` documents."""
+    return [p for p in load_all(files) if isinstance(p, Policy)]
+
+
+def load_gate_files(files: Mapping[str, str]) -> list[GatePolicy]:
+    """The gate rules of a set of files, validated all-or-nothing like :func:`load_files`."""
+    return [p for p in load_all(files) if isinstance(p, GatePolicy)]
+
+
+def load_all(files: Mapping[str, str]) -> list[AnyPolicy]:
+    """Every document of both kinds in a set of files, all-or-nothing; names are unique across kinds."""
     problems: list[str] = []
-    loaded: list[tuple[str, Policy]] = []
+    loaded: list[tuple[str, AnyPolicy]] = []
     for name in sorted(files):
         if not _is_policy_file(name):
             continue
         try:
-            loaded += [(name, p) for p in parse_policies(files[name], name)]
+            loaded += [(name, p) for p in parse_documents(files[name], name)]
         except PolicyError as exc:
             problems += exc.problems
     problems += _check_unique(loaded)
@@ -112,6 +139,9 @@ def load_files(files: Mapping[str, str]) -> list[Policy]:
 
 def _read(path: Path) -> str:
     try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise BadInput(f"{path}: {size:,} bytes, more than the {MAX_BYTES:,} a policy file may have")
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"{path}: cannot read: {exc}") from None
@@ -157,8 +187,11 @@ def load_dir(directory: str | Path) -> list[Policy]:
 class PolicyRegistry:
     """The running set of policies, reloaded file by file; a bad file keeps its last good version."""
 
-    _good: dict[str, list[Policy]] = field(default_factory=dict)
+    _good: dict[str, list[AnyPolicy]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    #: each file's last text and what parsing it gave (policies, or the problems): the operator
+    #: re-reads the directory every cycle, and only a changed file is parsed again.
+    _parsed: dict[str, tuple[str, list[AnyPolicy] | None, list[str]]] = field(default_factory=dict)
 
     def update(self, files: Mapping[str, str]) -> list[str]:
         """Take a new view of the files; return (and keep in ``errors``) the problems found.
@@ -168,14 +201,15 @@ class PolicyRegistry:
         files keeps the earlier file's definition.
         """
         problems: list[str] = []
-        good: dict[str, list[Policy]] = {}
+        good: dict[str, list[AnyPolicy]] = {}
         for name in sorted(files):
             if not _is_policy_file(name):
                 continue
-            try:
-                good[name] = parse_policies(files[name], name)
-            except PolicyError as exc:
-                problems += exc.problems
+            parsed, bad = self._parse(name, files[name])
+            if parsed is not None:
+                good[name] = parsed
+            else:
+                problems += bad
                 if name in self._good:
                     good[name] = self._good[name]
                     log.warning("policy file %s is invalid; its last good version keeps running", name)
@@ -190,10 +224,22 @@ class PolicyRegistry:
                 kept.append(p)
             good[name] = kept
         self._good = good
+        self._parsed = {n: v for n, v in self._parsed.items() if n in files}
         self.errors = problems
         for pr in problems:
             log.error("%s", pr)
         return problems
+
+    def _parse(self, name: str, text: str) -> tuple[list[AnyPolicy] | None, list[str]]:
+        cached = self._parsed.get(name)
+        if cached is not None and cached[0] == text:
+            return cached[1], cached[2]
+        try:
+            result: tuple[list[AnyPolicy] | None, list[str]] = (parse_documents(text, name), [])
+        except PolicyError as exc:
+            result = (None, exc.problems)
+        self._parsed[name] = (text, *result)
+        return result
 
     def reload_dir(self, directory: str | Path) -> list[str]:
         """:meth:`update` from a directory (a mounted ConfigMap or ``policies/``)."""
@@ -201,4 +247,9 @@ class PolicyRegistry:
 
     @property
     def policies(self) -> list[Policy]:
-        return [p for name in sorted(self._good) for p in self._good[name]]
+        return [p for name in sorted(self._good) for p in self._good[name] if isinstance(p, Policy)]
+
+    @property
+    def gate_policies(self) -> list[GatePolicy]:
+        """The gate rules of the running files (the efficiency gate reads them)."""
+        return [p for name in sorted(self._good) for p in self._good[name] if isinstance(p, GatePolicy)]

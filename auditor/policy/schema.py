@@ -30,6 +30,7 @@ from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from auditor.core.gate import GateAction, GateRule
 from auditor.core.ranges import RATIO, Range
 from auditor.timeparse import parse_duration
 
@@ -320,3 +321,122 @@ class Policy(_Strict):
 def glob_any(value: str | None, patterns: list[str]) -> bool:
     """True when ``value`` matches one of ``patterns`` (shell globs); None never matches."""
     return value is not None and any(fnmatch.fnmatchcase(value, p) for p in patterns)
+
+
+# ---------------------------------------------------------------------- gate rules
+
+GATE_KIND = "GatePolicy"
+_FINDING_CODE = re.compile(r"^[a-z][a-z0-9_]*$")
+#: a Kubernetes object name (a WorkloadPriorityClass): DNS subdomain
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+class GateVerb(str, Enum):
+    """What a gate rule does to a re-submission: ``hold`` it until acknowledged, or admit it at
+    the probation priority (``deprioritize``)."""
+
+    HOLD = "hold"
+    DEPRIORITIZE = "deprioritize"
+
+
+class GateSelector(_Strict):
+    """Which lineages a gate rule looks at (globs; empty means any). The admission path knows a
+    lineage's namespace and its team from history, not labels or GPU models."""
+
+    namespaces: list[str] = []
+    exclude_namespaces: list[str] = Field([], alias="excludeNamespaces")
+    teams: list[str] = []
+
+
+class GateSpec(_Strict):
+    """A gate rule: fires when at least ``atLeast`` of the last ``ofLast`` judged runs of the
+    lineage (started within ``within``, when set) are flagged by ``verdicts`` or ``findings``."""
+
+    description: str = ""
+    action: GateVerb
+    verdicts: list[str] = []
+    findings: list[str] = []
+    at_least: int = Field(1, alias="atLeast", ge=1, le=100)
+    of_last: int | None = Field(None, alias="ofLast", ge=1, le=100)
+    within: Duration | None = None
+    priority_class: str | None = Field(None, alias="priorityClass")
+    selector: GateSelector = GateSelector()
+    advice: str = ""
+
+    @field_validator("verdicts")
+    @classmethod
+    def _verdicts(cls, v: list[str]) -> list[str]:
+        for x in v:
+            if x not in VERDICTS or x == "healthy":
+                raise ValueError(
+                    f"unknown verdict {x!r} (one of {', '.join(sorted(VERDICTS - {'healthy'}))}; "
+                    "insufficient_data never counts, healthy never flags)"
+                )
+        return v
+
+    @field_validator("findings")
+    @classmethod
+    def _codes(cls, v: list[str]) -> list[str]:
+        for x in v:
+            if not _FINDING_CODE.match(x):
+                raise ValueError(f"{x!r} is not a finding code (docs/findings.md: e.g. collective_wait_straggler)")
+        return v
+
+    @field_validator("within")
+    @classmethod
+    def _positive(cls, v: timedelta | None) -> timedelta | None:
+        if v is not None and v <= timedelta(0):
+            raise ValueError("must be positive")
+        return v
+
+    @field_validator("priority_class")
+    @classmethod
+    def _class_name(cls, v: str | None) -> str | None:
+        if v is not None and (not _DNS_SUBDOMAIN.match(v) or len(v) > 253):
+            raise ValueError("a WorkloadPriorityClass name: lower-case letters, digits, '-' and '.'")
+        return v
+
+    @model_validator(mode="after")
+    def _sane(self) -> "GateSpec":
+        if not self.verdicts and not self.findings:
+            raise ValueError("a gate rule needs verdicts or findings: what flags a run")
+        if self.of_last is not None and self.at_least > self.of_last:
+            raise ValueError(f"atLeast {self.at_least} can never be reached in ofLast {self.of_last} runs")
+        if self.priority_class is not None and self.action is not GateVerb.DEPRIORITIZE:
+            raise ValueError("priorityClass is for action deprioritize (a hold admits nothing)")
+        return self
+
+
+class GatePolicy(_Strict):
+    """A ``kind: GatePolicy`` document: one efficiency-gate rule, in the same files as the
+    ``GpuPolicy`` documents (validated, listed and simulated with them)."""
+
+    api_version: Literal["gpu-auditor.io/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["GatePolicy"]
+    metadata: Metadata
+    spec: GateSpec
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    def rule(self) -> GateRule:
+        """The core's value of this rule (:func:`auditor.core.gate.decide` reads it)."""
+        s = self.spec
+        return GateRule(
+            name=self.name,
+            action=GateAction.HOLD if s.action is GateVerb.HOLD else GateAction.DEPRIORITIZE,
+            verdicts=frozenset(s.verdicts),
+            findings=frozenset(s.findings),
+            at_least=s.at_least,
+            of_last=s.of_last,
+            within=s.within,
+            priority_class=s.priority_class,
+            namespaces=tuple(s.selector.namespaces),
+            exclude_namespaces=tuple(s.selector.exclude_namespaces),
+            teams=tuple(s.selector.teams),
+            description=s.description,
+        )
+
+    def describe(self) -> str:
+        return f"gate: {self.spec.action.value} when {self.rule().describe()}"
