@@ -17,256 +17,52 @@ So the number of queries depends on the metric names and the window length, neve
 of pods or jobs. Label conventions (``pod`` vs ``exported_pod``, ``Hostname`` vs ``hostname``,
 ``UUID`` vs ``uuid``, MIG ``GPU_I_ID``) are detected from the series themselves.
 
-HTTP goes through one ``requests`` session configured for prometheus-api-client's
-:class:`PrometheusConnect` (auth, TLS, bounded retries on 429/5xx). Queries are sent through that
-session directly rather than through ``custom_query``, because the client drops the response's
-``warnings`` (Thanos partial responses, for one), which an audit must not ignore.
+This module orchestrates the queries; the HTTP client is :mod:`auditor.sources.prometheus_client`
+and the pure maths on the answers :mod:`auditor.sources.series`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import re
-import threading
 from array import array
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Iterable, Mapping, Sequence, cast
+from datetime import timedelta
+from typing import Any, Callable, Iterable, Mapping, cast
 
-import requests
-import urllib3
-from prometheus_api_client import PrometheusConnect
-from requests.adapters import HTTPAdapter
-from urllib3.util.retry import Retry
-
-from auditor.core.accumulate import interval_of
 from auditor.core.metrics import BY_NAME, SPECS, UTIL_RATIO, Metric, Naming, detect_naming, scale_of
 from auditor.core.model import Bucket, GpuId, PodRef, Window
 from auditor.core.readings import SourceReport, SourceResult
-from auditor.core.rollup import BucketRun, LazyBuckets, Piece, Sample, aggregate
+from auditor.core.rollup import BucketRun, LazyBuckets
 from auditor.core.source_preference import prefer_one_source
-from auditor.errors import BadInput, QueryRefused, SourceUnavailable
+from auditor.errors import BadInput, QueryRefused
 from auditor.sources import promql
+from auditor.sources.prometheus_client import PrometheusClient
+from auditor.sources.series import (
+    EMPTY_ROW,
+    Series,
+    aggregate_raw,
+    bucket_index,
+    classify,
+    device_labels,
+    from_ms,
+    interval_estimate,
+    merge_duplicates,
+    nans,
+    own_labels,
+    raw_spans,
+    short_labels,
+    to_ms,
+)
 
-_loads: Callable[[bytes | str], Any]
-try:  # several times faster on the multi-megabyte answers of a large cluster
-    import orjson
-
-    _loads = orjson.loads
-except ImportError:  # pragma: no cover - the stdlib decoder gives the same result, slower
-    import json
-
-    _loads = json.loads
+__all__ = ["PrometheusClient", "PrometheusSource", "ReadStats"]
 
 log = logging.getLogger(__name__)
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _TOO_MANY = re.compile(r"too many samples|exceeded maximum resolution", re.I)
-RETRY_STATUSES = (429, 500, 502, 503, 504)
 #: at most this many buckets of raw samples per garbage re-read query
 RAW_SPAN_BUCKETS = 288
-_NANS = array("d", [math.nan]) * 4096
-_EMPTY = array("d")
-
-
-def _dt(ms: int) -> datetime:
-    return _EPOCH + timedelta(milliseconds=ms)
-
-
-def _ms(value: datetime) -> int:
-    return (value - _EPOCH) // timedelta(milliseconds=1)
-
-
-class PrometheusClient:
-    """A small, strict Prometheus HTTP API client: errors become our exception types.
-
-    ``timeout`` is both the client's read timeout and the server-side query ``timeout``;
-    ``retries`` bounds re-tries on connection failures and on HTTP 429/5xx only (a 400/422 is the
-    query's fault and is never retried). Every API call is counted in :attr:`queries`, and
-    response ``warnings`` are collected in :attr:`warnings`.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        bearer_token: str | None = None,
-        basic_auth: tuple[str, str] | None = None,
-        ca_file: str | None = None,
-        insecure: bool = False,
-        timeout: float = 60.0,
-        retries: int = 2,
-        backoff: float = 0.5,
-    ) -> None:
-        if not re.match(r"^https?://[^/]+", url or ""):
-            raise BadInput(f"--prometheus: {url!r} is not an http(s) URL (e.g. http://prometheus:9090)")
-        if bearer_token and basic_auth:
-            raise BadInput("Prometheus auth: give a bearer token or basic auth, not both")
-        self.url = url.rstrip("/")
-        self.timeout = float(timeout)
-        self._timeouts = (min(10.0, self.timeout), self.timeout + 5)
-        self.queries = 0
-        self.warnings: list[str] = []
-        self._lock = threading.Lock()
-        self._decode_lock = threading.Lock()
-        session = requests.Session()
-        if insecure:
-            session.verify = False
-            # one clear warning instead of urllib3's on every request
-            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-            log.warning("TLS certificate verification is off for Prometheus at %s (--prometheus-insecure)", self.url)
-        elif ca_file:
-            session.verify = ca_file
-        if bearer_token:
-            session.headers["Authorization"] = f"Bearer {bearer_token}"
-        if basic_auth:
-            session.auth = basic_auth
-        retry = Retry(
-            total=retries,
-            connect=retries,
-            read=0,
-            status=retries,
-            other=0,
-            backoff_factor=backoff,
-            status_forcelist=RETRY_STATUSES,
-            allowed_methods=None,
-            raise_on_status=False,
-            respect_retry_after_header=True,
-        )
-        # PrometheusConnect mounts the retrying adapter on our URL; we keep the session.
-        self.connect = PrometheusConnect(url=self.url, session=session, retry=retry, timeout=self.timeout)
-        session.mount(self.url, HTTPAdapter(max_retries=retry, pool_maxsize=16))
-        # Passed per request too: requests lets REQUESTS_CA_BUNDLE override a session-level
-        # verify setting (psf/requests#3829), which would silently ignore --prometheus-ca-file.
-        self.session = session
-
-    def close(self) -> None:
-        self.session.close()
-
-    # -- raw calls ---------------------------------------------------------------------------
-    def call(
-        self,
-        path: str,
-        params: Mapping[str, Any] | list[tuple[str, str]],
-        *,
-        method: str = "POST",
-        convert: Callable[[Any], Any] | None = None,
-    ) -> Any:
-        """Call ``/api/v1/<path>`` and return its ``data``; raise our errors on failure.
-
-        With ``convert``, return ``convert(data)`` instead, run while holding the decode lock:
-        answers are decoded one at a time (decoding holds the GIL anyway, so this costs no
-        speed), and a large decoded answer is turned into something compact before the next
-        one is decoded, so concurrent queries do not hold several decoded answers at once.
-        """
-        url = f"{self.url}/api/v1/{path}"
-        with self._lock:
-            self.queries += 1
-        try:
-            if method == "GET":
-                resp = self.session.get(url, params=params, timeout=self._timeouts, verify=self.session.verify)
-            else:
-                resp = self.session.post(url, data=params, timeout=self._timeouts, verify=self.session.verify)
-        except requests.exceptions.SSLError as exc:
-            raise SourceUnavailable(
-                f"Prometheus at {self.url}: TLS failed ({exc.__class__.__name__}); "
-                "give the server's CA with --prometheus-ca-file, or --prometheus-insecure to skip verification"
-            ) from exc
-        except requests.exceptions.Timeout as exc:
-            raise SourceUnavailable(
-                f"Prometheus at {self.url} did not answer within {self.timeout:g}s ({path})"
-            ) from exc
-        except requests.exceptions.RequestException as exc:
-            reason = _root_reason(exc)
-            raise SourceUnavailable(f"Prometheus at {self.url} is unreachable: {reason}") from exc
-        with self._decode_lock:
-            data = self._decode(resp, path)
-            return convert(data) if convert is not None else data
-
-    def _decode(self, resp: requests.Response, path: str) -> Any:
-        try:
-            body = _loads(resp.content)
-        except ValueError:
-            body = None
-        error = ""
-        if isinstance(body, dict):
-            error = f"{body.get('errorType', 'error')}: {body.get('error', '')}".strip(": ")
-            for w in body.get("warnings") or []:
-                with self._lock:
-                    if w not in self.warnings:
-                        self.warnings.append(str(w))
-        status = resp.status_code
-        if status in (400, 422):
-            raise QueryRefused(
-                f"Prometheus at {self.url} refused the query ({path}, HTTP {status}): {error or resp.text[:300]}"
-            )
-        if status in (401, 403):
-            raise QueryRefused(
-                f"Prometheus at {self.url} refused access (HTTP {status}); check the bearer token or basic-auth credentials"
-            )
-        if status == 404:
-            raise SourceUnavailable(
-                f"no Prometheus HTTP API at {self.url} (HTTP 404 for /api/v1/{path}); check the URL and path prefix"
-            )
-        if status != 200 or not isinstance(body, dict):
-            detail = error or resp.text[:300].strip()
-            raise SourceUnavailable(f"Prometheus at {self.url} failed ({path}, HTTP {status}): {detail}")
-        if body.get("status") != "success":
-            raise QueryRefused(f"Prometheus at {self.url} answered {path} with an error: {error}")
-        return body.get("data")
-
-    # -- API -------------------------------------------------------------------------------------
-    def query(self, expr: str, at_ms: int | None = None) -> dict:
-        params = {"query": expr, "timeout": f"{self.timeout:g}s"}
-        if at_ms is not None:
-            params["time"] = promql.format_ts(at_ms)
-        return self.call("query", params)
-
-    def query_range(
-        self, expr: str, start_ms: int, end_ms: int, step_ms: int, convert: Callable[[Any], Any] | None = None
-    ) -> Any:
-        return self.call(
-            "query_range",
-            {
-                "query": expr,
-                "start": promql.format_ts(start_ms),
-                "end": promql.format_ts(end_ms),
-                "step": promql.format_ts(step_ms),
-                "timeout": f"{self.timeout:g}s",
-            },
-            convert=convert,
-        )
-
-    def label_values(self, label: str, match: Iterable[str], start_ms: int, end_ms: int) -> list[str]:
-        params = [("match[]", m) for m in match]
-        params += [("start", promql.format_ts(start_ms)), ("end", promql.format_ts(end_ms))]
-        return list(self.call(f"label/{label}/values", params, method="GET") or [])
-
-    def series(self, match: Iterable[str], start_ms: int, end_ms: int) -> list[dict[str, str]]:
-        params = [("match[]", m) for m in match]
-        params += [("start", promql.format_ts(start_ms)), ("end", promql.format_ts(end_ms))]
-        return list(self.call("series", params) or [])
-
-    def buildinfo(self) -> dict:
-        """``/api/v1/status/buildinfo`` (Prometheus 2.14+); ``{}`` where a backend lacks it."""
-        try:
-            return dict(self.call("status/buildinfo", {}, method="GET") or {})
-        except (SourceUnavailable, QueryRefused) as exc:
-            if "HTTP 404" in str(exc) or "HTTP 405" in str(exc):
-                return {}
-            raise
-
-
-def _root_reason(exc: BaseException) -> str:
-    """The innermost useful message of a requests/urllib3 exception chain (e.g. 'Connection refused')."""
-    text = str(exc)
-    m = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
-    if m:
-        return m.group(1).strip()
-    m = re.search(r"(NameResolutionError|Failed to resolve|Connection refused|timed out|Max retries exceeded)", text)
-    return m.group(1) if m else exc.__class__.__name__
 
 
 @dataclass
@@ -285,15 +81,6 @@ class ReadStats:
     #: the exporter naming generation detected (auditor.core.metrics.Naming), and why
     naming: Naming = Naming.CLASSIC
     naming_why: str = ""
-
-
-@dataclass
-class _Series:
-    name: str
-    metric: Metric
-    labels: dict[str, str]
-    #: aggregate ("sum", "count", "min", "max") → raw value per bucket of the read (NaN: none)
-    aggs: dict[str, array] = field(default_factory=dict)
 
 
 class PrometheusSource:
@@ -363,7 +150,7 @@ class PrometheusSource:
         if width_ms < 1000:
             raise BadInput(f"bucket width {width} is below one second")
         aligned = window.aligned(width)
-        start_ms, end_ms = _ms(aligned.start), _ms(aligned.end)
+        start_ms, end_ms = to_ms(aligned.start), to_ms(aligned.end)
         client = self.client
         q0, w0 = client.queries, len(client.warnings)
         report = SourceReport()
@@ -393,33 +180,35 @@ class PrometheusSource:
 
         conv = self.forced or promql.detect_convention(s.labels for s in series)
         report.labels = conv.describe()
-        report.labels.update(_device_labels(s.labels for s in series))
+        report.labels.update(device_labels(s.labels for s in series))
         report.labels["naming"] = naming.value
 
         #: (pod, GPU key, metric) → one list of time-ordered buckets per series (or re-read part)
         groups: dict[tuple[PodRef, str, Metric], list[BucketRun | list[Bucket]]] = {}
         n_ends = (end_ms - first_end) // width_ms + 1
         #: (start, end) of each bucket of the read, shared by all its buckets
-        spans = [(_dt(first_end + i * width_ms - width_ms), _dt(first_end + i * width_ms)) for i in range(n_ends)]
+        spans = [
+            (from_ms(first_end + i * width_ms - width_ms), from_ms(first_end + i * width_ms)) for i in range(n_ends)
+        ]
         # One PodRef / GpuId object per pod / device (not per series): the summary and the
         # engine group buckets by these, and identical objects compare and hash by identity.
         pod_objs: dict[PodRef, PodRef] = {}
         gpu_objs: dict[GpuId, GpuId] = {}
 
-        dirty: dict[str, list[tuple[_Series, PodRef, GpuId, list[int]]]] = {}
+        dirty: dict[str, list[tuple[Series, PodRef, GpuId, list[int]]]] = {}
         #: samples per clean full bucket → how many buckets had that many (the interval estimate)
         counts: dict[int, int] = {}
         # 1. which pod and GPU each series describes (series order, for the warnings)
-        attributed: list[tuple[_Series, PodRef, GpuId]] = []
+        attributed: list[tuple[Series, PodRef, GpuId]] = []
         # one list, emptied as it goes: each series is dropped once handled, unless a re-read needs it
-        pending = cast("list[_Series | None]", series)
+        pending = cast("list[Series | None]", series)
         del series
         for k in range(len(pending)):
             s, pending[k] = pending[k], None
             assert s is not None  # each slot is taken once
             gpu = promql.gpu_of(s.labels)
             if gpu is None:
-                report.warnings.append(f"{s.name} series without a GPU identity skipped: {_short(s.labels)}")
+                report.warnings.append(f"{s.name} series without a GPU identity skipped: {short_labels(s.labels)}")
                 continue
             gpu = gpu_objs.setdefault(gpu, gpu)
             stats.gpus.add(gpu.key)
@@ -438,7 +227,7 @@ class PrometheusSource:
             attributed.append((s, pod_objs.setdefault(pod, pod), gpu))
         del pending
         # 2. clean and dirty buckets of every series, a whole exporter name at a time
-        decided = _classify(
+        decided = classify(
             [s for s, _, _ in attributed if "count" in s.aggs],
             n_ends,
             first_end,
@@ -457,7 +246,7 @@ class PrometheusSource:
             idx, bad = decided[id(s)]
             if idx:
                 # the buckets stay as the series' arrays until a caller needs them as objects
-                sums, mins, maxs = (s.aggs.get(a) or _nans(len(cnts)) for a in ("sum", "min", "max"))
+                sums, mins, maxs = (s.aggs.get(a) or nans(len(cnts)) for a in ("sum", "min", "max"))
                 groups.setdefault((pod, gpu.key, s.metric), []).append(
                     BucketRun(pod, gpu, s.metric, scale_of(s.name, naming), spans, sums, cnts, mins, maxs, idx)
                 )
@@ -488,14 +277,14 @@ class PrometheusSource:
             )
         # an operator cycle's window is often one or two buckets, none of them full: it reports
         # what the last window with full buckets measured, never an estimate from partial ones
-        measured = _interval(counts, width_ms)
+        measured = interval_estimate(counts, width_ms)
         if measured is not None:
             self._interval = measured
         report.scrape_interval = measured or self._interval
         report.queries = client.queries - q0
         report.warnings.extend(client.warnings[w0:])
         self.stats = stats
-        return SourceResult(buckets=LazyBuckets(_merge(groups, report)), report=report)  # type: ignore[arg-type]
+        return SourceResult(buckets=LazyBuckets(merge_duplicates(groups, report)), report=report)  # type: ignore[arg-type]
 
     # -- steps -------------------------------------------------------------------------------------
     def _server_major(self, stats: ReadStats) -> int:
@@ -518,7 +307,7 @@ class PrometheusSource:
 
     def _read_aggregates(
         self, names: list[str], first_end: int, last_end: int, width_ms: int, rng: int
-    ) -> list[_Series]:
+    ) -> list[Series]:
         """Run the bucket queries (concurrently) and fold each answer in as it arrives.
 
         At most ``concurrency`` queries are in flight, and each worker turns its decoded answer
@@ -533,13 +322,13 @@ class PrometheusSource:
         ]
         n = (last_end - first_end) // width_ms + 1
         #: (name, sorted label items) → series: a sorted tuple is half the size of a frozenset
-        by_key: dict[tuple[str, tuple[tuple[str, str], ...]], _Series] = {}
+        by_key: dict[tuple[str, tuple[tuple[str, str], ...]], Series] = {}
         index: dict[object, int] = {}
         #: (name, chunk) → the series of the first answer for it, in answer order. Prometheus
         #: answers every aggregate of one selector with the same series in the same order, so
         #: the other three answers find their series by position, checked by comparing the
         #: label dicts (cheap), and hash the label set only where that check fails.
-        order: dict[tuple[str, int], list[_Series]] = {}
+        order: dict[tuple[str, int], list[Series]] = {}
         strings: dict[str, str] = {}
 
         def compact(result: list[dict]) -> list[tuple[dict, int, Any]]:
@@ -551,14 +340,16 @@ class PrometheusSource:
                 labels.pop("__name__", None)
                 points = item.get("values")
                 if not points:
-                    out.append((labels, 0, _EMPTY))
+                    out.append((labels, 0, EMPTY_ROW))
                     continue
-                first = _index(index, points[0][0], first_end, width_ms)
-                last = _index(index, points[-1][0], first_end, width_ms)
+                first = bucket_index(index, points[0][0], first_end, width_ms)
+                last = bucket_index(index, points[-1][0], first_end, width_ms)
                 if last - first + 1 == len(points):  # no gaps: one slice assignment
                     out.append((labels, first, array("d", [float(v) for _, v in points])))
                 else:
-                    out.append((labels, -1, [(_index(index, t, first_end, width_ms), float(v)) for t, v in points]))
+                    out.append(
+                        (labels, -1, [(bucket_index(index, t, first_end, width_ms), float(v)) for t, v in points])
+                    )
             return out
 
         def fetch(name: str, agg: str, a: int, b: int) -> list[tuple[dict, int, Any]]:
@@ -583,7 +374,7 @@ class PrometheusSource:
                     metric = BY_NAME[name]
                     result = future.result()
                     ref = order.get((name, chunk))
-                    mine: list[_Series] | None = None
+                    mine: list[Series] | None = None
                     if ref is None:
                         mine = order[(name, chunk)] = []
                         ref = []
@@ -595,14 +386,14 @@ class PrometheusSource:
                             key = (name, tuple(sorted(labels.items())))
                             found = by_key.get(key)
                             if found is None:
-                                own = _own_labels(labels, strings)
-                                found = by_key[(name, tuple(sorted(own.items())))] = _Series(name, metric, own)
+                                own = own_labels(labels, strings)
+                                found = by_key[(name, tuple(sorted(own.items())))] = Series(name, metric, own)
                             s = found
                         if mine is not None:
                             mine.append(s)
                         values = s.aggs.get(agg)
                         if values is None:
-                            values = s.aggs[agg] = _nans(n)
+                            values = s.aggs[agg] = nans(n)
                         if first >= 0:
                             values[first : first + len(got)] = got
                         else:
@@ -646,7 +437,7 @@ class PrometheusSource:
     def _reread_garbage(
         self,
         name: str,
-        items: list[tuple[_Series, PodRef, GpuId, list[int]]],
+        items: list[tuple[Series, PodRef, GpuId, list[int]]],
         width_ms: int,
         major: int,
         naming: Naming = Naming.CLASSIC,
@@ -666,7 +457,7 @@ class PrometheusSource:
             regex[label] = promql.regex_alternation(s.labels[label] for s, *_ in items)
         sel = promql.selector(name, self.matchers, regex)
         samples: dict[frozenset, list[tuple[int, float]]] = {}
-        for first, last in _spans(ends, width_ms, RAW_SPAN_BUCKETS):
+        for first, last in raw_spans(ends, width_ms, RAW_SPAN_BUCKETS):
             span = last - first + width_ms
             rng = promql.range_ms(span, major)
             data = self.client.query(f"{sel}[{rng}ms]", at_ms=last - 1)
@@ -686,197 +477,5 @@ class PrometheusSource:
                 if end in per_bucket:
                     per_bucket[end].append(v)
             for end, values in sorted(per_bucket.items()):
-                out.append(_aggregate(pod, gpu, metric, _dt(end - width_ms), _dt(end), values, scale))
+                out.append(aggregate_raw(pod, gpu, metric, from_ms(end - width_ms), from_ms(end), values, scale))
         return out
-
-
-def _index(cache: dict, ts: float, first_end: int, width_ms: int) -> int:
-    """Bucket index of an evaluation timestamp (``end - 1ms``) in the read's bucket grid."""
-    i = cache.get(ts)
-    if i is None:
-        i = cache[ts] = (promql.parse_ts_ms(ts) + 1 - first_end) // width_ms
-    return i
-
-
-def _spans(ends: list[int], width_ms: int, max_buckets: int) -> list[tuple[int, int]]:
-    """Cover sorted bucket ends with runs of at most ``max_buckets`` buckets (first, last end)."""
-    out: list[tuple[int, int]] = []
-    for e in ends:
-        if out and e - out[-1][0] < max_buckets * width_ms:
-            out[-1] = (out[-1][0], e)
-        else:
-            out.append((e, e))
-    return out
-
-
-def _aggregate(
-    pod: PodRef,
-    gpu: GpuId,
-    metric: Metric,
-    start: datetime,
-    end: datetime,
-    raw: list[float],
-    scale: float | None = None,
-) -> Bucket:
-    """One bucket from raw samples through the core's rollup (garbage dropped and counted there)."""
-    width = end - start
-    t0 = start.timestamp()
-    rolled = aggregate((Sample(pod, gpu, metric, t0, r, scale) for r in raw), width)
-    if not rolled:
-        return Bucket(pod, gpu, metric, start, end, 0.0, 0, 0.0, 0.0, 0)
-    return rolled[0]
-
-
-def _classify(
-    series: list[_Series],
-    n: int,
-    first_end: int,
-    width_ms: int,
-    counts: dict[int, int],
-    naming: Naming = Naming.CLASSIC,
-    *,
-    last_open: bool = False,
-) -> dict[int, tuple[Sequence[int] | None, list[int] | None]]:
-    """Per series (by ``id``): the positions of its clean buckets and the ends of its dirty ones.
-
-    A bucket is dirty when its sum is NaN or infinite (a NaN sample), an aggregate is missing,
-    or min/max fall outside the metric's valid range (garbage, or an overshoot that must be
-    clamped): it is re-read raw. (NaN compares false, so NaN min/max are dirty too.) Done with
-    numpy over all series of one exporter name at once, so the cost per bucket is a few
-    machine instructions; the sample count of each clean full bucket goes into ``counts``: one
-    with samples in both neighbours (outside the read, a neighbour is taken as present), except
-    a last bucket the window's end cuts (``last_open``: its samples stop at the window's end).
-    """
-    import numpy as np  # only here: imported once per read, not at CLI start
-
-    out: dict[int, tuple[Sequence[int] | None, list[int] | None]] = {}
-    by_name: dict[str, list[_Series]] = {}
-    for s in series:
-        by_name.setdefault(s.name, []).append(s)
-    whole = range(n)
-    nan_row = _nans(n)
-    histogram: dict[int, int] = {}
-    for name, rows in by_name.items():
-        spec = SPECS[BY_NAME[name]]
-        scale = scale_of(name, naming)
-
-        def stack(agg: str, rows: list[Any] = rows) -> Any:
-            return np.frombuffer(b"".join(s.aggs.get(agg) or nan_row for s in rows), dtype=np.float64).reshape(
-                len(rows), n
-            )
-
-        cnt = stack("count")
-        present = cnt == cnt
-        with np.errstate(invalid="ignore"):
-            ok = present & np.isfinite(stack("sum"))
-            ok &= stack("min") * scale >= spec.low
-            ok &= stack("max") * scale <= spec.high
-        bad = present & ~ok
-        full, any_ok, any_bad = ok.all(axis=1).tolist(), ok.any(axis=1).tolist(), bad.any(axis=1).tolist()
-        # only full buckets tell the scrape interval: a series that starts, ends or pauses inside
-        # a bucket has fewer samples there, and so has the bucket the window's end cuts
-        left = np.ones_like(present)
-        left[:, 1:] = present[:, :-1]
-        right = np.full_like(present, not last_open)
-        right[:, :-1] = present[:, 1:]
-        full_ok = ok & left & right
-        values, times = np.unique(cnt[full_ok].astype(np.int64), return_counts=True)
-        for v, t in zip(values.tolist(), times.tolist()):
-            histogram[v] = histogram.get(v, 0) + t
-        for j, s in enumerate(rows):
-            idx: Sequence[int] | None = None
-            if full[j]:
-                idx = whole
-            elif any_ok[j]:
-                clean = np.flatnonzero(ok[j]).tolist()
-                idx = range(clean[0], clean[-1] + 1) if clean[-1] - clean[0] + 1 == len(clean) else clean
-            ends = [first_end + i * width_ms for i in np.flatnonzero(bad[j]).tolist()] if any_bad[j] else None
-            out[id(s)] = (idx, ends)
-    for v, t in histogram.items():
-        counts[v] = counts.get(v, 0) + t
-    return out
-
-
-def _own_labels(labels: dict[str, str], strings: dict[str, str]) -> dict[str, str]:
-    """A copy of a decoded label set whose values are fresh strings shared by all series.
-
-    The series' labels outlive the decoded answer they came in; kept as they are, these few
-    small objects would pin the memory of the whole answer (millions of freed points) in the
-    allocator. Copies are made once per distinct value (the 9 metrics of a GPU share them).
-    """
-    out: dict[str, str] = {}
-    for k, v in labels.items():
-        c = strings.get(v)
-        if c is None:
-            c = v.encode().decode()
-            strings[c] = c
-        out[k] = c
-    return out
-
-
-def _nans(n: int) -> array:
-    return array("d", _NANS[:n] if n <= len(_NANS) else [math.nan] * n)
-
-
-def _merge(
-    groups: dict[tuple[PodRef, str, Metric], list[BucketRun | list[Bucket]]], report: SourceReport
-) -> list[Piece]:
-    """All buckets, sorted by (pod, GPU, metric, start), one per (pod, GPU, metric, start), as
-    pieces of a :class:`~auditor.core.rollup.LazyBuckets` (one per (pod, GPU, metric)).
-
-    Where two series give the same pod, GPU, metric and bucket (HA Prometheus pairs, two scrape
-    jobs on one exporter, a classic → ``_RATIO`` rename mid-bucket) the fuller bucket is kept:
-    adding them would double-count samples.
-    """
-    out: list[Piece] = []
-    duplicates = False
-    order = sorted(groups, key=lambda k: (k[0].namespace, k[0].pod, k[0].container, k[1], k[2].value))
-    for key in order:
-        parts = groups[key]
-        if len(parts) == 1:
-            out.append((key[0], key[1], parts[0]))
-            continue
-        best: dict[datetime, Bucket] = {}
-        for part in parts:
-            for b in part.buckets() if isinstance(part, BucketRun) else part:
-                old = best.get(b.start)
-                if old is None:
-                    best[b.start] = b
-                    continue
-                duplicates = True
-                if (b.count, b.dropped) > (old.count, old.dropped):
-                    best[b.start] = b
-        out.append((key[0], key[1], [best[t] for t in sorted(best)]))
-    if duplicates:
-        report.warnings.append(
-            "duplicate series for the same pod, GPU and metric (HA replicas or two scrape jobs?): kept the fuller one"
-        )
-    return out
-
-
-def _interval(counts: Mapping[int, int], width_ms: int) -> float | None:
-    """Scrape-interval estimate (:func:`~auditor.core.accumulate.interval_of`) from ``counts``:
-    samples per full bucket → the number of buckets with that many (a histogram, so that
-    millions of buckets need no sorted list). None when the window held no full bucket."""
-    return interval_of((width_ms / 1000 / c, k) for c, k in counts.items() if c > 0)
-
-
-def _device_labels(label_sets: Iterable[Mapping[str, str]]) -> dict[str, str]:
-    """Which spelling of the host and UUID labels the series use."""
-    out: dict[str, str] = {}
-    for labels in label_sets:
-        for key, names in (("hostname", ("Hostname", "hostname")), ("uuid", ("UUID", "uuid"))):
-            if key not in out:
-                name, _ = promql.first_label(labels, *names)
-                if name:
-                    out[key] = name
-        if "mig" not in out and labels.get("GPU_I_ID"):
-            out["mig"] = "GPU_I_ID"
-        if len(out) == 3:
-            break
-    return out
-
-
-def _short(labels: Mapping[str, str]) -> str:
-    keys = ("Hostname", "hostname", "instance", "gpu", "pod", "exported_pod")
-    return ",".join(f"{k}={labels[k]}" for k in keys if k in labels) or "(no identifying labels)"

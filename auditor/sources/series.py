@@ -1,0 +1,240 @@
+"""Pure maths on decoded Prometheus answers: series as flat arrays per bucket, which buckets are
+clean, raw samples into buckets, duplicate series, the scrape interval, the label spellings.
+
+No I/O: :class:`~auditor.sources.prometheus.PrometheusSource` asks Prometheus and hands the
+decoded answers here. Values stay flat ``array('d')`` rows (NaN: no sample) until a caller needs
+bucket objects, and the clean/dirty test runs with numpy over a whole exporter name at once.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterable, Mapping, Sequence
+
+from auditor.core.accumulate import interval_of
+from auditor.core.metrics import BY_NAME, SPECS, Metric, Naming, scale_of
+from auditor.core.model import Bucket, GpuId, PodRef
+from auditor.core.readings import SourceReport
+from auditor.core.rollup import BucketRun, Piece, Sample, aggregate
+from auditor.sources import promql
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_NANS = array("d", [math.nan]) * 4096
+#: the values of a series that answered with no point
+EMPTY_ROW = array("d")
+
+
+def from_ms(ms: int) -> datetime:
+    """Prometheus's milliseconds since the epoch as an aware UTC datetime."""
+    return _EPOCH + timedelta(milliseconds=ms)
+
+
+def to_ms(value: datetime) -> int:
+    """An aware datetime as milliseconds since the epoch (exact: no float rounding)."""
+    return (value - _EPOCH) // timedelta(milliseconds=1)
+
+
+@dataclass
+class Series:
+    """One series of a read: its exporter name, metric, own labels and per-aggregate rows."""
+
+    name: str
+    metric: Metric
+    labels: dict[str, str]
+    #: aggregate ("sum", "count", "min", "max") → raw value per bucket of the read (NaN: none)
+    aggs: dict[str, array] = field(default_factory=dict)
+
+
+def bucket_index(cache: dict, ts: float, first_end: int, width_ms: int) -> int:
+    """Bucket index of an evaluation timestamp (``end - 1ms``) in the read's bucket grid."""
+    i = cache.get(ts)
+    if i is None:
+        i = cache[ts] = (promql.parse_ts_ms(ts) + 1 - first_end) // width_ms
+    return i
+
+
+def raw_spans(ends: list[int], width_ms: int, max_buckets: int) -> list[tuple[int, int]]:
+    """Cover sorted bucket ends with runs of at most ``max_buckets`` buckets (first, last end)."""
+    out: list[tuple[int, int]] = []
+    for e in ends:
+        if out and e - out[-1][0] < max_buckets * width_ms:
+            out[-1] = (out[-1][0], e)
+        else:
+            out.append((e, e))
+    return out
+
+
+def aggregate_raw(
+    pod: PodRef,
+    gpu: GpuId,
+    metric: Metric,
+    start: datetime,
+    end: datetime,
+    raw: list[float],
+    scale: float | None = None,
+) -> Bucket:
+    """One bucket from raw samples through the core's rollup (garbage dropped and counted there)."""
+    width = end - start
+    t0 = start.timestamp()
+    rolled = aggregate((Sample(pod, gpu, metric, t0, r, scale) for r in raw), width)
+    if not rolled:
+        return Bucket(pod, gpu, metric, start, end, 0.0, 0, 0.0, 0.0, 0)
+    return rolled[0]
+
+
+def classify(
+    series: list[Series],
+    n: int,
+    first_end: int,
+    width_ms: int,
+    counts: dict[int, int],
+    naming: Naming = Naming.CLASSIC,
+    *,
+    last_open: bool = False,
+) -> dict[int, tuple[Sequence[int] | None, list[int] | None]]:
+    """Per series (by ``id``): the positions of its clean buckets and the ends of its dirty ones.
+
+    A bucket is dirty when its sum is NaN or infinite (a NaN sample), an aggregate is missing,
+    or min/max fall outside the metric's valid range (garbage, or an overshoot that must be
+    clamped): it is re-read raw. (NaN compares false, so NaN min/max are dirty too.) Done with
+    numpy over all series of one exporter name at once, so the cost per bucket is a few
+    machine instructions; the sample count of each clean full bucket goes into ``counts``: one
+    with samples in both neighbours (outside the read, a neighbour is taken as present), except
+    a last bucket the window's end cuts (``last_open``: its samples stop at the window's end).
+    """
+    import numpy as np  # only here: imported once per read, not at CLI start
+
+    out: dict[int, tuple[Sequence[int] | None, list[int] | None]] = {}
+    by_name: dict[str, list[Series]] = {}
+    for s in series:
+        by_name.setdefault(s.name, []).append(s)
+    whole = range(n)
+    nan_row = nans(n)
+    histogram: dict[int, int] = {}
+    for name, rows in by_name.items():
+        spec = SPECS[BY_NAME[name]]
+        scale = scale_of(name, naming)
+
+        def stack(agg: str, rows: list[Any] = rows) -> Any:
+            return np.frombuffer(b"".join(s.aggs.get(agg) or nan_row for s in rows), dtype=np.float64).reshape(
+                len(rows), n
+            )
+
+        cnt = stack("count")
+        present = cnt == cnt
+        with np.errstate(invalid="ignore"):
+            ok = present & np.isfinite(stack("sum"))
+            ok &= stack("min") * scale >= spec.low
+            ok &= stack("max") * scale <= spec.high
+        bad = present & ~ok
+        full, any_ok, any_bad = ok.all(axis=1).tolist(), ok.any(axis=1).tolist(), bad.any(axis=1).tolist()
+        # only full buckets tell the scrape interval: a series that starts, ends or pauses inside
+        # a bucket has fewer samples there, and so has the bucket the window's end cuts
+        left = np.ones_like(present)
+        left[:, 1:] = present[:, :-1]
+        right = np.full_like(present, not last_open)
+        right[:, :-1] = present[:, 1:]
+        full_ok = ok & left & right
+        values, times = np.unique(cnt[full_ok].astype(np.int64), return_counts=True)
+        for v, t in zip(values.tolist(), times.tolist()):
+            histogram[v] = histogram.get(v, 0) + t
+        for j, s in enumerate(rows):
+            idx: Sequence[int] | None = None
+            if full[j]:
+                idx = whole
+            elif any_ok[j]:
+                clean = np.flatnonzero(ok[j]).tolist()
+                idx = range(clean[0], clean[-1] + 1) if clean[-1] - clean[0] + 1 == len(clean) else clean
+            ends = [first_end + i * width_ms for i in np.flatnonzero(bad[j]).tolist()] if any_bad[j] else None
+            out[id(s)] = (idx, ends)
+    for v, t in histogram.items():
+        counts[v] = counts.get(v, 0) + t
+    return out
+
+
+def own_labels(labels: dict[str, str], strings: dict[str, str]) -> dict[str, str]:
+    """A copy of a decoded label set whose values are fresh strings shared by all series.
+
+    The series' labels outlive the decoded answer they came in; kept as they are, these few
+    small objects would pin the memory of the whole answer (millions of freed points) in the
+    allocator. Copies are made once per distinct value (the 9 metrics of a GPU share them).
+    """
+    out: dict[str, str] = {}
+    for k, v in labels.items():
+        c = strings.get(v)
+        if c is None:
+            c = v.encode().decode()
+            strings[c] = c
+        out[k] = c
+    return out
+
+
+def nans(n: int) -> array:
+    return array("d", _NANS[:n] if n <= len(_NANS) else [math.nan] * n)
+
+
+def merge_duplicates(
+    groups: dict[tuple[PodRef, str, Metric], list[BucketRun | list[Bucket]]], report: SourceReport
+) -> list[Piece]:
+    """All buckets, sorted by (pod, GPU, metric, start), one per (pod, GPU, metric, start), as
+    pieces of a :class:`~auditor.core.rollup.LazyBuckets` (one per (pod, GPU, metric)).
+
+    Where two series give the same pod, GPU, metric and bucket (HA Prometheus pairs, two scrape
+    jobs on one exporter, a classic → ``_RATIO`` rename mid-bucket) the fuller bucket is kept:
+    adding them would double-count samples.
+    """
+    out: list[Piece] = []
+    duplicates = False
+    order = sorted(groups, key=lambda k: (k[0].namespace, k[0].pod, k[0].container, k[1], k[2].value))
+    for key in order:
+        parts = groups[key]
+        if len(parts) == 1:
+            out.append((key[0], key[1], parts[0]))
+            continue
+        best: dict[datetime, Bucket] = {}
+        for part in parts:
+            for b in part.buckets() if isinstance(part, BucketRun) else part:
+                old = best.get(b.start)
+                if old is None:
+                    best[b.start] = b
+                    continue
+                duplicates = True
+                if (b.count, b.dropped) > (old.count, old.dropped):
+                    best[b.start] = b
+        out.append((key[0], key[1], [best[t] for t in sorted(best)]))
+    if duplicates:
+        report.warnings.append(
+            "duplicate series for the same pod, GPU and metric (HA replicas or two scrape jobs?): kept the fuller one"
+        )
+    return out
+
+
+def interval_estimate(counts: Mapping[int, int], width_ms: int) -> float | None:
+    """Scrape-interval estimate (:func:`~auditor.core.accumulate.interval_of`) from ``counts``:
+    samples per full bucket → the number of buckets with that many (a histogram, so that
+    millions of buckets need no sorted list). None when the window held no full bucket."""
+    return interval_of((width_ms / 1000 / c, k) for c, k in counts.items() if c > 0)
+
+
+def device_labels(label_sets: Iterable[Mapping[str, str]]) -> dict[str, str]:
+    """Which spelling of the host and UUID labels the series use."""
+    out: dict[str, str] = {}
+    for labels in label_sets:
+        for key, names in (("hostname", ("Hostname", "hostname")), ("uuid", ("UUID", "uuid"))):
+            if key not in out:
+                name, _ = promql.first_label(labels, *names)
+                if name:
+                    out[key] = name
+        if "mig" not in out and labels.get("GPU_I_ID"):
+            out["mig"] = "GPU_I_ID"
+        if len(out) == 3:
+            break
+    return out
+
+
+def short_labels(labels: Mapping[str, str]) -> str:
+    keys = ("Hostname", "hostname", "instance", "gpu", "pod", "exported_pod")
+    return ",".join(f"{k}={labels[k]}" for k in keys if k in labels) or "(no identifying labels)"
