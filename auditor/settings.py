@@ -238,6 +238,16 @@ class GateSettings(_Section):
     holds_name: str = "gpu-auditor-holds"
     #: how often held jobs are looked at again (acknowledged ones are released)
     sweep_interval: Duration = timedelta(seconds=10)
+    #: the HMAC-SHA256 key of signed acknowledgement links (a mounted Secret's file); unset: alerts
+    #: carry no link and the operator's /gate/ack endpoint refuses every link (docs/policies.md)
+    ack_link_key_file: str | None = None
+    #: where users reach the operator's HTTP server (e.g. https://gpu-auditor.example.com): the
+    #: links in alerts are ``<this>/gate/ack?...``; unset: alerts carry no link
+    ack_link_base_url: str | None = None
+    #: how long a signed link stays valid after the alert that carried it
+    ack_link_ttl: Duration = timedelta(days=7)
+    #: how long an acknowledgement made through a link lasts (0: until revoked by new flagged runs)
+    ack_link_until: Duration = timedelta(days=30)
 
 
 class HttpSettings(_Section):

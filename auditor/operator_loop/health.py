@@ -11,11 +11,17 @@ from __future__ import annotations
 import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 log = logging.getLogger(__name__)
+
+#: a route served besides the three endpoints (e.g. ``/gate/ack``): (method, query, body) →
+#: (status, content type, body)
+Route = Callable[[str, str, bytes], tuple[int, str, bytes]]
+#: request bodies are forms of a few fields
+MAX_BODY = 64 * 1024
 
 
 class OperatorMetrics:
@@ -71,12 +77,36 @@ class HealthServer:
         metrics: OperatorMetrics,
         healthy: Callable[[], tuple[bool, str]],
         ready: Callable[[], tuple[bool, str]],
+        routes: Mapping[str, Route] | None = None,
     ) -> None:
         owner = self
+        extra = dict(routes or {})
 
         class Handler(BaseHTTPRequestHandler):
+            def _reply(self, code: int, ctype: str, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Cache-Control", "no-store")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:
+                path, _, query = self.path.partition("?")
+                route = extra.get(path)
+                length = int(self.headers.get("Content-Length") or 0)
+                if route is None:
+                    self._reply(404, "text/plain; charset=utf-8", b"not found\n")
+                elif length < 0 or length > MAX_BODY:
+                    self._reply(413, "text/plain; charset=utf-8", b"request body too large\n")
+                else:
+                    self._reply(*route("POST", query, self.rfile.read(length)))
+
             def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
+                path, _, query = self.path.partition("?")
+                if path in extra:
+                    self._reply(*extra[path]("GET", query, b""))
+                    return
                 if path == "/metrics":
                     body, ctype, code = generate_latest(owner.metrics.registry), CONTENT_TYPE_LATEST, 200
                 elif path in ("/healthz", "/readyz"):

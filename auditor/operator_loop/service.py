@@ -155,14 +155,33 @@ class Operator:
             return False, "informers not synced"
         return True, "leader" if self.is_leader() else "standby"
 
+    def _ack_routes(self) -> dict[str, Any]:
+        """``/gate/ack`` (signed acknowledgement links) when ``gate.ack_link_key_file`` is set."""
+        from auditor.operator_loop.ack_endpoint import PATH, AckEndpoint, read_link_key
+        from auditor.store.lineage import AckLog
+
+        if not self.settings.gate.ack_link_key_file:
+            return {}
+        key = read_link_key(self.settings.gate.ack_link_key_file)
+        endpoint = AckEndpoint(AckLog(self.store), key, cluster=self.settings.cluster, clock=self.clock)
+        return {PATH: endpoint.handle}
+
     def _gate_stage(self) -> Any:
         from auditor.gate.stage import GateStage
+        from auditor.operator_loop.policies import policy_files
+        from auditor.policy.loader import PolicyRegistry
 
+        # the gate rules (kind GatePolicy) of the operator's policy files, read once when the gate
+        # is built; a bad file is logged and skipped, like the policies of the cycle
+        registry = PolicyRegistry()
+        registry.update(policy_files(self.settings))
+        rules = [g.rule() for g in registry.gate_policies]
+        log.info("efficiency gate: %d rule(s): %s", len(rules), ", ".join(r.name for r in rules) or "none")
         return GateStage(
             self.settings,
             self.api,
             self.store,
-            (),
+            rules,
             clock=self.clock,
             instance=self.identity,
             registry=self.metrics.registry,
@@ -204,6 +223,7 @@ class Operator:
                 metrics=self.metrics,
                 healthy=self._healthy,
                 ready=self._ready,
+                routes=self._ack_routes(),
             ).start()
             log.info("serving /healthz, /readyz, /metrics on port %d", self.health.port)
         self.resolver.start()
