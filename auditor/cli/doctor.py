@@ -12,6 +12,7 @@ from auditor.timeparse import parse_duration
 
 if TYPE_CHECKING:
     from auditor.doctor import Check
+    from auditor.settings import Settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -44,13 +45,17 @@ def run(args: argparse.Namespace) -> int:
     from auditor.doctor import as_json, format_checks, run_checks
 
     lookback = parse_duration(args.lookback, what="--lookback")
-    source = command_source(args, command_settings(args, prometheus_overrides(args)))
+    overrides = prometheus_overrides(args)
+    if args.kubeconfig or args.in_cluster:
+        overrides["kubernetes"] = {"kubeconfig": args.kubeconfig, "in_cluster": bool(args.in_cluster)}
+    settings = command_settings(args, overrides)
+    source = command_source(args, settings)
     try:
         checks = run_checks(source, compose.clock().now(), lookback)
     finally:
         source.close()
     if args.kubeconfig or args.in_cluster:
-        checks.append(_kueue_check(args))
+        checks.append(_kueue_check(settings))
     if args.output == "json":
         print(json.dumps(as_json(checks), indent=2))
     else:
@@ -58,12 +63,12 @@ def run(args: argparse.Namespace) -> int:
     return 1 if any(c.failed for c in checks) else 0
 
 
-def _kueue_check(args: argparse.Namespace) -> "Check":
+def _kueue_check(settings: "Settings") -> "Check":
+    from auditor import compose
     from auditor.doctor import kueue_priority_boost_check
-    from auditor.kube.client import KubeConfig, api_client
     from auditor.kube.kueue_features import probe_priority_boost
 
-    api = api_client(KubeConfig(kubeconfig=args.kubeconfig, in_cluster=args.in_cluster))
+    api = compose.kube_api(settings)
     try:
         probe = probe_priority_boost(api)
     finally:
