@@ -13,7 +13,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from auditor.core.model import Window
 from auditor.errors import AuditorError, BadInput
@@ -24,6 +24,9 @@ from auditor.policy.escalation import ViolationState, action_key, decision_key, 
 from auditor.policy.evaluate import Evaluation, JobFacts, evaluate, parse_rfc3339
 from auditor.policy.loader import PolicyRegistry
 from auditor.policy.schema import ActionKind, Mode, Policy
+
+if TYPE_CHECKING:
+    from auditor.ports import ClusterActions
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +125,8 @@ class PolicyRunner:
         policies: a :class:`PolicyRegistry` (hot-reloaded by its owner), or a fixed list.
         store: the :class:`~auditor.store.Store`; required to act (it holds the dedup keys)
             and for ``sustained`` conditions (they read the stored buckets).
-        kube: :class:`~auditor.actions.KubeActions`, or None (no Kubernetes: annotate, event and
+        kube: the cluster actions port (:class:`~auditor.ports.ClusterActions`; the operator's is
+            :class:`~auditor.actions.KubeActions`), or None (no Kubernetes: annotate, event and
             requeue are recorded as skipped; label selectors and opt-out annotations match nothing).
         config: routing, requeue settings, retry policy of the notifiers.
     """
@@ -131,7 +135,7 @@ class PolicyRunner:
         self,
         policies: PolicyRegistry | Sequence[Policy],
         store: Any | None = None,
-        kube: Any | None = None,
+        kube: "ClusterActions | None" = None,
         config: RunnerConfig | None = None,
         *,
         sleep: Callable[[float], None] | None = None,
