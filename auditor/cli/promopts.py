@@ -31,8 +31,9 @@ ENV_PASSWORD = "GPU_AUDITOR_PROMETHEUS_PASSWORD"  # = auditor.compose.PROMETHEUS
 DEFAULT_TIMEOUT, DEFAULT_RETRIES = 60.0, 2
 
 
-def add_prometheus_flags(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
-    """The flags that say where Prometheus is and how to talk to it."""
+def add_prometheus_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that say where Prometheus is and how to talk to it (each optional: the settings
+    file may say it; the composition root refuses a missing URL, naming every source of it)."""
     g = parser.add_argument_group("Prometheus")
     g.add_argument(
         "--prometheus",
@@ -76,7 +77,6 @@ def add_prometheus_flags(parser: argparse.ArgumentParser, *, required: bool = Tr
         default="auto",
         help="which labels name the workload pod (default: detected; exported_pod when scraped with honorLabels: false)",
     )
-    parser.set_defaults(_prometheus_required=required)
 
 
 def prometheus_overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="table",
         help="with --once: print the touched jobs as a table (default) or as audit JSON",
     )
-    add_prometheus_flags(p, required=False)
+    add_prometheus_flags(p)
     kube = p.add_mutually_exclusive_group()
     kube.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
     kube.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
