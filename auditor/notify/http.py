@@ -19,6 +19,8 @@ from typing import Callable, Mapping
 
 import requests
 
+from auditor.clock import SYSTEM_CLOCK
+
 
 @dataclass(frozen=True)
 class Delivery:
@@ -70,7 +72,7 @@ def retry_after_seconds(value: str | None, now: datetime | None = None) -> float
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - (now or datetime.now(timezone.utc))).total_seconds())
+    return max(0.0, (when - (now or SYSTEM_CLOCK.now())).total_seconds())
 
 
 def post_with_retries(

@@ -23,6 +23,7 @@ from typing import Callable
 
 import requests
 
+from auditor.clock import SYSTEM_CLOCK
 from auditor.notify.http import Delivery, RetryPolicy, post_with_retries
 
 WEBHOOK_BODY_VERSION = 1
@@ -53,7 +54,7 @@ class WebhookNotifier:
         retry: RetryPolicy | None = None,
         session: requests.Session | None = None,
         sleep: Callable[[float], None] = time.sleep,
-        clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+        clock: Callable[[], datetime] = SYSTEM_CLOCK.now,
     ) -> None:
         if not url.startswith(("https://", "http://")):
             raise ValueError("a webhook URL must be http(s)")
