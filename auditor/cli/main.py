@@ -17,7 +17,20 @@ from auditor import __version__
 from auditor.errors import AuditorError, BadInput
 
 #: subcommand modules, in the order ``--help`` lists them
-SUBCOMMANDS = ("demo", "audit", "explain", "doctor", "run", "report", "policy", "actions", "store", "agent", "traces")
+SUBCOMMANDS = (
+    "demo",
+    "audit",
+    "explain",
+    "doctor",
+    "run",
+    "report",
+    "policy",
+    "ack",
+    "actions",
+    "store",
+    "agent",
+    "traces",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,6 +17,7 @@ from typing import Callable, Protocol
 from urllib.parse import parse_qs
 
 from auditor.core.acklink import AckLink, LinkRefused, verify
+from auditor.core.lineage import LineageKey
 from auditor.errors import AuditorError, BadInput
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ class AckStore(Protocol):
 
     def acknowledge(
         self,
-        key: object,
+        key: LineageKey,
         by: str,
         until: datetime | None,
         reason: str,

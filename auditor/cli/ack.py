@@ -1,0 +1,139 @@
+"""``gpu-auditor ack NAMESPACE/LINEAGE [--until T] [--reason R]``: acknowledge a held or flagged lineage.
+
+The efficiency gate holds (or, in observe mode, would hold) a lineage's re-submissions when its
+runs broke a gate rule; acknowledging says "I know, I fixed it": the runs so far no longer count,
+the gate releases the held submissions, and new runs are judged afresh. The acknowledgement is
+recorded in the store with who made it — the Kubernetes user (SelfSubjectReview) when a
+kubeconfig or the in-cluster account is given, else the OS user — when, until when and why, and
+``explain`` and the report show it. ``--snooze`` instead admits every submission until ``--until``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+from auditor.cli.storeopts import add_store_flags
+from auditor.errors import BadInput
+from auditor.timeparse import format_time, parse_duration, parse_time
+
+if TYPE_CHECKING:  # imported where used: every subcommand imports this module for --help
+    from auditor.core.gate import LineageHistory
+    from auditor.settings import Settings
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "ack",
+        help="acknowledge a held or flagged lineage (the efficiency gate releases it)",
+        description=__doc__.split("\n\n", 1)[1].replace("``", "") if __doc__ else None,
+    )
+    p.add_argument("lineage", metavar="NAMESPACE/LINEAGE", help="the lineage, as the gate's message names it")
+    p.add_argument(
+        "--until",
+        metavar="T",
+        help="when the acknowledgement ends: RFC 3339, now+DURATION, or a duration (7d); default: no end",
+    )
+    p.add_argument("--reason", default="", help="why (recorded and shown with the acknowledgement)")
+    p.add_argument("--snooze", action="store_true", help="admit every submission until --until (needs --until)")
+    p.add_argument("--cluster", help="the cluster the lineage runs in (default: the settings' cluster)")
+    p.add_argument("--by", help="record this name instead of the Kubernetes or OS user")
+    kube = p.add_mutually_exclusive_group()
+    kube.add_argument("--kubeconfig", metavar="PATH", help="ask this cluster who you are (recorded as kube:NAME)")
+    kube.add_argument("--in-cluster", action="store_true", help="the pod's service account (recorded as kube:NAME)")
+    add_store_flags(p)
+    p.add_argument("--output", choices=("text", "json"), default="text")
+    p.set_defaults(handler=ack)
+
+
+def parse_until(text: str | None, now: datetime) -> datetime | None:
+    """``--until``: a time (RFC 3339, ``now+7d``) or a duration from now (``7d``); None for no end."""
+    if text is None:
+        return None
+    t = text.strip()
+    if t and t[0].isdigit() and not any(c in t for c in "T:-"):
+        return now + parse_duration(t, what="--until")
+    return parse_time(t, now, what="--until")
+
+
+def who(args: argparse.Namespace, settings: "Settings") -> str:
+    """The name recorded as ``by``: ``--by``, else ``kube:<user>`` when the command may ask the API, else ``os:<user>``."""
+    if args.by:
+        return str(args.by).strip()
+    if args.kubeconfig or args.in_cluster:
+        from auditor import compose
+        from auditor.kube.whoami import username
+
+        return f"kube:{username(compose.kube_api(settings))}"
+    return f"os:{getpass.getuser()}"
+
+
+def ack(args: argparse.Namespace) -> int:
+    from auditor.cli.storeopts import command_settings, open_store
+    from auditor.core.gate import AckKind
+    from auditor.core.lineage import LineageKey
+    from auditor.store.lineage import AckLog, LineageHistoryReader
+
+    overrides: dict = {}
+    if args.kubeconfig or args.in_cluster:
+        overrides["kubernetes"] = {"kubeconfig": args.kubeconfig, "in_cluster": bool(args.in_cluster)}
+    settings = command_settings(args, overrides)
+    now = datetime.now(timezone.utc)
+    key = LineageKey.parse(args.lineage, cluster=args.cluster or settings.cluster, what="NAMESPACE/LINEAGE")
+    until = parse_until(args.until, now)
+    if until is not None and until <= now:
+        raise BadInput(f"--until {args.until}: {format_time(until)} is not in the future")
+    if args.snooze and until is None:
+        raise BadInput("--snooze needs --until (a snooze admits everything, so it must end)")
+    by = who(args, settings)
+    store = open_store(settings, existing=True)
+    try:
+        reader = LineageHistoryReader(store)
+        known = reader.lineages(cluster=key.cluster, namespace=key.namespace)
+        if not any(s.key == key for s in known):
+            names = ", ".join(s.key.lineage for s in known[:10]) or "none"
+            raise BadInput(f"no lineage {key} in cluster {key.cluster} of store {store.display_url} (known: {names})")
+        kind = AckKind.SNOOZE if args.snooze else AckKind.ACK
+        recorded = AckLog(store).acknowledge(key, by, until, args.reason, now, via="cli", kind=kind)
+        decision = _decision_now(settings, reader.history(key, now), now)
+    finally:
+        store.close()
+    doc = {
+        "cluster": key.cluster,
+        "lineage": str(key),
+        "kind": recorded.kind.value,
+        "by": recorded.by,
+        "at": format_time(recorded.at),
+        "until": format_time(recorded.until) if recorded.until else None,
+        "reason": recorded.reason,
+        "gate": decision,
+    }
+    if args.output == "json":
+        print(json.dumps(doc, indent=2))
+        return 0
+    what = "snoozed" if args.snooze else "acknowledged"
+    end = f" until {doc['until']}" if doc["until"] else " (no end)"
+    print(
+        f"{what} {key} (cluster {key.cluster}){end} as {recorded.by}"
+        + (f": {recorded.reason}" if recorded.reason else "")
+    )
+    if decision is not None:
+        print(f"the gate now: {decision['action']} — {decision['reason']}")
+    return 0
+
+
+def _decision_now(settings: "Settings", history: "LineageHistory", now: datetime) -> dict | None:
+    """What the gate (its rules from the settings' policy files, in its mode) decides now; None without rules."""
+    from auditor.core.gate import decide
+    from auditor.operator_loop.policies import policy_files
+    from auditor.policy.loader import PolicyRegistry
+
+    registry = PolicyRegistry()
+    registry.update(policy_files(settings))
+    rules = [g.rule() for g in registry.gate_policies]
+    if not rules:
+        return None
+    return decide(history, rules, settings.gate.mode, now).to_json()
