@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
@@ -59,7 +60,7 @@ class ControllerConfig:
     holds_namespace: str | None = None
     holds_name: str = "gpu-auditor-holds"
     sweep_interval: float = 5.0
-    workers: int = 4
+    workers: int = 8
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ class Decided:
     decide_seconds: float
     #: from our watch seeing the Workload hold quota to the check state written
     seconds: float
+    #: the server-side apply of the check state alone
+    write_seconds: float = 0.0
 
 
 def _gates(job: Mapping[str, Any]) -> list[str]:
@@ -102,6 +105,15 @@ def held_by_check(job: Mapping[str, Any]) -> str | None:
 
 def gated(job: Mapping[str, Any]) -> bool:
     return OUR_GATE in _gates(job)
+
+
+def _queued_job(job: dict) -> dict | None:
+    """What the gate keeps of a batch Job: Kueue-queued ones only, their metadata only."""
+    meta = job.get("metadata") or {}
+    if "kueue.x-k8s.io/queue-name" not in (meta.get("labels") or {}):
+        return None
+    keep = ("name", "namespace", "uid", "labels", "annotations", "ownerReferences", "generateName")
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {k: meta[k] for k in keep if k in meta}}
 
 
 class GateController:
@@ -133,12 +145,17 @@ class GateController:
         self._threads: list[threading.Thread] = []
         self._checks_informer = Informer(api, KV, "admissionchecks", self._on_check, name="gate-admissionchecks")
         self._workloads: Informer[None] = Informer(api, KV, "workloads", self._on_workload, name="gate-workloads")
-        self._held_jobs = Informer(api, "batch/v1", "jobs", self._keep_held, name="gate-held-jobs")
+        #: Kueue-queued batch Jobs, slimmed: the owner of a Workload is read here, not from the API
+        self._jobs = Informer(api, "batch/v1", "jobs", _queued_job, name="gate-jobs")
+        # telling the owner (annotation, Event) comes after the check state, off its path
+        self._tell = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gate-tell")
+        self._tell.shutdown()
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, sync_timeout: float = 30.0) -> "GateController":
         self._stop.clear()
+        self._tell = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gate-tell")
         self._checks_informer.start()
         if not self._checks_informer.wait_synced(sync_timeout):
             log.warning("gate: AdmissionChecks not listed after %.0f s", sync_timeout)
@@ -147,24 +164,25 @@ class GateController:
             t.start()
             self._threads.append(t)
         self._workloads.start()
-        self._held_jobs.start()
+        self._jobs.start()
         t = threading.Thread(target=self._sweep_loop, name="gate-sweep", daemon=True)
         t.start()
         self._threads.append(t)
         return self
 
     def wait_synced(self, timeout: float = 30.0) -> bool:
-        return all(i.wait_synced(timeout) for i in (self._checks_informer, self._workloads, self._held_jobs))
+        return all(i.wait_synced(timeout) for i in (self._checks_informer, self._workloads, self._jobs))
 
     def stop(self) -> None:
         self._stop.set()
-        for i in (self._workloads, self._held_jobs, self._checks_informer):
+        for i in (self._workloads, self._jobs, self._checks_informer):
             i.stop()
         for _ in self._threads:
             self._queue.put(None)
         for t in self._threads:
             t.join(timeout=5)
         self._threads = []
+        self._tell.shutdown(wait=True, cancel_futures=True)
 
     @property
     def check_names(self) -> set[str]:
@@ -228,7 +246,11 @@ class GateController:
         if not (view.awaits_checks and pending):
             return None
         now = self.clock()
-        owner = self.kube.owner(view)
+        owner = self._jobs.get(f"{view.namespace}/{view.owner_name}") if view.owner_kind == "Job" else None
+        stale = owner is None or owner["metadata"].get("uid") != view.owner_uid
+        # a gated Job's annotations decide whether its owner acknowledged: read them fresh
+        if stale or HOLD_REASON in (owner or {}).get("metadata", {}).get("annotations", {}):
+            owner = self.kube.owner(view)
         if owner is None:
             log.info("gate: Workload %s/%s has no owner we can read; not answering", view.namespace, view.name)
             return None
@@ -237,7 +259,9 @@ class GateController:
         verdict = self.gate.verdict(key, now)
         ltt = rfc3339(now)
         states = {n: {"state": verdict.state, "message": verdict.message, "lastTransitionTime": ltt} for n in pending}
+        t_write = time.monotonic()
         self.kube.write_checks(view, states)
+        wrote = time.monotonic()
         done = Decided(
             view.namespace,
             view.name,
@@ -246,14 +270,20 @@ class GateController:
             verdict.would,
             verdict.failure,
             verdict.seconds,
-            time.monotonic() - seen,
+            wrote - seen,
+            wrote - t_write,
         )
         self.decided.append(done)
         if self.on_decided is not None:
             self.on_decided(done)
+        if self._stop.is_set():
+            return verdict
+        self._tell.submit(self._after, view, key, verdict, now)
+        return verdict
+
+    def _after(self, view: WorkloadView, key: LineageKey, verdict: Verdict, now: datetime) -> None:
         self._tell_owner(view, key, verdict, now)
         self._list_hold(key, verdict)
-        return verdict
 
     def _owner_acknowledged(self, owner: Mapping[str, Any], key: LineageKey, now: datetime) -> None:
         """The owner removed our admission gate from a Job the policy gated: that is their ack."""
@@ -351,11 +381,8 @@ class GateController:
 
     # ------------------------------------------------------------------ the release sweep
 
-    def _keep_held(self, job: dict) -> dict | None:
-        return job if (gated(job) or held_by_check(job)) else None
-
     def held_jobs(self) -> list[dict]:
-        return list(self._held_jobs.items().values())
+        return [j for j in self._jobs.items().values() if gated(j) or held_by_check(j)]
 
     def _sweep_loop(self) -> None:
         while not self._stop.wait(self.config.sweep_interval):

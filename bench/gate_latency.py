@@ -1,0 +1,329 @@
+"""The efficiency gate's decision time: from a Workload's quota reservation to our check's answer.
+
+Kueue holds a Workload's quota while our AdmissionCheck is Pending, so the gate must answer fast
+(issue 16: p99 < 100 ms). This runs the real controller (auditor/gate) against the test bed's real
+Kueue and PostgreSQL: a store seeded with the history of ``--lineages`` lineages (5 runs each, a
+third of them flagged by the hold rule, so observe mode words a would-hold message for them), a
+ClusterQueue with room for every job and the gate's AdmissionCheck, then ``--jobs`` one-GPU Jobs
+submitted ``--every`` seconds apart. A watch on the Workloads (its own connection) timestamps the
+first version showing ``QuotaReserved=True`` and the first showing our check answered: that
+difference is the figure, as a Kueue user would see it. The controller's own timings (from its
+watch event to the status write, and the store read + decision alone) are reported beside it.
+
+    .venv/bin/python bench/gate_latency.py --jobs 300 --out bench/results
+
+Reuses a healthy running test bed (``make testbed-up``), else starts one; writes
+``gate-latency-<date>.{json,md}`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from auditor.core.gate import GateAction, GateRule, LineageRun  # noqa: E402
+from auditor.core.lineage import LineageKey  # noqa: E402
+from auditor.gate.admission import AdmissionGate, GateSettings  # noqa: E402
+from auditor.gate.controller import ControllerConfig, GateController  # noqa: E402
+from auditor.gate.kueue import CONTROLLER_NAME  # noqa: E402
+from auditor.gate.stage import core_decide  # noqa: E402
+from auditor.kube.client import call_json, resource_path  # noqa: E402
+
+KV = "kueue.x-k8s.io/v1beta2"
+RULES = [GateRule("hold-low-sm", GateAction.HOLD, verdicts=frozenset({"low_sm_efficiency"}), at_least=3, of_last=5)]
+
+
+def log(msg: str) -> None:
+    print(f"[bench {datetime.now():%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
+
+
+def pct(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(p / 100 * len(s) + 0.5) - 1))]
+
+
+def seed(store: Any, namespace: str, lineages: int, now: datetime) -> None:
+    from auditor.store.lineage import LineageRecorder
+
+    rec = LineageRecorder(store)
+    for i in range(lineages):
+        key = LineageKey("default", namespace, f"train{i}")
+        flagged = i % 3 == 0
+        for r in range(5):
+            start = now - timedelta(days=5 - r)
+            verdict = "low_sm_efficiency" if flagged and r != 2 else "healthy"
+            rec.record(key, LineageRun(job=f"Job/train{i}-old{r}", verdict=verdict, start=start, end=start), now)
+
+
+def kueue_objects(api: Any, ns: str, case: str, gpus: int) -> tuple[str, str, str]:
+    rf, cq, ac = f"bench-gpu-{case}", f"bench-cq-{case}", f"bench-gate-{case}"
+    call_json(
+        api,
+        resource_path(KV, "resourceflavors"),
+        method="POST",
+        body={"apiVersion": KV, "kind": "ResourceFlavor", "metadata": {"name": rf}},
+    )
+    call_json(
+        api,
+        resource_path(KV, "admissionchecks"),
+        method="POST",
+        body={
+            "apiVersion": KV,
+            "kind": "AdmissionCheck",
+            "metadata": {"name": ac},
+            "spec": {"controllerName": CONTROLLER_NAME},
+        },
+    )
+    call_json(
+        api,
+        resource_path(KV, "clusterqueues"),
+        method="POST",
+        body={
+            "apiVersion": KV,
+            "kind": "ClusterQueue",
+            "metadata": {"name": cq},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["nvidia.com/gpu"],
+                        "flavors": [{"name": rf, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": str(gpus)}]}],
+                    }
+                ],
+                "admissionChecksStrategy": {"admissionChecks": [{"name": ac, "onFlavors": [rf]}]},
+            },
+        },
+    )
+    call_json(
+        api,
+        resource_path(KV, "localqueues", ns),
+        method="POST",
+        body={"apiVersion": KV, "kind": "LocalQueue", "metadata": {"name": "lq"}, "spec": {"clusterQueue": cq}},
+    )
+    return rf, cq, ac
+
+
+def job_body(name: str, lineage: str) -> dict:
+    gpu = {"nvidia.com/gpu": "1"}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "lq", "gpu-auditor.io/lineage": lineage}},
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "example.invalid/train:1",
+                            "resources": {"requests": gpu, "limits": gpu},
+                        }
+                    ],
+                }
+            }
+        },
+    }
+
+
+class Watcher:
+    """Timestamps, per Workload, the first version with quota reserved and the first answered by us."""
+
+    def __init__(self, kubeconfig: str, ns: str, check: str) -> None:
+        from kubernetes import client, config, watch
+
+        self.api = config.new_client_from_config(config_file=kubeconfig)
+        self.reserved: dict[str, float] = {}
+        self.answered: dict[str, tuple[float, str]] = {}
+        self._w = watch.Watch()
+        custom = client.CustomObjectsApi(self.api)
+
+        def run() -> None:
+            try:
+                for ev in self._w.stream(
+                    custom.list_namespaced_custom_object,
+                    "kueue.x-k8s.io",
+                    "v1beta2",
+                    ns,
+                    "workloads",
+                    timeout_seconds=3600,
+                ):
+                    t = time.monotonic()
+                    o = ev["object"]
+                    name = o["metadata"]["name"]
+                    st = o.get("status") or {}
+                    if name not in self.reserved and any(
+                        c["type"] == "QuotaReserved" and c["status"] == "True" for c in st.get("conditions") or []
+                    ):
+                        self.reserved[name] = t
+                    for c in st.get("admissionChecks") or []:
+                        if (
+                            c["name"] == check
+                            and c.get("state") in ("Ready", "Rejected", "Retry")
+                            and name not in self.answered
+                        ):
+                            self.answered[name] = (t, c["state"])
+            except Exception:  # noqa: BLE001 - stopped
+                pass
+
+        self._t = threading.Thread(target=run, daemon=True)
+        self._t.start()
+
+    def stop(self) -> None:
+        self._w.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=300)
+    ap.add_argument("--lineages", type=int, default=500)
+    ap.add_argument("--every", type=float, default=0.05, help="seconds between submissions")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/gate-bench"))
+    args = ap.parse_args(argv)
+
+    import psycopg
+    from kubernetes import config as kc
+
+    from auditor.store import Store
+    from auditor.store.lineage import AckLog, LineageHistoryReader
+    from auditor.testbed import up
+
+    bed = up()
+    api = kc.new_client_from_config(config_file=bed.kubeconfig)
+    case = uuid.uuid4().hex[:6]
+    ns, db = f"bench-gate-{case}", f"bench_gate_{case}"
+    call_json(api, resource_path("v1", "namespaces"), method="POST", body={"metadata": {"name": ns}})
+    with psycopg.connect(bed.postgres_admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{db}"')
+    base, _, _ = bed.postgres_admin_url.rpartition("/")
+    store = Store.open(f"{base}/{db}")
+    now = datetime.now(timezone.utc)
+    t0 = time.monotonic()
+    seed(store, ns, args.lineages, now)
+    log(f"seeded {args.lineages} lineages × 5 runs in {time.monotonic() - t0:.1f} s")
+    rf, cq, ac = kueue_objects(api, ns, case, args.jobs + 10)
+    gate = AdmissionGate(
+        LineageHistoryReader(store), core_decide, RULES, GateSettings(mode="observe", timeout=2.0), acks=AckLog(store)
+    )
+    ctl = GateController(api, gate, ControllerConfig(sweep_interval=3600), instance="bench").start()
+    watcher = Watcher(bed.kubeconfig, ns, ac)
+    try:
+        assert ctl.wait_synced(60)
+        deadline = time.monotonic() + 60
+        while not any(
+            c["type"] == "Active" and c["status"] == "True"
+            for c in (call_json(api, resource_path(KV, "clusterqueues", None, cq)).get("status") or {}).get(
+                "conditions"
+            )
+            or []
+        ):
+            assert time.monotonic() < deadline, "ClusterQueue never Active"
+            time.sleep(0.2)
+        rng = random.Random(7)
+        load_before = os.getloadavg()
+        t_submit = time.monotonic()
+        for i in range(args.jobs):
+            call_json(
+                api,
+                resource_path("batch/v1", "jobs", ns),
+                method="POST",
+                body=job_body(f"j{i:05d}", f"train{rng.randrange(args.lineages)}"),
+            )
+            time.sleep(args.every)
+        deadline = time.monotonic() + 120
+        while len(watcher.answered) < args.jobs and time.monotonic() < deadline:
+            time.sleep(0.2)
+        submit_s = time.monotonic() - t_submit
+        seen = [w for w in watcher.answered if w in watcher.reserved]
+        lat = [(watcher.answered[w][0] - watcher.reserved[w]) * 1000 for w in seen]
+        inner = [d.seconds * 1000 for d in ctl.decided]
+        decide = [d.decide_seconds * 1000 for d in ctl.decided]
+        write = [d.write_seconds * 1000 for d in ctl.decided]
+        states: dict[str, int] = {}
+        for d in ctl.decided:
+            k = d.state + (" (would hold)" if d.would == "hold" else "")
+            states[k] = states.get(k, 0) + 1
+
+        def row(xs: list[float]) -> dict[str, float]:
+            return {
+                "n": len(xs),
+                "p50": round(statistics.median(xs), 1),
+                "p90": round(pct(xs, 90), 1),
+                "p99": round(pct(xs, 99), 1),
+                "max": round(max(xs), 1),
+            }
+
+        result = {
+            "date": now.date().isoformat(),
+            "jobs": args.jobs,
+            "lineages": args.lineages,
+            "every_s": args.every,
+            "submit_and_answer_s": round(submit_s, 1),
+            "states": states,
+            "quota_reserved_to_check_answered_ms": row(lat),
+            "controller_event_to_status_written_ms": row(inner),
+            "store_read_and_decision_ms": row(decide),
+            "status_apply_ms": row(write),
+            "unanswered": args.jobs - len(watcher.answered),
+            "load_average_1m_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+            "cpus": os.cpu_count(),
+        }
+    finally:
+        watcher.stop()
+        ctl.stop()
+        gate.close()
+        store.close()
+        call_json(api, resource_path("v1", "namespaces", None, ns), method="DELETE")
+        for plural, name in (("clusterqueues", cq), ("admissionchecks", ac), ("resourceflavors", rf)):
+            try:
+                call_json(api, resource_path(KV, plural, None, name), method="DELETE")
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+        with psycopg.connect(bed.postgres_admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"gate-latency-{result['date']}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    md = [
+        f"# Gate decision latency, {result['date']}",
+        "",
+        f"{args.jobs} one-GPU Jobs, one every {args.every:g} s, {args.lineages} lineages of history in PostgreSQL "
+        "(test bed, real Kueue v0.17.0), observe mode.",
+        "",
+        "| measured | n | p50 ms | p90 ms | p99 ms | max ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, key in (
+        ("QuotaReserved seen → check answered seen (a watcher's view)", "quota_reserved_to_check_answered_ms"),
+        ("controller: its watch event → status written", "controller_event_to_status_written_ms"),
+        ("controller: store read + decision", "store_read_and_decision_ms"),
+        ("controller: the status server-side apply", "status_apply_ms"),
+    ):
+        r = result[key]
+        md.append(f"| {label} | {r['n']} | {r['p50']} | {r['p90']} | {r['p99']} | {r['max']} |")
+    md += [
+        "",
+        f"States written: {result['states']}; unanswered: {result['unanswered']}. Machine: {result['cpus']} CPUs, "
+        f"1-minute load average {result['load_average_1m_before_after'][0]} before, "
+        f"{result['load_average_1m_before_after'][1]} after (apiserver, etcd, Kueue, PostgreSQL and the gate share them).",
+    ]
+    stem.with_suffix(".md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
