@@ -1,7 +1,7 @@
 """One audit: read a window from a source, attribute pods to jobs, store the rollup, summarize.
 
-This is wiring, not logic: the math and the verdicts are in :mod:`auditor.core.summary` (pure),
-the reading in the source, the persistence in the store. With a store, the store's buckets are
+This is wiring, not logic: the math and the verdicts are in the core (:mod:`auditor.core.summary`
+and its neighbours, pure), the reading in the source, the persistence in the store. With a store, the store's buckets are
 the source of truth: the engine writes the window's buckets (idempotently), reads the job's
 buckets back and summarizes those, so a summary never depends on which process read which part
 of the history. Without a store (``store=None``) it summarizes the source's buckets directly.
@@ -25,10 +25,12 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from auditor.clock import SYSTEM_CLOCK
 from auditor.core.accumulate import JobAggregate, ShareMap, StaleFold
+from auditor.core.job_summary import JobSummary, sorted_summaries
 from auditor.core.model import Bucket, JobRef, PodRef, Window
 from auditor.core.readings import SourceReport
 from auditor.core.rollup import LazyBuckets
-from auditor.core.summary import shared_gpus, shares_among, summarize_aggregate, summarize_job
+from auditor.core.sharing import shared_gpus, shares_among
+from auditor.core.summary import summarize_aggregate, summarize_job
 from auditor.core.thresholds import Thresholds
 from auditor.correlate import JobResolver, NoKubeResolver
 from auditor.ports import MetricSource
@@ -46,9 +48,10 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 @dataclass
 class AuditResult:
-    """Per-job audit-JSON summaries (most waste first), what the source saw, the run's id."""
+    """Per-job summaries (most waste first; ``to_json()`` is the audit JSON), what the source
+    saw, the run's id."""
 
-    summaries: list[dict]
+    summaries: list[JobSummary]
     report: SourceReport
     run_id: int | None
 
@@ -82,7 +85,7 @@ def gc_paused() -> Iterator[None]:
 
 
 def _lazy_shares(buckets: LazyBuckets) -> dict[tuple[str, datetime], int]:
-    """:func:`~auditor.core.summary.shared_gpus` of a lazy read: only GPUs that several pods
+    """:func:`~auditor.core.sharing.shared_gpus` of a lazy read: only GPUs that several pods
     used are made into bucket objects (on a cluster without sharing, none)."""
     pieces = buckets.pieces
     return shares_among(
@@ -148,7 +151,7 @@ def _hand_over(
             store.delete_summary(loser_id)
             continue
         span = Window(min(b.start for b in rest), max(b.end for b in rest))
-        summary = summarize_job(other, rest, window=span, now=now, interval=interval, thresholds=thresholds)
+        summary = summarize_job(other, rest, window=span, now=now, interval=interval, thresholds=thresholds).to_json()
         # what the engine does not compute (the operator's Kubernetes view, ``final``) stays
         previous = store.summary(loser_id) or {}
         store.save_summary(loser_id, {**{k: v for k, v in previous.items() if k not in summary}, **summary})
@@ -301,7 +304,7 @@ def _run_audit(
         del runs
         interval = report.scrape_interval
         say(f"{n_buckets} buckets, {len(pods)} pods, {len(jobs)} jobs")
-        summaries: list[dict] = []
+        summaries: list[JobSummary] = []
         freeze_to = align_down(window.end, width)
         for key in sorted(by_job):
             job, buckets = jobs[key], materialize(by_job.pop(key))
@@ -341,14 +344,14 @@ def _run_audit(
                 summary = summarize_job(
                     job, buckets, window=window, now=now, interval=interval, thresholds=th, shares=shares
                 )
-            store.save_summary(job_id, summary)
+            store.save_summary(job_id, summary.to_json())
             summaries.append(summary)
-        summaries = sort_summaries(summaries)
+        summaries = sorted_summaries(summaries)
         run_id = None
         if store is not None:
             verdicts: dict[str, int] = defaultdict(int)
             for s in summaries:
-                verdicts[str(s["verdict"])] += 1
+                verdicts[s.verdict.value] += 1
             run_id = store.record_run(
                 window,
                 started,

@@ -73,7 +73,7 @@ def child(mode: str, url: str, namespace: str, jobs: int, start: float, end: flo
             Window(window_start, window_end),
             now=window_end,
         )
-        found = len([s for s in result.summaries if s["namespace"] == namespace])
+        found = len([s for s in result.summaries if s.namespace == namespace])
     else:
         # One query per job for all its metrics, as per-job tools do: the job's raw samples over
         # the window, reduced client-side to the same sum/count/min/max the batched audit keeps.

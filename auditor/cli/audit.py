@@ -136,17 +136,18 @@ def run(args: argparse.Namespace) -> int:
                     progress=log.info,
                     thresholds=settings.thresholds,
                 )
+                docs = [s.to_json() for s in result.summaries]  # the audit JSON
                 if api is not None:  # Kueue's admission facts of the audited jobs
                     from auditor.operator_loop.admissions import record_audit_admissions
 
-                    record_audit_admissions(store, resolver, result.summaries, now)
+                    record_audit_admissions(store, resolver, docs, now)
                 decisions = []
                 if policies is not None:
                     from auditor.policy.runner import PolicyRunner
 
                     kube = compose.kube_actions(api) if api is not None else None
                     runner = PolicyRunner(policies, store, kube, config)
-                    decisions = runner.run_cycle(result.summaries, now=now, act=args.act)
+                    decisions = runner.run_cycle(docs, now=now, act=args.act)
             finally:
                 store.close()
         finally:
@@ -162,10 +163,9 @@ def run(args: argparse.Namespace) -> int:
             by_job: dict[str, list] = {}
             for d in decisions:
                 by_job.setdefault(d.job, []).append(d.as_dict())
-            for s in result.summaries:
-                key = f"{s.get('cluster') or args.cluster}/{s.get('namespace')}/{s.get('job')}"
-                s["policy_decisions"] = by_job.get(key, [])
-        print(json.dumps(result.summaries, indent=2, sort_keys=False, default=str))
+            for s, doc in zip(result.summaries, docs):
+                doc["policy_decisions"] = by_job.get(str(s.key), [])
+        print(json.dumps(docs, indent=2, sort_keys=False, default=str))
     else:
         from auditor.render.table import format_table
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from auditor.core.job_summary import JobSummary
 from auditor.core.metrics import Metric
 from auditor.core.model import GpuId, JobRef, PodRef, Window
 from auditor.core.thresholds import Thresholds
@@ -183,7 +184,7 @@ def run_demo(
     html: bool = True,
     progress=None,
     thresholds: "Thresholds | None" = None,
-) -> list[dict]:
+) -> list[JobSummary]:
     """Replay, audit, store, and write the page; returns the summaries (most waste first).
 
     ``thresholds`` are the verdict thresholds (default: the built-in ones), so that a tuning can
@@ -207,13 +208,14 @@ def run_demo(
         result = run_audit(source, sc.resolver, store, sc.window, now=now, progress=say, thresholds=thresholds)
     finally:
         store.close()
-    (out_dir / "summaries.json").write_text(json.dumps(result.summaries, indent=2) + "\n", encoding="utf-8")
+    docs = [s.to_json() for s in result.summaries]
+    (out_dir / "summaries.json").write_text(json.dumps(docs, indent=2) + "\n", encoding="utf-8")
     if html:
         from auditor.render.html import render_html
 
         say("rendering the HTML page")
         page = render_html(
-            result.summaries,
+            docs,
             title="gpu-auditor demo: a small H200 cluster",
             generated_at=now,
             window_start=sc.window.start.isoformat(),

@@ -112,9 +112,11 @@ def run(args: argparse.Namespace) -> int:
                 _attach_decisions(result.summaries, result.decisions)
             print(json.dumps(result.summaries, indent=2, default=str))
         else:
+            from auditor.core.job_summary import JobSummary
             from auditor.render.table import format_table
 
-            print(format_table(result.summaries))
+            # the cycle's summaries are the stored documents (with the operator's final/ended)
+            print(format_table([JobSummary.from_json(s) for s in result.summaries]))
         w = result.window
         print(
             f"cycle {w.start.isoformat()} → {w.end.isoformat()}: {len(result.summaries)} job(s) summarized, "

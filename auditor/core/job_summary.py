@@ -49,6 +49,11 @@ class SummaryFormatError(ValueError):
     """A document that is not an audit-JSON summary; the message names the field."""
 
 
+def rounded(v: float | None, nd: int = 6) -> float | None:
+    """A value as the audit JSON holds it: rounded to ``nd`` places, None kept."""
+    return None if v is None else round(v, nd)
+
+
 def rfc3339(t: datetime) -> str:
     """RFC 3339 UTC with ``Z``, whole seconds unless there is a fraction (milliseconds)."""
     v = t.astimezone(timezone.utc)

@@ -164,6 +164,10 @@ def charts(summaries: Sequence[dict]) -> list[dict[str, str]]:
     return out
 
 
+def _notes(summary: dict) -> str:
+    return notes(str(f.get("code")) for f in summary.get("findings") or [] if isinstance(f, dict))
+
+
 def render_html(
     summaries: Sequence[dict],
     *,
@@ -176,7 +180,7 @@ def render_html(
 ) -> str:
     """The whole page as one string."""
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-    env.globals.update(pct=_pct, num=_num, ev=_ev, note=notes, color=lambda v: VERDICT_COLORS.get(v, "#999"))
+    env.globals.update(pct=_pct, num=_num, ev=_ev, note=_notes, color=lambda v: VERDICT_COLORS.get(v, "#999"))
     tpl = env.from_string(_TEMPLATE)
     total = sum(float(s.get("gpu_hours") or 0.0) for s in summaries)
     waste = sum(float(s["waste_gpu_hours"]) for s in summaries if s.get("waste_gpu_hours") is not None)

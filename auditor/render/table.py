@@ -7,7 +7,9 @@ admin what to look at; ``explain`` shows the rest.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
+
+from auditor.core.job_summary import JobSummary
 
 _COLUMNS = (
     ("NAMESPACE", "namespace", "<"),
@@ -37,35 +39,35 @@ _NOTES = {
 }
 
 
-def _cell(summary: dict, key: str) -> str:
-    v = summary.get(key)
-    if key == "gpu_util" and v is None and summary.get("gr_engine_active") is not None:
-        v = summary["gr_engine_active"]  # MIG: the busy signal is GR_ENGINE_ACTIVE
-        return f"{v * 100:.0f}%*"
+def _cell(summary: JobSummary, key: str) -> str:
+    v = summary.value_of(key)
+    if key == "gpu_util" and v is None and summary.gr_engine_active is not None:
+        return f"{summary.gr_engine_active * 100:.0f}%*"  # MIG: the busy signal is GR_ENGINE_ACTIVE
     if v is None or v == "":
         return "-"
     if key in _PERCENT:
-        pct = float(v) * 100
+        pct = float(str(v)) * 100
         return f"{pct:.1f}%" if 0 < pct < 10 else f"{pct:.0f}%"
     if key == "gpus":
-        return f"{float(v):g}" if float(v) == int(float(v)) else f"{float(v):.2f}"
+        g = float(str(v))
+        return f"{g:g}" if g == int(g) else f"{g:.2f}"
     if key in ("gpu_hours", "waste_gpu_hours"):
-        return f"{float(v):.2f}"
+        return f"{float(str(v)):.2f}"
     return str(v)
 
 
-def notes(summary: dict) -> str:
-    """Short tags for the notable non-verdict findings (straggler, idle GPUs, ...)."""
-    codes = [f.get("code") for f in summary.get("findings") or [] if isinstance(f, dict)]
+def notes(codes: Iterable[str]) -> str:
+    """Short tags for the notable non-verdict findings (straggler, idle GPUs, ...), from the
+    findings' codes."""
     return ", ".join(_NOTES[c] for c in codes if c in _NOTES)
 
 
-def format_table(summaries: Sequence[dict]) -> str:
+def format_table(summaries: Sequence[JobSummary]) -> str:
     """The verdict table as text (ends with a newline); an empty list gives a one-line note."""
     if not summaries:
         return "no GPU jobs found in the window\n"
     header = [c[0] for c in _COLUMNS] + ["NOTES"]
-    rows = [[_cell(s, key) for _, key, _ in _COLUMNS] + [notes(s)] for s in summaries]
+    rows = [[_cell(s, key) for _, key, _ in _COLUMNS] + [notes(f.code for f in s.findings)] for s in summaries]
     widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
     aligns = [c[2] for c in _COLUMNS] + ["<"]
 
@@ -73,14 +75,14 @@ def format_table(summaries: Sequence[dict]) -> str:
         return "  ".join(f"{c:{a}{w}}" for c, a, w in zip(cells, aligns, widths)).rstrip()
 
     out = [line(header)] + [line(r) for r in rows]
-    total_h = sum(float(s.get("gpu_hours") or 0.0) for s in summaries)
-    wastes = [float(s["waste_gpu_hours"]) for s in summaries if s.get("waste_gpu_hours") is not None]
+    total_h = sum(s.gpu_hours or 0.0 for s in summaries)
+    wastes = [s.waste_gpu_hours for s in summaries if s.waste_gpu_hours is not None]
     footer = f"{len(summaries)} jobs, {total_h:.2f} GPU-hours"
     if wastes:
         footer += f", {sum(wastes):.2f} GPU-hours without SM activity (jobs with SM data)"
-    if any(s.get("gpu_util") is None and s.get("gr_engine_active") is not None for s in summaries):
+    if any(s.gpu_util is None and s.gr_engine_active is not None for s in summaries):
         footer += "; * = MIG, utilization from GR_ENGINE_ACTIVE"
-    if any(s.get("mfu_estimate") is not None for s in summaries):
+    if any(s.mfu_estimate is not None for s in summaries):
         footer += "; MFU~ = share of the dense tensor peak of the precision in use (bf16, FP8 or TF32)"
     out.append(footer)
     return "\n".join(out) + "\n"

@@ -26,8 +26,8 @@ from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
 from auditor.core.admission import format_wait, quantile
+from auditor.core.job_summary import rfc3339
 from auditor.core.model import Verdict
-from auditor.core.summary import rfc3339
 from auditor.errors import BadInput
 
 SCHEMA = "gpu-auditor/weekly-report"

@@ -44,7 +44,7 @@ def cycles(store, ends: list[datetime]) -> list[tuple[dict, int]]:
     for end in ends:
         counting.read = 0
         res = run_audit(source(), NoKubeResolver("c1"), counting, Window(start, end), now=end, cumulative=True)
-        out.append(({s["job"]: s for s in res.summaries}, counting.read))
+        out.append(({s.job: s.to_json() for s in res.summaries}, counting.read))
         start = align_down(end, W)
     return out
 
@@ -58,7 +58,8 @@ ENDS = [START + timedelta(minutes=m, seconds=13) for m in (7, 19, 20, 31, 44, 52
 
 def test_cycles_equal_one_audit_of_the_whole_history_without_reading_it_again(store_url: str) -> None:
     whole = {
-        s["job"]: s for s in run_audit(source(), NoKubeResolver("c1"), None, Window(START, END), now=END).summaries
+        s.job: s.to_json()
+        for s in run_audit(source(), NoKubeResolver("c1"), None, Window(START, END), now=END).summaries
     }
     with Store.open(store_url) as store:
         results = cycles(store, ENDS)
@@ -75,7 +76,8 @@ def test_cycles_equal_one_audit_of_the_whole_history_without_reading_it_again(st
 
 def test_rewritten_history_or_an_unreadable_aggregate_is_rebuilt_from_the_buckets(store_url: str) -> None:
     whole = {
-        s["job"]: s for s in run_audit(source(), NoKubeResolver("c1"), None, Window(START, END), now=END).summaries
+        s.job: s.to_json()
+        for s in run_audit(source(), NoKubeResolver("c1"), None, Window(START, END), now=END).summaries
     }
     with Store.open(store_url) as store:
         cycles(store, ENDS[:3])
@@ -95,7 +97,7 @@ def test_rewritten_history_or_an_unreadable_aggregate_is_rebuilt_from_the_bucket
         counting = CountingStore(store)
         res = run_audit(source(), NoKubeResolver("c1"), counting, Window(start, END), now=END, cumulative=True)
         assert counting.read > 0  # rebuilt from the stored buckets
-        got = {s["job"]: s for s in res.summaries}
+        got = {s.job: s.to_json() for s in res.summaries}
         for job in ("Pod/train-0", "Pod/spin"):
             assert comparable(got[job]) == comparable(whole[job]), job
         assert store.aggregate(spin_id) is not None

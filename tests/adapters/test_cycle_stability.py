@@ -21,7 +21,7 @@ from auditor.core.metrics import Metric
 from auditor.core.model import GpuId, PodRef, Window
 from auditor.core.readings import SourceReport, SourceResult
 from auditor.core.rollup import Sample, aggregate
-from auditor.core.summary import gpu_shares
+from auditor.core.sharing import gpu_shares
 from auditor.correlate import NoKubeResolver
 from auditor.engine import align_down, run_audit
 from auditor.store import Store
@@ -211,7 +211,10 @@ def check_cycles(store_url: str, seed: int) -> None:
                     seen = got
                 assert got == seen, f"seed {seed}: cycle at {now.isoformat()} changed a summary"
     assert seen
-    one_shot = run_audit(source, NoKubeResolver("c1"), None, Window(first, settled), now=settled).summaries
+    one_shot = [
+        s.to_json()
+        for s in run_audit(source, NoKubeResolver("c1"), None, Window(first, settled), now=settled).summaries
+    ]
     whole = {f"{s['namespace']}/{s['job']}": {k: v for k, v in s.items() if k not in CYCLE_FIELDS} for s in one_shot}
     assert set(seen) == set(whole)
     every = aggregate(source.samples, W)

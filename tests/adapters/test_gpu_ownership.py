@@ -72,10 +72,10 @@ def test_kubeconfig_after_no_kube_takes_the_window_over(store_url: str) -> None:
         assert (hours, teams) == (pytest.approx(8.0, abs=0.05), {"ml"})
         again = run_audit(source(), KUBE, store, WINDOW, now=END)
         assert week(store) == (pytest.approx(hours, abs=1e-6), {"research"})
-        assert [s["job"] for s in store.summaries()] == [s["job"] for s in again.summaries] == ["Job/train"]
+        assert [s["job"] for s in store.summaries()] == [s.job for s in again.summaries] == ["Job/train"]
         warned = [w for w in again.report.warnings if "two job identities" in w]
         assert len(warned) == 2 and all("now owns it" in w for w in warned)
-        assert all(s["job"].split("/")[1] in " ".join(warned) for s in first.summaries)
+        assert all(s.key.name in " ".join(warned) for s in first.summaries)
         # a third audit with the same identity moves nothing and warns about nothing
         third = run_audit(source(), KUBE, store, WINDOW, now=END)
         assert not [w for w in third.report.warnings if "two job identities" in w]

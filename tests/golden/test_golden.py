@@ -23,6 +23,7 @@ from policy.policy_receivers import Receiver
 
 from auditor.cli.demo import scenario
 from auditor.cli.main import main
+from auditor.core.job_summary import JobSummary
 from auditor.core.model import PodRef, Window
 from auditor.correlate import NoKubeResolver
 from auditor.engine import run_audit
@@ -82,15 +83,15 @@ def check(name: str, text: str | bytes) -> None:
         )
 
 
-def audit_json(summaries: list[dict]) -> str:
+def audit_json(summaries: list[JobSummary]) -> str:
     """``gpu-auditor audit -o json`` prints the summaries like this (cli/audit.py)."""
-    return json.dumps(summaries, indent=2, sort_keys=False, default=str) + "\n"
+    return json.dumps([s.to_json() for s in summaries], indent=2, sort_keys=False, default=str) + "\n"
 
 
 # --------------------------------------------------------------------------- audit JSON
 
 
-def _trace_audit(trace_name: str) -> list[dict]:
+def _trace_audit(trace_name: str) -> list[JobSummary]:
     """One ``--no-kube`` pod per workload phase, replayed for an hour (as the e2e test and
     tests/unit/test_trace_verdicts.py build them)."""
     trace = load_trace(trace_name)
@@ -114,7 +115,7 @@ class Demo:
     """The demo cluster audited into a SQLite store (what ``gpu-auditor demo`` does)."""
 
     db: str
-    summaries: list[dict]
+    summaries: list[JobSummary]
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +136,7 @@ def test_demo_audit_json_table_and_page(demo: Demo) -> None:
     check("table/demo.txt", format_table(demo.summaries))
     sc = scenario(NOW)
     page = render_page(
-        demo.summaries,
+        [s.to_json() for s in demo.summaries],
         title="gpu-auditor demo: a small H200 cluster",
         generated_at=NOW,
         window_start=sc.window.start.isoformat(),
@@ -222,7 +223,9 @@ def test_policy_alert_payloads(demo: Demo) -> None:
         runner = PolicyRunner(load_dir(Path(__file__).parents[2] / "policies"), store, None, cfg)
         decisions = []
         for k in range(2):
-            decisions += runner.run_cycle(demo.summaries, now=NOW + timedelta(minutes=31 * k), act=True)
+            decisions += runner.run_cycle(
+                [s.to_json() for s in demo.summaries], now=NOW + timedelta(minutes=31 * k), act=True
+            )
     finally:
         store.close()
         slack.close()

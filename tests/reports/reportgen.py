@@ -87,7 +87,7 @@ def store_jobs(store: Store, jobs: Iterable[GenJob], *, cluster: str = "c1", now
         pod = PodRef(ref.namespace, f"{job.name}-0", "main")
         buckets = job_buckets(job, pod, host=f"node-{k}")
         end = job.start + WIDTH * max(1, round(job.hours * 3600 / WIDTH.total_seconds()))
-        summary = summarize_job(ref, buckets, window=Window(job.start, end), now=now, interval=30.0)
+        summary = summarize_job(ref, buckets, window=Window(job.start, end), now=now, interval=30.0).to_json()
         job_id = store.upsert_job(ref, job.start, end)
         store.replace_buckets(job_id, buckets)
         store.save_summary(job_id, summary)

@@ -17,7 +17,7 @@ def test_demo_weekly_report(tmp_path) -> None:
     assert page.startswith("<!DOCTYPE html>") and "2026-W48" in page
     assert not re.findall(r'(?:src|href)="(?!data:)', page)
     assert page.count("data:image/png;base64,") == 3
-    total = sum(s["gpu_hours"] for s in summaries)
+    total = sum(s.gpu_hours or 0.0 for s in summaries)
     m = re.search(r'<b data-k="gpu_hours">([0-9 .]+)</b>', page)
     assert m and float(m.group(1).replace(" ", "")) == pytest.approx(total, abs=1e-3)
     for team in ("vision", "llm", "recsys", "research"):

@@ -12,7 +12,8 @@ from test_summary import BUSY, IV, JOB, NOW, T0, W, gpu, series
 from auditor.core.accumulate import POINT_LIMIT, JobAggregate, StaleFold, Stat, merge_nearest
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, PodRef, Window
-from auditor.core.summary import gpu_shares, summarize_aggregate, summarize_job
+from auditor.core.sharing import gpu_shares
+from auditor.core.summary import summarize_aggregate, summarize_job
 
 WINDOW = Window(T0, T0 + timedelta(hours=1))
 
@@ -47,7 +48,7 @@ def fold_in_steps(buckets: list[Bucket], cuts: list, *, window: Window) -> dict:
     view = agg.copy()
     view.fold([b for b in buckets if lo is None or b.start >= lo], shares)
     # as the engine does: the job's own full buckets tell the interval, the source's is the fallback
-    return summarize_aggregate(JOB, view, window=window, now=NOW, interval=view.interval_for(IV))
+    return summarize_aggregate(JOB, view, window=window, now=NOW, interval=view.interval_for(IV)).to_json()
 
 
 def job_mix() -> list[Bucket]:
@@ -79,7 +80,7 @@ def job_mix() -> list[Bucket]:
 )
 def test_folding_in_steps_equals_the_one_shot_summary(cuts: list) -> None:
     buckets = job_mix()
-    whole = summarize_job(JOB, buckets, window=WINDOW, now=NOW, interval=IV)
+    whole = summarize_job(JOB, buckets, window=WINDOW, now=NOW, interval=IV).to_json()
     stepped = fold_in_steps(buckets, cuts, window=WINDOW)
     assert stepped["gpus"] == whole["gpus"]
     whole_s, stepped_s = json.dumps(whole, sort_keys=True), json.dumps(stepped, sort_keys=True)
@@ -93,7 +94,7 @@ def test_folding_in_steps_equals_the_one_shot_summary(cuts: list) -> None:
 def test_a_job_that_ends_before_the_freeze_keeps_its_partial_last_bucket() -> None:
     buckets = series(BUSY, buckets=range(4))
     buckets[-len(BUSY) :] = [b._replace(count=5, total=b.total / 4) for b in buckets[-len(BUSY) :]]
-    whole = summarize_job(JOB, buckets, window=WINDOW, now=NOW, interval=IV)
+    whole = summarize_job(JOB, buckets, window=WINDOW, now=NOW, interval=IV).to_json()
     stepped = fold_in_steps(buckets, [WINDOW.start + 10 * W], window=WINDOW)
     assert stepped == whole
     assert whole["gpu_hours"] == pytest.approx((3 * 300 + 5 * IV) / 3600, abs=1e-6)
@@ -122,7 +123,7 @@ def test_points_stay_bounded_and_percentiles_close_on_a_long_job() -> None:
             Bucket(PodRef("team-a", "long-0"), gpu(), Metric.GPU_UTIL, start, start + W, 20.0, 20, 1.0, 1.0, 0)
         )
     window = Window(T0, T0 + timedelta(hours=hours))
-    whole = summarize_job(JOB, buckets, window=window, now=window.end, interval=IV)
+    whole = summarize_job(JOB, buckets, window=window, now=window.end, interval=IV).to_json()
     cuts = [T0 + timedelta(minutes=m) for m in range(5, hours * 60, 5)]  # a freeze every cycle
     stepped = fold_in_steps(buckets, cuts, window=window)
     exact, approx = whole["stats"]["sm_active"], stepped["stats"]["sm_active"]

@@ -4,8 +4,8 @@ import pytest
 
 from auditor.core.metrics import Metric
 from auditor.core.model import Verdict
-from auditor.core.summary import Evidence, classify
 from auditor.core.thresholds import Thresholds
+from auditor.core.verdicts import Evidence, classify
 
 V = Verdict
 

@@ -26,12 +26,16 @@ def source() -> ReplaySource:
     return ReplaySource([(tr, jobs)], end=END, duration=timedelta(hours=1))
 
 
+def docs(res) -> list[dict]:
+    return [s.to_json() for s in res.summaries]
+
+
 def test_no_store_no_kube():
     res = run_audit(source(), NoKubeResolver("c1"), None, WINDOW, now=END)
     assert res.run_id is None
-    assert [s["job"] for s in res.summaries] == ["Pod/idle-nb", "Pod/spin", "Pod/train-0", "Pod/train-1"]
-    assert all(s["cluster"] == "c1" for s in res.summaries)
-    assert {s["team"] for s in res.summaries} == {"a", "b"}
+    assert [s["job"] for s in docs(res)] == ["Pod/idle-nb", "Pod/spin", "Pod/train-0", "Pod/train-1"]
+    assert all(s["cluster"] == "c1" for s in docs(res))
+    assert {s["team"] for s in docs(res)} == {"a", "b"}
     assert res.report.scrape_interval == 15.0 and res.report.queries == 0
 
 
@@ -39,7 +43,7 @@ def test_resolver_groups_pods_and_reports_unattributed():
     job = JobRef("c1", "a", "PyTorchJob", "big", team="vision")
     resolver = StaticResolver({("a", "train-0"): job, ("b", "train-1"): job.__class__("c1", "b", "Job", "other")})
     res = run_audit(source(), resolver, None, WINDOW, now=END)
-    assert sorted(s["job"] for s in res.summaries) == ["Job/other", "PyTorchJob/big"]
+    assert sorted(s["job"] for s in docs(res)) == ["Job/other", "PyTorchJob/big"]
     assert any("could not be attributed" in w for w in res.report.warnings)
 
 
@@ -59,14 +63,14 @@ def test_with_sqlite_store_same_results_and_idempotent(tmp_path):
         plain = run_audit(source(), NoKubeResolver(), None, WINDOW, now=END)
         first = run_audit(source(), NoKubeResolver(), store, WINDOW, now=END)
         again = run_audit(source(), NoKubeResolver(), store, WINDOW, now=END)
-        assert first.summaries == plain.summaries == again.summaries
+        assert docs(first) == docs(plain) == docs(again)
         assert first.run_id is not None and again.run_id != first.run_id
         stored = store.summaries()
-        assert len(stored) == 4 and stored == again.summaries
+        assert len(stored) == 4 and stored == docs(again)
         # a later, overlapping window: cumulative summaries cover the whole stored history
         later = Window(END - timedelta(minutes=30), END)
         cum = run_audit(source(), NoKubeResolver(), store, later, now=END, cumulative=True)
-        by_job = {s["job"]: s for s in cum.summaries}
+        by_job = {s["job"]: s for s in docs(cum)}
         assert by_job["Pod/train-0"]["gpu_hours"] == pytest.approx(2.0, abs=0.01)
         assert len(store.summaries()) == 4
     finally:

@@ -8,7 +8,8 @@ import pytest
 
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, GpuId, JobRef, PodRef, Window
-from auditor.core.summary import gpu_shares, summarize_job
+from auditor.core.sharing import gpu_shares
+from auditor.core.summary import summarize_job
 from auditor.core.thresholds import Thresholds
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=timezone.utc)
@@ -49,7 +50,7 @@ def series(
 
 def summarize(buckets, **kw) -> dict:
     kw.setdefault("interval", IV)
-    return summarize_job(JOB, buckets, window=WINDOW, now=NOW, **kw)
+    return summarize_job(JOB, buckets, window=WINDOW, now=NOW, **kw).to_json()
 
 
 def codes(s: dict) -> list[str]:
@@ -273,7 +274,7 @@ def test_silent_zero_guard(power, verdict):
 
 
 def test_interval_estimated_when_unknown():
-    s = summarize_job(JOB, series(BUSY), window=WINDOW, now=NOW)
+    s = summarize_job(JOB, series(BUSY), window=WINDOW, now=NOW).to_json()
     assert s["scrape_interval_s"] == 15.0 and s["coverage"] == 1.0
 
 

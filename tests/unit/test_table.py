@@ -1,25 +1,38 @@
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from auditor.core.identity import JobKey
+from auditor.core.job_summary import JobSummary
+from auditor.core.model import Finding, Verdict
 from auditor.render.table import format_table, notes
 
+#: a summary whose table cells the tests below set (every other field as a real audit writes it)
+BASE = JobSummary.from_json(json.loads((Path(__file__).parents[1] / "golden/audit/demo.json").read_text())[0])
 
-def row(**kw):
-    base = {
-        "namespace": "ns",
-        "job": "Pod/x",
-        "team": "t",
+
+def row(job: str = "Pod/x", findings: tuple[str, ...] = (), **kw: object) -> JobSummary:
+    values: dict = {
         "gpus": 1.0,
         "gpu_hours": 2.0,
         "gpu_util": 1.0,
+        "gr_engine_active": None,
         "sm_active": 0.03,
         "tensor_active": None,
         "dram_active": 0.0,
         "mfu_estimate": None,
         "coverage": 1.0,
         "waste_gpu_hours": 1.94,
-        "verdict": "low_sm_efficiency",
-        "findings": [],
+        "verdict": Verdict.LOW_SM_EFFICIENCY,
     }
-    base.update(kw)
-    return base
+    values.update(kw)
+    return replace(
+        BASE,
+        key=JobKey.of("c", "ns", job),
+        team="t",
+        findings=tuple(Finding(c, "") for c in findings),
+        **values,
+    )
 
 
 def test_table_columns_and_missing_values():
@@ -30,8 +43,8 @@ def test_table_columns_and_missing_values():
                 job="Pod/y",
                 sm_active=None,
                 waste_gpu_hours=None,
-                verdict="insufficient_data",
-                findings=[{"code": "fp32_pipe_missing"}],
+                verdict=Verdict.INSUFFICIENT_DATA,
+                findings=("fp32_pipe_missing",),
             ),
         ]
     )
@@ -49,11 +62,11 @@ def test_mig_util_from_gr_engine_is_marked():
 
 def test_empty():
     assert format_table([]) == "no GPU jobs found in the window\n"
-    assert notes({"findings": [{"code": "collective_wait_straggler"}, {"code": "x"}]}) == "straggler"
+    assert notes(["collective_wait_straggler", "x"]) == "straggler"
 
 
 def test_mfu_is_said_relative_to_the_precision_peak_and_copies_are_noted():
-    out = format_table([row(mfu_estimate=0.4, findings=[{"code": "copy_only"}])])
+    out = format_table([row(mfu_estimate=0.4, findings=("copy_only",))])
     assert "dense tensor peak of the precision in use" in out.splitlines()[-1]
     assert "copies only" in out
     assert "precision" not in format_table([row()])  # no estimate, no note

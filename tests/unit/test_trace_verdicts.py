@@ -50,7 +50,7 @@ def audit(trace_name: str, include, interval_s: int = 15) -> dict[str, dict]:
         [(trace, jobs)], end=END, duration=timedelta(hours=1), interval=timedelta(seconds=interval_s), include=include
     )
     res = run_audit(src, NoKubeResolver(), None, Window(END - timedelta(hours=3), END), now=END)
-    return {s["job"].removeprefix("Pod/").replace("-", "_"): s for s in res.summaries}
+    return {s.job.removeprefix("Pod/").replace("-", "_"): s.to_json() for s in res.summaries}
 
 
 @pytest.mark.parametrize("trace_name, expected", TRACES)

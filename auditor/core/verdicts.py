@@ -1,0 +1,350 @@
+"""The verdict of one job or one GPU from what its means show (DESIGN.md's verdict table, first
+match wins), with the finding that says why and the advice that goes with it. Pure.
+
+:mod:`auditor.core.summary` gathers the :class:`Evidence`; docs/verdicts.md is the user-facing
+version of the rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from auditor.core.job_summary import rounded as _r
+from auditor.core.metrics import Metric
+from auditor.core.model import Finding, Verdict
+from auditor.core.thresholds import Thresholds
+
+
+@dataclass(slots=True)
+class Evidence:
+    """What the classifier looks at: means of one GPU or one whole job."""
+
+    busy: float | None
+    busy_metric: Metric | None
+    sm: float | None
+    tensor: float | None
+    dram: float | None
+    fp32: float | None
+    fp16: float | None
+    power: float | None
+    samples: int
+    span_s: float
+    coverage: float | None
+    shared_fraction: float
+    model: str
+    #: rows (or this GPU) whose profiling fields read exactly 0 while busy: descriptions
+    silent_zero: list[dict[str, object]] = field(default_factory=list)
+    #: GR_ENGINE_ACTIVE (a kernel, or a graphics/compute context, runs), where exported
+    gr_engine: float | None = None
+    #: PCIe receive / transmit rates in bytes/s, where exported
+    pcie_rx: float | None = None
+    pcie_tx: float | None = None
+
+
+_ADVICE = {
+    Verdict.IDLE: "Release the GPU when nothing runs (stop the notebook or pod, scale to zero, "
+    "use a shorter idle timeout); allocated-but-idle GPUs block other teams' work.",
+    Verdict.UNDERUTILIZED: "The GPU waits on the host: speed up the input pipeline (more DataLoader "
+    "workers, pin_memory, prefetching, preprocessing on the GPU), increase the batch size, and for "
+    "many tiny kernels use CUDA Graphs or torch.compile to cut launch gaps.",
+    "input_stall": "Speed up what the GPU waits for between steps: more DataLoader workers, "
+    "pin_memory and prefetching, preprocessing on the GPU, and host work overlapped with GPU work "
+    "(asynchronous copies, no synchronisation per step); a larger batch size makes each GPU step "
+    "longer against the host's fixed cost.",
+    "launch_bound": "Launch fewer, larger kernels: CUDA Graphs or torch.compile (fusion, fewer "
+    "launches), a larger batch, and no per-step host synchronisation.",
+    "no_kernel": "No kernel runs at all: the GPU is busy only with copies. Keep data on the GPU "
+    "between steps instead of moving it each time, copy from pinned memory in large chunks, and "
+    "overlap copies with compute (non_blocking copies on a side stream, prefetching).",
+    Verdict.LOW_SM_EFFICIENCY: "Kernels keep the GPU 'busy' but occupy few SMs: launch more thread "
+    "blocks (larger batch or problem size, fewer serial small kernels), and if this is a distributed "
+    "job check for ranks waiting in collectives on a straggler (NCCL waits spin on a few SMs).",
+    Verdict.MEMORY_BOUND: "SMs wait on memory while no pipe does much math: fuse element-wise "
+    "kernels (torch.compile, fused optimizers), use FlashAttention / fused attention, and improve "
+    "data locality (contiguous layouts, larger gathers).",
+    Verdict.NO_TENSOR_CORES: "Math runs on CUDA cores, not tensor cores: train in bf16 with "
+    "mixed precision (torch.autocast), or at least enable TF32 "
+    "(torch.backends.cuda.matmul.allow_tf32 = True / torch.set_float32_matmul_precision('high')).",
+}
+
+
+def pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v * 100:.1f} %"
+
+
+def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
+    """DESIGN.md's verdict table, in order, first match wins; the first finding says why."""
+    base: dict[str, object] = {
+        "busy_signal": ev.busy_metric.value if ev.busy_metric else None,
+        "busy": _r(ev.busy),
+        "sm_active": _r(ev.sm),
+        "coverage": _r(ev.coverage),
+    }
+    insufficient = Verdict.INSUFFICIENT_DATA
+    if ev.busy is None:
+        return insufficient, [
+            Finding(
+                "metric_missing",
+                "No utilization signal (neither DCGM_FI_DEV_GPU_UTIL nor DCGM_FI_PROF_GR_ENGINE_ACTIVE): "
+                "nothing can be judged. Check that dcgm-exporter runs on the node and the pod is attributed.",
+                {"missing": ["gpu_util", "gr_engine_active"]},
+            )
+        ]
+    if ev.samples < th.min_samples or ev.span_s < th.min_span.total_seconds():
+        return insufficient, [
+            Finding(
+                "too_short",
+                f"Only {ev.samples} samples over {ev.span_s:.0f} s: too little to judge "
+                f"(needs {th.min_samples} samples and {th.min_span.total_seconds():.0f} s).",
+                {**base, "samples": ev.samples, "span_seconds": round(ev.span_s, 3)},
+            )
+        ]
+    if ev.coverage is not None and ev.coverage < th.min_coverage:
+        return insufficient, [
+            Finding(
+                "low_coverage",
+                f"Only {pct(ev.coverage)} of the expected samples are present (minimum "
+                f"{pct(th.min_coverage)}): scrape gaps, exporter restarts or garbage values; no judgement.",
+                {**base, "min_coverage": th.min_coverage},
+            )
+        ]
+    if ev.shared_fraction > th.max_shared_fraction:
+        return insufficient, [
+            Finding(
+                "gpu_shared_unjudged",
+                f"{pct(ev.shared_fraction)} of this job's GPU time is on GPUs shared with other pods "
+                "(time-slicing/MPS): the metrics are device-wide, not this job's; no judgement.",
+                {**base, "shared_fraction": _r(ev.shared_fraction)},
+            )
+        ]
+    if ev.silent_zero:
+        return insufficient, [
+            Finding(
+                "profiling_zero_suspect",
+                "Profiling fields read exactly 0 while the GPU is busy: a kernel always keeps at least "
+                "one SM active, so this is suspect telemetry (profiling paused by Nsight, a second host "
+                "engine, a DCGM bug after Xid errors), not low SM efficiency. Check dcgm-exporter's "
+                "profiling module on the node.",
+                {**base, "gpus": ev.silent_zero},
+            )
+        ]
+    if ev.busy < th.idle_util:
+        return Verdict.IDLE, [
+            Finding(
+                "idle",
+                f"GPUs allocated but idle: {ev.busy_metric.value if ev.busy_metric else 'utilization'} "
+                f"averages {pct(ev.busy)}. {_ADVICE[Verdict.IDLE]}",
+                {**base, "threshold": th.idle_util, "power_w": _r(ev.power, 1)},
+            )
+        ]
+    if ev.busy < th.busy_util:
+        return Verdict.UNDERUTILIZED, [_underutilized(ev, th, base)]
+    if ev.sm is None:
+        return insufficient, [
+            Finding(
+                "metric_missing",
+                "The GPU is busy but there is no SM-activity series (DCGM_FI_PROF_SM_ACTIVE is off in "
+                "dcgm-exporter's shipped CSVs): whether the busy time does real work cannot be told. "
+                "Add DCGM_FI_PROF_SM_ACTIVE to the exporter's metrics CSV.",
+                {**base, "missing": ["sm_active"]},
+            )
+        ]
+    if ev.sm < th.low_sm:
+        if _no_kernel(ev, th):
+            return Verdict.LOW_SM_EFFICIENCY, _copy_only(ev, th, base)
+        if ev.sm / ev.busy >= th.sm_while_busy:
+            # the SMs are well used while the GPU is busy: the shortfall is the idle time
+            return Verdict.UNDERUTILIZED, [_underutilized(ev, th, base)]
+        return Verdict.LOW_SM_EFFICIENCY, [
+            Finding(
+                "low_sm_efficiency",
+                f"The GPU looks busy ({pct(ev.busy)} utilization) but only {pct(ev.sm)} of SM time "
+                f"has work: about {pct(1 - ev.sm)} of the SMs sit idle. {_ADVICE[Verdict.LOW_SM_EFFICIENCY]}",
+                {**base, "threshold": th.low_sm, "reason": "few_blocks", "sm_per_busy": _r(ev.sm / ev.busy)},
+            )
+        ]
+    if ev.tensor is None:
+        return insufficient, [
+            Finding(
+                "metric_missing",
+                "SMs are busy but there is no tensor-pipe series (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE): "
+                "the kind of work cannot be told.",
+                {**base, "missing": ["tensor_active"]},
+            )
+        ]
+    pipe_ev = {
+        **base,
+        "tensor_active": _r(ev.tensor),
+        "dram_active": _r(ev.dram),
+        "fp32_active": _r(ev.fp32),
+        "fp16_active": _r(ev.fp16),
+    }
+    if ev.tensor < th.tensor_idle:
+        # The CUDA-core math signal needs the FP32 pipe; FP16 (which excludes HMMA) only adds to it.
+        math = max(ev.fp32, ev.fp16 or 0.0) if ev.fp32 is not None else None
+        extra: list[Finding] = []
+        if ev.fp32 is None:
+            extra.append(
+                Finding(
+                    "fp32_pipe_missing",
+                    "No FP32-pipe series (DCGM_FI_PROF_PIPE_FP32_ACTIVE, off by default): memory-bound "
+                    "and CUDA-core work were told apart by DRAM activity alone. Enable the FP32 pipe "
+                    "field for a surer split.",
+                    {"dram_active": _r(ev.dram), "dram_busy": th.dram_busy},
+                )
+            )
+        if math is not None and math < th.math_pipe_idle:
+            return Verdict.MEMORY_BOUND, [
+                Finding(
+                    "memory_bound",
+                    f"SMs are busy ({pct(ev.sm)}) but neither the tensor ({pct(ev.tensor)}) nor the "
+                    f"FP32/FP16 pipes ({pct(math)}) do much math: the warps wait on memory "
+                    f"(DRAM {pct(ev.dram)}; latency-bound gathers keep DRAM well below its peak). "
+                    f"{_ADVICE[Verdict.MEMORY_BOUND]}",
+                    {**pipe_ev, "reason": "no_math_pipe", "math_pipe_idle": th.math_pipe_idle},
+                ),
+                *extra,
+            ]
+        if ev.dram is not None and ev.dram >= th.dram_busy:
+            return Verdict.MEMORY_BOUND, [
+                Finding(
+                    "memory_bound",
+                    f"SMs are busy ({pct(ev.sm)}), tensor pipes (nearly) idle ({pct(ev.tensor)}) and DRAM busy "
+                    f"({pct(ev.dram)}): the work streams memory rather than doing math. "
+                    f"{_ADVICE[Verdict.MEMORY_BOUND]}",
+                    {**pipe_ev, "reason": "dram_busy", "dram_busy": th.dram_busy},
+                ),
+                *extra,
+            ]
+        if math is not None or ev.dram is not None:
+            why = (
+                f"the FP32/FP16 pipes are busy ({pct(math)})"
+                if math is not None
+                else f"DRAM is quiet ({pct(ev.dram)}), so the SMs compute on CUDA cores"
+            )
+            return Verdict.NO_TENSOR_CORES, [
+                Finding(
+                    "no_tensor_cores",
+                    f"SMs are busy ({pct(ev.sm)}) but the tensor cores are (nearly) idle ({pct(ev.tensor)}); "
+                    f"{why}. {_ADVICE[Verdict.NO_TENSOR_CORES]}",
+                    {**pipe_ev, "reason": "math_pipe_busy" if math is not None else "dram_quiet"},
+                ),
+                *extra,
+            ]
+        return insufficient, [
+            Finding(
+                "metric_missing",
+                "Tensor pipes are idle, but with neither DRAM nor FP32-pipe series memory-bound and "
+                "CUDA-core work cannot be told apart.",
+                {**pipe_ev, "missing": ["dram_active", "fp32_active"]},
+            )
+        ]
+    findings = [
+        Finding(
+            "healthy",
+            f"SMs busy ({pct(ev.sm)}) with tensor cores in use ({pct(ev.tensor)}).",
+            pipe_ev,
+        )
+    ]
+    if ev.tensor < th.tensor_headroom:
+        dram_busy = ev.dram is not None and ev.dram >= th.dram_busy
+        findings.append(
+            Finding(
+                "tensor_headroom",
+                f"Tensor pipes are only {pct(ev.tensor)} busy: there is room to grow"
+                + (
+                    f". DRAM is busy ({pct(ev.dram)}): memory-bound kernels take much of the time "
+                    "(attention without FlashAttention/SDPA, unfused element-wise and normalisation "
+                    "kernels): fuse them (torch.compile, fused attention), use channels-last."
+                    if dram_busy
+                    else " (larger batch, fused kernels, channels-last, fewer non-matmul bottlenecks)."
+                ),
+                {
+                    "tensor_active": _r(ev.tensor),
+                    "dram_active": _r(ev.dram),
+                    "threshold": th.tensor_headroom,
+                    "reason": "dram_busy" if dram_busy else "tensor_low",
+                },
+            )
+        )
+    return Verdict.HEALTHY, findings
+
+
+def _underutilized(ev: Evidence, th: Thresholds, base: dict[str, object]) -> Finding:
+    """The underutilized finding, its advice chosen by what the SMs do while the GPU is busy:
+    well used (``input_stall``: the job waits on its input or host), barely used
+    (``launch_bound``: many tiny kernels with gaps), or unknown without SM activity."""
+    busy = ev.busy
+    assert busy is not None, "classify() returns metric_missing before an underutilized finding"
+    head = f"Utilization averages {pct(busy)}"
+    head += (
+        f", clearly below full (< {pct(th.busy_util)})"
+        if busy < th.busy_util
+        else f": the GPU is idle {pct(1 - busy)} of the time"
+    )
+    ev_out: dict[str, object] = {**base, "threshold": th.busy_util}
+    if ev.sm is None or not ev.busy:
+        return Finding(
+            "underutilized", f"{head}: the GPU often has no kernel to run. {_ADVICE[Verdict.UNDERUTILIZED]}", ev_out
+        )
+    per_busy = min(1.0, ev.sm / ev.busy)
+    ev_out["sm_per_busy"] = _r(per_busy)
+    if per_busy >= th.low_sm:
+        ev_out["reason"] = "input_stall"
+        return Finding(
+            "underutilized",
+            f"{head}, but while it runs its SMs are well used ({pct(per_busy)} of busy time): the job "
+            f"waits on its input pipeline or host code between steps. {_ADVICE['input_stall']}",
+            ev_out,
+        )
+    ev_out["reason"] = "launch_bound"
+    return Finding(
+        "underutilized",
+        f"{head}, and even while a kernel runs only {pct(per_busy)} of SM time has work: many small "
+        f"kernels with launch gaps (launch-bound). {_ADVICE['launch_bound']}",
+        ev_out,
+    )
+
+
+def _no_kernel(ev: Evidence, th: Thresholds) -> bool:
+    """Busy with no kernel at all: GR_ENGINE_ACTIVE (any running kernel keeps it active) idle while
+    the busy signal is high — copies keep GPU_UTIL up without a kernel. Needs GR_ENGINE_ACTIVE
+    apart from the busy signal (on MIG it *is* the busy signal)."""
+    return ev.gr_engine is not None and ev.busy_metric is Metric.GPU_UTIL and ev.gr_engine < th.idle_util
+
+
+def _copy_only(ev: Evidence, th: Thresholds, base: dict[str, object]) -> list[Finding]:
+    """low_sm_efficiency for a GPU busy with copies alone, and the copy_only finding with the PCIe
+    rates that show where the transfers go."""
+    pcie = None if ev.pcie_rx is None and ev.pcie_tx is None else (ev.pcie_rx or 0.0) + (ev.pcie_tx or 0.0)
+    if pcie is None:
+        where = "PCIe counters are not exported (add DCGM_FI_PROF_PCIE_RX_BYTES/TX_BYTES to see the transfer rate)"
+    elif pcie >= th.pcie_busy_bytes:
+        where = f"PCIe moves {_gbps(ev.pcie_rx)} in (RX) and {_gbps(ev.pcie_tx)} out (TX): transfer-bound"
+    else:
+        where = f"PCIe is quiet ({_gbps(pcie)}): device-to-device or peer copies"
+    evidence = {
+        **base,
+        "gr_engine_active": _r(ev.gr_engine),
+        "pcie_rx_bytes_per_s": _r(ev.pcie_rx, 0),
+        "pcie_tx_bytes_per_s": _r(ev.pcie_tx, 0),
+        "pcie_busy_bytes": th.pcie_busy_bytes,
+    }
+    return [
+        Finding(
+            "low_sm_efficiency",
+            f"The GPU reads {pct(ev.busy)} utilization but no kernel runs (graphics engine "
+            f"{pct(ev.gr_engine)}, SM activity {pct(ev.sm)}): the time goes to copies; {where}. "
+            f"{_ADVICE['no_kernel']}",
+            {**base, "threshold": th.low_sm, "reason": "no_kernel"},
+        ),
+        Finding(
+            "copy_only",
+            f"Busy with copies alone: {where}.",
+            evidence,
+        ),
+    ]
+
+
+def _gbps(v: float | None) -> str:
+    return "n/a" if v is None else f"{v / 1e9:.1f} GB/s"
