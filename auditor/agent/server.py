@@ -21,16 +21,20 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from auditor import __version__
 from auditor.agent.fields import FIELDS
 from auditor.agent.podresources import PodResourcesClient, attribute
 from auditor.agent.sampler import Device, GpuSampler
 from auditor.agent.window import SampleWindow, Tick
+from auditor.clock import SYSTEM_CLOCK
 from auditor.core.model import PodRef
 from auditor.core.source_preference import SOURCE_LABEL, SOURCE_VALUE
 from auditor.errors import BadInput
+
+if TYPE_CHECKING:
+    from auditor.ports import Clock
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +87,7 @@ class Agent:
         first_window: float = 15.0,
         extra_resources: tuple[str, ...] = (),
         clock: Callable[[], float] = time.time,
+        timer: "Clock" = SYSTEM_CLOCK,
     ) -> None:
         self.sampler = sampler
         self.node_name = node_name or os.environ.get("NODE_NAME") or socket.gethostname()
@@ -91,6 +96,8 @@ class Agent:
         self.stale_after = stale_after
         self.extra_resources = extra_resources
         self.clock = clock
+        #: paces the sampling loop (monotonic time and its waits), so a fake one runs it at once
+        self.timer = timer
         self.devices: list[Device] = sampler.devices()
         self._list = pod_resources.list if isinstance(pod_resources, PodResourcesClient) else pod_resources
         self._pod_client = pod_resources if isinstance(pod_resources, PodResourcesClient) else None
@@ -182,15 +189,15 @@ class Agent:
 
     # -- sampling -----------------------------------------------------------------------------
     def _sampling_loop(self) -> None:
-        next_at = time.monotonic()
+        next_at = self.timer.monotonic()
         while not self._stop.is_set():
             self.tick()
             next_at += self.interval
-            delay = next_at - time.monotonic()
+            delay = next_at - self.timer.monotonic()
             if delay < 0:  # fell behind (a slow read): skip missed ticks rather than burst
-                next_at = time.monotonic()
+                next_at = self.timer.monotonic()
                 delay = 0.0
-            if self._stop.wait(delay):
+            if self.timer.wait(self._stop, delay):
                 break
 
     def tick(self) -> None:
