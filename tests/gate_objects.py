@@ -198,6 +198,7 @@ def gpu_job(
     priority_class: str | None = None,
     cpu: bool = False,
     dry_run: bool = False,
+    annotations: dict[str, str] | None = None,
 ) -> dict:
     """A one-GPU (or, ``cpu``, one-CPU) batch Job queued to ``lq`` (``dry_run``: what the admission
     chain would make of it, nothing created)."""
@@ -215,7 +216,7 @@ def gpu_job(
         body={
             "apiVersion": "batch/v1",
             "kind": "Job",
-            "metadata": {"name": name, "labels": labels},
+            "metadata": {"name": name, "labels": labels, **({"annotations": annotations} if annotations else {})},
             "spec": {
                 "template": {
                     "spec": {

@@ -165,8 +165,10 @@ class AdmissionGate:
             return READY, f"gpu-auditor: admitted, acknowledged until {until}: {d.reason}"[:MESSAGE_MAX]
         return READY, f"gpu-auditor: admitted, {d.reason}"[:MESSAGE_MAX]
 
-    def acknowledge(self, key: Key, *, by: str, reason: str, now: datetime, until: datetime | None = None) -> None:
+    def acknowledge(
+        self, key: Key, *, by: str, reason: str, now: datetime, until: datetime | None = None, via: str = "annotation"
+    ) -> None:
         """Record an acknowledgement made on the cluster (the owner removed the gate annotation)."""
         if self.acks is None:
             raise AuditorError("the gate has no acknowledgement log to record into")
-        self.acks.acknowledge(key, by, until, reason, now)
+        self.acks.acknowledge(key, by, until, reason, now, via=via)

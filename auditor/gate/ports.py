@@ -48,7 +48,9 @@ class HistoryReader(Protocol):
 class AckRecorder(Protocol):
     """``auditor.store.lineage.AckLog``: records who acknowledged a lineage, until when, and why."""
 
-    def acknowledge(self, key: Any, by: str, until: datetime | None, reason: str, now: datetime) -> Any: ...
+    def acknowledge(
+        self, key: Any, by: str, until: datetime | None, reason: str, now: datetime, *, via: str = ...
+    ) -> Any: ...
 
 
 class Decide(Protocol):

@@ -330,3 +330,17 @@ def _denied(as_sa: Any, api: Any, ns: str, release_ns: str, check: str) -> None:
     assert "forbidden" in body.lower(), body
     body = refused(resource_path("v1", "configmaps", release_ns, "kube-root-ca.crt"), {"data": {"a": "b"}})
     assert "forbidden" in body.lower(), body
+
+
+def test_the_fence_keeps_every_workload_status_field_but_the_checks(chart: Chart, kube_admin):
+    """The write fence's list of Workload status fields the gate must leave alone is the apiserver's
+    schema (kueue.x-k8s.io/v1beta2) less status.admissionChecks, so a new Kueue field cannot slip by."""
+    import re
+
+    crd = call_json(kube_admin, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/workloads.kueue.x-k8s.io")
+    (v1beta2,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1beta2"]
+    schema = set(v1beta2["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"])
+    (policy,) = find(chart.render(sets=["gate.enabled=true"]), "ValidatingAdmissionPolicy")
+    text = json.dumps(policy["spec"]["validations"])
+    kept = set(re.findall(r"object\.status\.\?(\w+) == oldObject\.status\.\?\1", text))
+    assert kept == schema - {"admissionChecks"}, kept ^ (schema - {"admissionChecks"})

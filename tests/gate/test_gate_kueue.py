@@ -34,7 +34,7 @@ from gate_objects import (
 from kueue_objects import KV, kueue_running
 
 from auditor.core.lineage import LineageKey
-from auditor.gate.kueue import GATE_DECISION, GATE_REJECTED
+from auditor.gate.kueue import GATE_DECISION, GATE_REJECTED, GATED_BY, HOLD_REASON, OUR_GATE
 from auditor.kube.client import call_json, resource_path
 from auditor.store import Store
 from auditor.store.lineage import AckLog
@@ -296,3 +296,47 @@ def test_fail_closed_rejects_while_the_store_does_not_answer_and_readmits_after(
 
         fresh = until(admitted, "re-admitted once the store answers", timeout=60)
         assert check_state(fresh, q.check)["message"].startswith("gpu-auditor: admitted, lineage")
+
+
+def test_removing_the_gate_from_a_held_job_is_the_owners_acknowledgement(kube_admin, namespace, store):
+    """A Job the policy gated at creation (the annotations the chart's MutatingAdmissionPolicy
+    adds) waits without quota; its owner removes the gate: Kueue reserves quota, the gate records
+    the owner's acknowledgement (via annotation) and admits it, and the Job runs."""
+    api, ns = kube_admin, namespace
+    key = LineageKey("default", ns, "train")
+    record_runs(store, key, FLAGGED, _now())
+    with gate_queue(api, ns) as q, running_gate(api, store, mode="enforce"):
+        until(lambda: is_true(cluster_queue(api, q.cluster_queue), "Active"), "the ClusterQueue Active")
+        gated = gpu_job(
+            api,
+            ns,
+            "train-k7w2p",
+            lineage="train",
+            annotations={GATED_BY: OUR_GATE, HOLD_REASON: "hold: hold until acknowledged: lineage flagged"},
+        )
+        wl = workload_of(api, ns, gated)["metadata"]["name"]
+        waiting = until(lambda: condition(_wl(api, ns, wl), "QuotaReserved"), "QuotaReserved condition")
+        assert (waiting["status"], waiting["reason"]) == ("False", "AdmissionGated"), waiting
+        call_json(
+            api,
+            resource_path("batch/v1", "jobs", ns, "train-k7w2p"),
+            method="PATCH",
+            body={"metadata": {"annotations": {GATED_BY: None}}},
+            content_type="application/merge-patch+json",
+        )
+
+        def admitted():
+            uid = gated["metadata"]["uid"]
+            items = call_json(
+                api, resource_path(KV, "workloads", ns), query=[("labelSelector", f"kueue.x-k8s.io/job-uid={uid}")]
+            )["items"]
+            return next((w for w in items if is_true(w, "Admitted")), None)
+
+        done = until(admitted, "admitted after the owner removed the gate", 60)
+        assert check_state(done, q.check)["message"].startswith(
+            "gpu-auditor: admitted, acknowledged by the Job's owner (removed the admission gate)"
+        )
+        until(lambda: job(api, ns, "train-k7w2p")["spec"]["suspend"] is False, "the Job runs")
+        (ack,) = AckLog(store).acks(key)
+        assert (ack.via, ack.until) == ("annotation", None)
+        assert ack.reason == f"removed {GATED_BY} from Job {ns}/train-k7w2p"
