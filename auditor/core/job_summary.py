@@ -22,6 +22,7 @@ from typing import Any
 from auditor.core.identity import JobKey
 from auditor.core.metrics import Metric
 from auditor.core.model import Finding, Verdict
+from auditor.core.ranges import RATIO, Range
 
 #: the activity fields of the audit JSON (ratios 0–1), in output order
 ACTIVITY_FIELDS: tuple[tuple[str, Metric], ...] = (
@@ -43,6 +44,15 @@ DEVICE_FIELDS: tuple[tuple[str, Metric], ...] = (
     ("pcie_tx_bytes_per_s", Metric.PCIE_TX),
 )
 MEAN_FIELDS: tuple[tuple[str, Metric], ...] = ACTIVITY_FIELDS + DEVICE_FIELDS
+
+
+def _measure(valid: Range, *, required: bool = False) -> Any:
+    """A numeric field a policy condition may test, with its unit and valid range (a value
+    outside can never or always match, so a policy comparing with it is refused).
+    ``required``: no default (the assembly must give it)."""
+    if required:
+        return field(metadata={"range": valid})
+    return field(default=None, metadata={"range": valid})
 
 
 class SummaryFormatError(ValueError):
@@ -201,17 +211,18 @@ class Means:
     """The means of :data:`MEAN_FIELDS` (``None``: the metric is absent), shared by a job and
     each of its GPUs."""
 
-    gpu_util: float | None = None
-    gr_engine_active: float | None = None
-    sm_active: float | None = None
-    sm_occupancy: float | None = None
-    tensor_active: float | None = None
-    dram_active: float | None = None
-    fp32_active: float | None = None
-    fp16_active: float | None = None
-    power_w: float | None = None
-    fb_used_mib: float | None = None
-    sm_clock_mhz: float | None = None
+    gpu_util: float | None = _measure(RATIO)
+    gr_engine_active: float | None = _measure(RATIO)
+    sm_active: float | None = _measure(RATIO)
+    sm_occupancy: float | None = _measure(RATIO)
+    tensor_active: float | None = _measure(RATIO)
+    dram_active: float | None = _measure(RATIO)
+    fp32_active: float | None = _measure(RATIO)
+    fp16_active: float | None = _measure(RATIO)
+    # the limits beyond which a source drops a sample as garbage (auditor/core/metrics.py)
+    power_w: float | None = _measure(Range("W", 0.0, 5_000.0))
+    fb_used_mib: float | None = _measure(Range("MiB", 0.0, 16_777_216.0))
+    sm_clock_mhz: float | None = _measure(Range("MHz", 0.0, 10_000.0))
     pcie_rx_bytes_per_s: float | None = None
     pcie_tx_bytes_per_s: float | None = None
 
@@ -336,15 +347,15 @@ class JobSummary(Means):
     team: str
     queue: str | None
     gpu_model: str | None
-    gpus: float | None
+    gpus: float | None = _measure(Range("GPUs"), required=True)
     pods: tuple[str, ...]
     start: datetime
     end: datetime
-    gpu_hours: float | None
+    gpu_hours: float | None = _measure(Range("GPU-hours"), required=True)
     busy_signal: Metric | None
-    coverage: float | None
-    mfu_estimate: float | None
-    waste_gpu_hours: float | None
+    coverage: float | None = _measure(RATIO, required=True)
+    mfu_estimate: float | None = _measure(RATIO, required=True)
+    waste_gpu_hours: float | None = _measure(Range("GPU-hours"), required=True)
     verdict: Verdict
     findings: tuple[Finding, ...]
     stats: Mapping[Metric, MetricStats]
@@ -481,9 +492,14 @@ _SCALAR_NAMES = frozenset(
 
 
 def numeric_fields() -> tuple[str, ...]:
-    """The audit JSON's top-level numeric fields (type ``float | None``), in declaration order:
-    what a policy condition can compare."""
+    """The audit JSON's top-level numeric fields (type ``float | None``), in declaration order."""
     return tuple(f.name for f in fields(JobSummary) if f.type in ("float | None",))
+
+
+def policy_fields() -> dict[str, Range]:
+    """The fields a policy condition may test, each with its unit and valid range, in the
+    audit JSON's order: every field declared with :func:`_measure`."""
+    return {f.name: f.metadata["range"] for f in fields(JobSummary) if "range" in f.metadata}
 
 
 def sort_key(s: JobSummary) -> tuple[bool, float, float, str, str]:

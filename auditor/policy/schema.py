@@ -31,6 +31,7 @@ from typing import Annotated, Any, Literal, Mapping
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from auditor.core.gate import GateAction, GateRule
+from auditor.core.job_summary import policy_fields
 from auditor.core.ranges import RATIO, Range
 from auditor.timeparse import parse_duration
 
@@ -42,32 +43,8 @@ SNOOZE_ANNOTATION = "gpu-auditor.io/snooze-until"
 
 #: Summary fields a condition may test (audit JSON, DESIGN.md), each with its unit and range: a
 #: value outside it can never (or always) match, so it is refused (``value: 90`` for a ratio).
-SUMMARY_FIELDS: Mapping[str, Range] = MappingProxyType(
-    {
-        **dict.fromkeys(
-            (
-                "gpu_util",
-                "gr_engine_active",
-                "sm_active",
-                "sm_occupancy",
-                "tensor_active",
-                "dram_active",
-                "fp32_active",
-                "fp16_active",
-                "coverage",
-                "mfu_estimate",
-            ),
-            RATIO,
-        ),
-        # the limits beyond which a source drops a sample as garbage (auditor/core/metrics.py)
-        "power_w": Range("W", 0.0, 5_000.0),
-        "fb_used_mib": Range("MiB", 0.0, 16_777_216.0),
-        "sm_clock_mhz": Range("MHz", 0.0, 10_000.0),
-        "gpu_hours": Range("GPU-hours"),
-        "waste_gpu_hours": Range("GPU-hours"),
-        "gpus": Range("GPUs"),
-    }
-)
+#: Declared with the fields of :class:`auditor.core.job_summary.JobSummary`, not here.
+SUMMARY_FIELDS: Mapping[str, Range] = MappingProxyType(policy_fields())
 #: Fields a sustained condition may test: means per bucket, computed from the stored rollup.
 SUSTAINED_FIELDS = frozenset(
     {

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from auditor.core.identity import JobKey, split_job
-from auditor.core.job_summary import JobSummary, SummaryFormatError, numeric_fields
+from auditor.core.job_summary import JobSummary, SummaryFormatError, numeric_fields, policy_fields
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "audit"
 
@@ -64,3 +64,13 @@ def test_numeric_fields_are_the_documents_numbers() -> None:
     names = numeric_fields()
     assert {"gpu_util", "sm_active", "coverage", "waste_gpu_hours", "gpus", "gpu_hours"} <= set(names)
     assert all(doc[n] is None or isinstance(doc[n], (int, float)) for n in names)
+
+
+def test_policy_fields_come_from_the_type() -> None:
+    """A policy condition may test exactly the numeric fields declared with a range on
+    JobSummary: no hand-kept copy to forget when a field is added."""
+    from auditor.policy.schema import SUMMARY_FIELDS
+
+    assert dict(SUMMARY_FIELDS) == policy_fields()
+    assert set(policy_fields()) <= set(numeric_fields())
+    assert policy_fields()["sm_active"].unit == "ratio" and policy_fields()["power_w"].high == 5_000.0
