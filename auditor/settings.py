@@ -246,8 +246,9 @@ class GateSettings(_Section):
     ack_link_base_url: str | None = None
     #: how long a signed link stays valid after the alert that carried it
     ack_link_ttl: Duration = timedelta(days=7)
-    #: how long an acknowledgement made through a link lasts (0: until revoked by new flagged runs)
-    ack_link_until: Duration = timedelta(days=30)
+    #: how long an acknowledgement made through a link lasts (null: no end; new flagged runs
+    #: after it count again either way)
+    ack_link_until: Duration | None = timedelta(days=30)
 
 
 class HttpSettings(_Section):

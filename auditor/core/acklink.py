@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Mapping
 from urllib.parse import urlencode
 
@@ -112,3 +112,19 @@ def verify(params: Mapping[str, str], key: bytes, now: datetime) -> AckLink:
         to=fields["to"],
         nonce=fields["nonce"],
     )
+
+
+@dataclass(frozen=True, slots=True)
+class LinkIssuer:
+    """Makes the links that alerts carry: ``base_url`` of the operator, its ``key``, how long a
+    link is valid (``ttl``) and how long the acknowledgement it makes lasts (``until``, None: no end)."""
+
+    key: bytes
+    base_url: str
+    ttl: timedelta
+    until: timedelta | None = None
+
+    def issue(self, lineage: LineageKey, to: str, now: datetime, nonce: str) -> str:
+        """The link acknowledging ``lineage``, sent to ``to``, issued at ``now`` with id ``nonce``."""
+        link = AckLink("ack", lineage, now + self.until if self.until else None, now + self.ttl, to, nonce)
+        return url(self.base_url, link, self.key)

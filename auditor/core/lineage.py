@@ -119,3 +119,16 @@ def lineage_of_object(obj: Mapping[str, Any], *, cluster: str = "default") -> Li
         cluster=cluster,
         generate_name=meta.get("generateName"),
     )
+
+
+def lineage_of_summary(summary: Mapping[str, Any]) -> LineageKey:
+    """The lineage of a job's audit-JSON summary: the user's label, which the operator's cycle puts
+    in ``kube.lineage`` (the top owner's or a pod's), else derived from ``job`` (``Kind/name``)."""
+    label = (summary.get("kube") or {}).get("lineage")
+    _, _, name = str(summary.get("job") or "").partition("/")
+    return lineage_of(
+        str(summary.get("namespace") or ""),
+        name,
+        labels={LINEAGE_LABEL: label} if isinstance(label, str) else None,
+        cluster=str(summary.get("cluster") or "default"),
+    )

@@ -12,13 +12,13 @@ from __future__ import annotations
 import html
 import logging
 from datetime import datetime
-from pathlib import Path
 from typing import Callable, Protocol
 from urllib.parse import parse_qs
 
 from auditor.core.acklink import AckLink, LinkRefused, verify
 from auditor.core.lineage import LineageKey
 from auditor.errors import AuditorError, BadInput
+from auditor.policy.config import read_link_key as read_link_key  # re-exported
 
 log = logging.getLogger(__name__)
 
@@ -46,17 +46,6 @@ class AckStore(Protocol):
     ) -> object: ...
 
     def link_used(self, link_id: str) -> bool: ...
-
-
-def read_link_key(path: str) -> bytes:
-    """The HMAC key in ``path`` (a mounted Secret's file), surrounding whitespace dropped."""
-    try:
-        key = Path(path).read_bytes().strip()
-    except OSError as exc:
-        raise BadInput(f"gate.ack_link_key_file {path}: cannot read ({exc.strerror})") from None
-    if len(key) < 16:
-        raise BadInput(f"gate.ack_link_key_file {path}: the key must have at least 16 bytes")
-    return key
 
 
 class AckEndpoint:

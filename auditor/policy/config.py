@@ -8,8 +8,11 @@ the variable names the Helm chart sets, so both read the same names.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Mapping
 
+from auditor.core.acklink import LinkIssuer
+from auditor.errors import BadInput
 from auditor.policy.runner import RequeueSettings, Route, RunnerConfig
 from auditor.policy.schema import ActionKind
 from auditor.settings import NotificationsSettings, Settings
@@ -70,4 +73,25 @@ def runner_config(settings: Settings, environ: Mapping[str, str] | None = None) 
         routes=routes,
         requeue=requeue,
         disabled_actions=frozenset(disabled),
+        ack_links=link_issuer(settings),
     )
+
+
+def link_issuer(settings: Settings) -> LinkIssuer | None:
+    """The signed acknowledgement links alerts carry: with both ``gate.ack_link_key_file`` and
+    ``gate.ack_link_base_url`` set, else None (BadInput when the key file is unusable)."""
+    g = settings.gate
+    if not g.ack_link_key_file or not g.ack_link_base_url:
+        return None
+    return LinkIssuer(read_link_key(g.ack_link_key_file), g.ack_link_base_url, g.ack_link_ttl, g.ack_link_until)
+
+
+def read_link_key(path: str) -> bytes:
+    """The HMAC key in ``path`` (a mounted Secret's file), surrounding whitespace dropped."""
+    try:
+        key = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise BadInput(f"gate.ack_link_key_file {path}: cannot read ({exc.strerror})") from None
+    if len(key) < 16:
+        raise BadInput(f"gate.ack_link_key_file {path}: the key must have at least 16 bytes")
+    return key

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from auditor.core.acklink import LinkIssuer
+from auditor.core.lineage import lineage_of_summary
 from auditor.core.model import Window
 from auditor.errors import AuditorError, BadInput
 from auditor.notify import SlackNotifier, WebhookNotifier
@@ -77,6 +79,8 @@ class RunnerConfig:
     instance: str = "gpu-auditor"
     #: action kinds turned off by the installation (the chart then grants no RBAC for them)
     disabled_actions: frozenset[ActionKind] = frozenset()
+    #: signed acknowledgement links for the alerts (settings gate.ack_link_*); None: alerts carry none
+    ack_links: LinkIssuer | None = None
 
 
 @dataclass
@@ -387,8 +391,9 @@ class PolicyRunner:
         if self._sleep is not None:
             kw["sleep"] = self._sleep
         out: dict[str, Any] = {}
+        lineage, ack_url = self._ack_link(summary, now)
         if route.slack_url:
-            text, blocks = slack_message(policy, summary, reason)
+            text, blocks = slack_message(policy, summary, reason, ack_url=ack_url, lineage=lineage)
             out["slack"] = SlackNotifier(route.slack_url, **kw).send(text, blocks).as_dict()
         if route.webhook_url:
             if not route.webhook_secret:
@@ -403,6 +408,8 @@ class PolicyRunner:
                     "evidence": evidence,
                     "decided_at": now.isoformat().replace("+00:00", "Z"),
                     "dedup_key": key,
+                    "lineage": lineage,
+                    "ack_url": ack_url,
                 }
                 import hashlib
                 import uuid
@@ -418,6 +425,17 @@ class PolicyRunner:
         if errs:
             out["error"] = "; ".join(errs)
         return out
+
+    def _ack_link(self, summary: Mapping[str, Any], now: datetime) -> tuple[str, str | None]:
+        """The job's lineage (``namespace/lineage``) and, with a link key configured, a fresh
+        single-use link acknowledging it (sent to the job's team)."""
+        key = lineage_of_summary(summary)
+        if self.config.ack_links is None:
+            return str(key), None
+        import secrets
+
+        to = f"team:{summary.get('team') or key.namespace}"
+        return str(key), self.config.ack_links.issue(key, to, now, secrets.token_hex(12))
 
     def _unrouted_alert(self, team: str, policy: Policy) -> dict:
         """The result of an alert that has nowhere to go: recorded as skipped (``reason``
@@ -626,8 +644,11 @@ def JobIdentOf(summary: Mapping[str, Any]) -> Any:
     return JobIdent.of(dict(summary))
 
 
-def slack_message(policy: Policy, summary: Mapping[str, Any], reason: str) -> tuple[str, list[dict]]:
-    """The Slack alert for a violation; every user-controlled string goes through slack_escape."""
+def slack_message(
+    policy: Policy, summary: Mapping[str, Any], reason: str, *, ack_url: str | None = None, lineage: str | None = None
+) -> tuple[str, list[dict]]:
+    """The Slack alert for a violation; every user-controlled string goes through slack_escape.
+    With ``ack_url`` (a signed link) it ends with a button that acknowledges the job's lineage."""
 
     def pct(v: Any) -> str:
         return f"{v * 100:.0f}%" if isinstance(v, (int, float)) else "n/a"
@@ -659,4 +680,22 @@ def slack_message(policy: Policy, summary: Mapping[str, Any], reason: str) -> tu
             f"Mode {policy.spec.mode.value}. Silence with the annotation `gpu-auditor.io/snooze-until: <RFC 3339 time>` on the job."
         )
     )
+    if ack_url and lineage:
+        blocks.append(ack_button(ack_url, lineage))
     return text, blocks
+
+
+def ack_button(url: str, lineage: str) -> dict:
+    """A Block Kit button opening the signed acknowledgement link (a JSON field: no mrkdwn escaping)."""
+    label = f"Acknowledge {lineage}"
+    return {
+        "type": "actions",
+        "elements": [
+            {
+                "type": "button",
+                "text": {"type": "plain_text", "text": label[:75]},
+                "url": url,
+                "action_id": "gpu-auditor-ack",
+            }
+        ],
+    }

@@ -15,7 +15,8 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from auditor.core.gate import LineageRun
-from auditor.core.lineage import LineageKey, lineage_of
+from auditor.core.lineage import LineageKey
+from auditor.core.lineage import lineage_of_summary as core_lineage_of_summary
 from auditor.core.model import JobRef
 from auditor.store.tables import JSONDoc, UTCDateTime
 
@@ -130,11 +131,9 @@ def run_of(job: JobRef, summary: Mapping[str, Any]) -> LineageRun:
 
 
 def lineage_of_summary(job: JobRef, summary: Mapping[str, Any]) -> LineageKey:
-    """The lineage a job's summary belongs to: the owner's label, which the operator's cycle puts
-    in ``kube.lineage`` (the resolver reads the top owner's labels), else derived from its name."""
-    label = (summary.get("kube") or {}).get("lineage")
-    labels = {"gpu-auditor.io/lineage": label} if isinstance(label, str) else None
-    return lineage_of(job.namespace, job.name, labels=labels, cluster=job.cluster)
+    """The lineage of the job's summary (:func:`auditor.core.lineage.lineage_of_summary`), by the
+    job row's identity (the store's, not the document's, cluster and name)."""
+    return core_lineage_of_summary({**summary, "cluster": job.cluster, "namespace": job.namespace, "job": job.job})
 
 
 def record_run(conn: sa.Connection, key: LineageKey, run: LineageRun, now: datetime, *, team: str = "") -> None:
