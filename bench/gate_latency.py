@@ -32,13 +32,14 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the tests' Kueue helpers (gate_objects) make the objects
+
+from gate_objects import gate_queue, gpu_job  # noqa: E402
 
 from auditor.core.gate import GateAction, GateRule, LineageRun  # noqa: E402
 from auditor.core.lineage import LineageKey  # noqa: E402
 from auditor.gate.admission import AdmissionGate, GateSettings  # noqa: E402
 from auditor.gate.controller import ControllerConfig, GateController  # noqa: E402
-from auditor.gate.kueue import CONTROLLER_NAME  # noqa: E402
 from auditor.gate.stage import core_decide  # noqa: E402
 from auditor.kube.client import call_json, resource_path  # noqa: E402
 
@@ -66,77 +67,6 @@ def seed(store: Any, namespace: str, lineages: int, now: datetime) -> None:
             start = now - timedelta(days=5 - r)
             verdict = "low_sm_efficiency" if flagged and r != 2 else "healthy"
             rec.record(key, LineageRun(job=f"Job/train{i}-old{r}", verdict=verdict, start=start, end=start), now)
-
-
-def kueue_objects(api: Any, ns: str, case: str, gpus: int) -> tuple[str, str, str]:
-    rf, cq, ac = f"bench-gpu-{case}", f"bench-cq-{case}", f"bench-gate-{case}"
-    call_json(
-        api,
-        resource_path(KV, "resourceflavors"),
-        method="POST",
-        body={"apiVersion": KV, "kind": "ResourceFlavor", "metadata": {"name": rf}},
-    )
-    call_json(
-        api,
-        resource_path(KV, "admissionchecks"),
-        method="POST",
-        body={
-            "apiVersion": KV,
-            "kind": "AdmissionCheck",
-            "metadata": {"name": ac},
-            "spec": {"controllerName": CONTROLLER_NAME},
-        },
-    )
-    call_json(
-        api,
-        resource_path(KV, "clusterqueues"),
-        method="POST",
-        body={
-            "apiVersion": KV,
-            "kind": "ClusterQueue",
-            "metadata": {"name": cq},
-            "spec": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["nvidia.com/gpu"],
-                        "flavors": [{"name": rf, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": str(gpus)}]}],
-                    }
-                ],
-                "admissionChecksStrategy": {"admissionChecks": [{"name": ac, "onFlavors": [rf]}]},
-            },
-        },
-    )
-    call_json(
-        api,
-        resource_path(KV, "localqueues", ns),
-        method="POST",
-        body={"apiVersion": KV, "kind": "LocalQueue", "metadata": {"name": "lq"}, "spec": {"clusterQueue": cq}},
-    )
-    return rf, cq, ac
-
-
-def job_body(name: str, lineage: str) -> dict:
-    gpu = {"nvidia.com/gpu": "1"}
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "lq", "gpu-auditor.io/lineage": lineage}},
-        "spec": {
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "example.invalid/train:1",
-                            "resources": {"requests": gpu, "limits": gpu},
-                        }
-                    ],
-                }
-            }
-        },
-    }
 
 
 class Watcher:
@@ -214,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     seed(store, ns, args.lineages, now)
     log(f"seeded {args.lineages} lineages × 5 runs in {time.monotonic() - t0:.1f} s")
-    rf, cq, ac = kueue_objects(api, ns, case, args.jobs + 10)
+    queue = gate_queue(api, ns, gpus=args.jobs + 10)
+    q = queue.__enter__()
+    cq, ac = q.cluster_queue, q.check
     gate = AdmissionGate(
         LineageHistoryReader(store), core_decide, RULES, GateSettings(mode="observe", timeout=2.0), acks=AckLog(store)
     )
@@ -236,12 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         load_before = os.getloadavg()
         t_submit = time.monotonic()
         for i in range(args.jobs):
-            call_json(
-                api,
-                resource_path("batch/v1", "jobs", ns),
-                method="POST",
-                body=job_body(f"j{i:05d}", f"train{rng.randrange(args.lineages)}"),
-            )
+            gpu_job(api, ns, f"j{i:05d}", lineage=f"train{rng.randrange(args.lineages)}")
             time.sleep(args.every)
         deadline = time.monotonic() + 120
         while len(watcher.answered) < args.jobs and time.monotonic() < deadline:
@@ -286,12 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         ctl.stop()
         gate.close()
         store.close()
+        queue.__exit__(None, None, None)
         call_json(api, resource_path("v1", "namespaces", None, ns), method="DELETE")
-        for plural, name in (("clusterqueues", cq), ("admissionchecks", ac), ("resourceflavors", rf)):
-            try:
-                call_json(api, resource_path(KV, plural, None, name), method="DELETE")
-            except Exception:  # noqa: BLE001 - best effort
-                pass
         with psycopg.connect(bed.postgres_admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
     args.out.mkdir(parents=True, exist_ok=True)
