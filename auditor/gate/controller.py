@@ -227,7 +227,7 @@ class GateController:
     def _work(self) -> None:
         while not self._stop.is_set():
             key = self._queue.get()
-            if key is None:
+            if key is None or self._stop.is_set():
                 return
             with self._lock:
                 obj, seen = self._latest.pop(key, ({}, 0.0))

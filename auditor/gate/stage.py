@@ -101,6 +101,8 @@ class GateStage:
             ).start()
 
     def stop(self) -> None:
+        """Stop answering (a new leader may answer at once: the old controller's workers check
+        their stop flag before each Workload)."""
         with self._lock:
             ctl, self.controller = self.controller, None
         if ctl is not None:

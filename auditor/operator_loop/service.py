@@ -204,7 +204,8 @@ class Operator:
     def _on_stopped(self) -> None:
         self.metrics.leader.set(0)
         if self.gate is not None:
-            self.gate.stop()
+            # it stops answering at once; its threads finish in their own time, not the elector's
+            threading.Thread(target=self.gate.stop, name="gate-stop", daemon=True).start()
 
     def _on_fatal(self, exc: LeaseUnavailable) -> None:
         self.fatal = exc
