@@ -12,17 +12,21 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence, SupportsFloat
 
 from auditor.cli.storeopts import add_store_flags
 from auditor.core.admission import AdmissionFacts, format_wait
+from auditor.core.identity import JobKey
+from auditor.core.job_summary import JobSummary, rfc3339
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, JobRef
 from auditor.errors import BadInput
+from auditor.render.lineage import lineage_json, lineage_lines
 
 if TYPE_CHECKING:
+    from auditor.core.gate import LineageHistory
     from auditor.store import Store
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -59,10 +63,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def parse_ref(text: str) -> tuple[str, str, str]:
-    parts = text.strip().split("/")
-    if len(parts) != 3 or not all(parts):
-        raise BadInput(f"job {text!r}: use NAMESPACE/KIND/NAME, e.g. team-a/Pod/train-0")
-    return parts[0], parts[1], parts[2]
+    try:
+        key = JobKey.parse(text, cluster="")
+    except ValueError:
+        raise BadInput(f"job {text!r}: use NAMESPACE/KIND/NAME, e.g. team-a/Pod/train-0") from None
+    return key.namespace, key.kind, key.name
 
 
 def _owner_of_pod(store: "Store", namespace: str, pod: str, cluster: str | None) -> tuple[int, JobRef] | None:
@@ -116,29 +121,48 @@ def run(args: argparse.Namespace) -> int:
             )
             return 1
         job_id, job = found
-        summary = next(
+        doc = next(
             (s for s in store.summaries(cluster=job.cluster, namespace=namespace) if s.get("job") == job.job),
             None,
         )
+        summary = JobSummary.from_json(doc, f"the stored summary of {job.key}") if doc is not None else None
         buckets = store.buckets(job_id)
         admission = AdmissionStore(store).facts(job_id)
+        lineage = _lineage_history(store, job)
     finally:
         store.close()
     if summary is None:
         print(f"gpu-auditor: job {job.key} has buckets but no summary yet; re-run the audit", file=sys.stderr)
         return 1
     if args.output == "json":
-        doc: dict = {"summary": summary}
+        out: dict = {"summary": summary.to_json()}
         if admission is not None:  # only jobs that went through a Kueue queue have them
-            doc["admission"] = admission.to_json()
-        doc["buckets"] = [_bucket_json(b) for b in buckets]
-        print(json.dumps(doc, indent=2, default=str))
+            out["admission"] = admission.to_json()
+        if lineage is not None:  # only a lineage with other runs or acknowledgements has a history
+            out["lineage"] = lineage_json(lineage, datetime.now(timezone.utc))
+        out["buckets"] = [_bucket_json(b) for b in buckets]
+        print(json.dumps(out, indent=2, default=str))
     else:
         print(render(summary, buckets, admission))
+        if lineage is not None:
+            print("\n" + "\n".join(lineage_lines(lineage, job.job, datetime.now(timezone.utc))))
     if args.png:
         draw_png(summary, buckets, args.png)
         print(f"wrote {args.png}", file=sys.stderr)
     return 0
+
+
+def _lineage_history(store: "Store", job: JobRef) -> "LineageHistory | None":
+    """The history of the job's lineage when it has one beyond the job (other runs, acknowledgements)."""
+    from auditor.render.lineage import has_history
+    from auditor.store.lineage import LineageHistoryReader
+
+    reader = LineageHistoryReader(store)
+    key = reader.lineage_of_job(job.namespace, job.kind, job.name, job.cluster)
+    if key is None:
+        return None
+    history = reader.history(key, datetime.now(timezone.utc))
+    return history if has_history(history) else None
 
 
 # -- text --------------------------------------------------------------------------------------------
@@ -152,74 +176,63 @@ def _num(v: SupportsFloat | None, fmt: str = "{:.2f}") -> str:
     return "-" if v is None else fmt.format(float(v))
 
 
-def render(summary: dict, buckets: Sequence[Bucket], admission: AdmissionFacts | None = None) -> str:
+def render(summary: JobSummary, buckets: Sequence[Bucket], admission: AdmissionFacts | None = None) -> str:
     """The whole explanation as text (with Kueue's admission facts when the job was queued)."""
+    s = summary
     out: list[str] = []
-    ref = f"{summary.get('namespace')}/{summary.get('job')}"
-    out.append(f"{ref}   cluster {summary.get('cluster')}   team {summary.get('team')}")
-    out.append(f"verdict: {summary.get('verdict')}")
-    win = summary.get("window") or {}
+    out.append(f"{s.namespace}/{s.job}   cluster {s.cluster}   team {s.team}")
+    out.append(f"verdict: {s.verdict.value}")
     out.append(
-        f"observed {summary.get('start')} → {summary.get('end')}"
-        + (f"   (audit window {win.get('start')} → {win.get('end')})" if win else "")
+        f"observed {rfc3339(s.start)} → {rfc3339(s.end)}"
+        f"   (audit window {rfc3339(s.window_start)} → {rfc3339(s.window_end)})"
     )
     out.append(
-        f"GPUs {_num(summary.get('gpus'), '{:g}')} {summary.get('gpu_model') or ''}   "
-        f"GPU-hours {_num(summary.get('gpu_hours'))}   waste {_num(summary.get('waste_gpu_hours'))}   "
-        f"coverage {_pct(summary.get('coverage'))}   sample interval {_num(summary.get('scrape_interval_s'), '{:g}')} s"
+        f"GPUs {_num(s.gpus, '{:g}')} {s.gpu_model or ''}   "
+        f"GPU-hours {_num(s.gpu_hours)}   waste {_num(s.waste_gpu_hours)}   "
+        f"coverage {_pct(s.coverage)}   sample interval {_num(s.scrape_interval_s, '{:g}')} s"
     )
-    out.append(
-        "means: "
-        + "   ".join(
-            f"{k} {_pct(summary.get(k))}"
-            for k in (
-                "gpu_util",
-                "gr_engine_active",
-                "sm_active",
-                "sm_occupancy",
-                "tensor_active",
-                "dram_active",
-                "fp32_active",
-            )
-            if k in summary
-        )
-        + f"   MFU~ {_pct(summary.get('mfu_estimate'))}"
+    means = (
+        ("gpu_util", s.gpu_util),
+        ("gr_engine_active", s.gr_engine_active),
+        ("sm_active", s.sm_active),
+        ("sm_occupancy", s.sm_occupancy),
+        ("tensor_active", s.tensor_active),
+        ("dram_active", s.dram_active),
+        ("fp32_active", s.fp32_active),
     )
+    out.append("means: " + "   ".join(f"{k} {_pct(v)}" for k, v in means) + f"   MFU~ {_pct(s.mfu_estimate)}")
     if admission is not None:
         out.append(kueue_line(admission))
-    stats = summary.get("stats") or {}
-    if stats:
+    if s.stats:
         out.append("")
         out.append(f"  {'metric':<18}{'mean':>9}{'p10':>9}{'p50':>9}{'p90':>9}{'samples':>9}{'dropped':>9}")
-        for metric, st in stats.items():
-            unit = _pct if _is_ratio(metric) else (lambda v: _num(v, "{:.1f}"))
+        for metric in sorted(s.stats, key=lambda m: m.value):
+            st = s.stats[metric]
+            unit = _pct if _is_ratio(metric.value) else (lambda v: _num(v, "{:.1f}"))
             out.append(
-                f"  {metric:<18}{unit(st.get('mean')):>9}{unit(st.get('p10')):>9}{unit(st.get('p50')):>9}"
-                f"{unit(st.get('p90')):>9}{st.get('samples', 0):>9}{st.get('dropped', 0):>9}"
+                f"  {metric.value:<18}{unit(st.mean):>9}{unit(st.p10):>9}{unit(st.p50):>9}"
+                f"{unit(st.p90):>9}{st.samples:>9}{st.dropped:>9}"
             )
-    findings = summary.get("findings") or []
-    if findings:
+    if s.findings:
         out.append("")
         out.append("findings:")
-        for f in findings:
-            out.append(f"  - [{f.get('code')}] {f.get('message')}")
-            ev = f.get("evidence") or {}
-            if ev:
-                out.append("      evidence: " + ", ".join(f"{k}={_short(v)}" for k, v in ev.items()))
-    per_gpu = summary.get("per_gpu") or []
-    if per_gpu:
+        for f in s.findings:
+            out.append(f"  - [{f.code}] {f.message}")
+            if f.evidence:
+                out.append("      evidence: " + ", ".join(f"{k}={_short(v)}" for k, v in f.evidence.items()))
+    if s.per_gpu:
         out.append("")
         out.append("per GPU:")
         out.append(
             f"  {'pod':<24}{'host':<14}{'gpu':<8}{'util':>8}{'SM':>8}{'tensor':>8}{'DRAM':>8}{'cov':>7}  verdict"
         )
-        for g in per_gpu:
-            gpu = str(g.get("gpu") or "") + (f"/{g['mig_instance']}" if g.get("mig_instance") else "")
-            util = g.get("gpu_util") if g.get("gpu_util") is not None else g.get("gr_engine_active")
+        for g in s.per_gpu:
+            gpu = (g.gpu or "") + (f"/{g.mig_instance}" if g.mig_instance else "")
+            util = g.gpu_util if g.gpu_util is not None else g.gr_engine_active
             out.append(
-                f"  {str(g.get('pod'))[:23]:<24}{str(g.get('hostname') or '-')[:13]:<14}{gpu[:7]:<8}"
-                f"{_pct(util):>8}{_pct(g.get('sm_active')):>8}{_pct(g.get('tensor_active')):>8}"
-                f"{_pct(g.get('dram_active')):>8}{_pct(g.get('coverage')):>7}  {g.get('verdict')}"
+                f"  {g.pod[:23]:<24}{(g.hostname or '-')[:13]:<14}{gpu[:7]:<8}"
+                f"{_pct(util):>8}{_pct(g.sm_active):>8}{_pct(g.tensor_active):>8}"
+                f"{_pct(g.dram_active):>8}{_pct(g.coverage):>7}  {g.verdict.value}"
             )
     if buckets:
         out.append("")
@@ -352,7 +365,7 @@ def _bucket_json(b: Bucket) -> dict:
 # -- PNG ---------------------------------------------------------------------------------------------
 
 
-def draw_png(summary: dict, buckets: Sequence[Bucket], path: str) -> None:
+def draw_png(summary: JobSummary, buckets: Sequence[Bucket], path: str) -> None:
     """GPU util vs SM activity (and tensor, DRAM) per GPU over time, one panel per GPU (at most 8)."""
     import matplotlib
 
@@ -377,7 +390,7 @@ def draw_png(summary: dict, buckets: Sequence[Bucket], path: str) -> None:
         ax.set_title(f"{key[0]} on {key[1]}", fontsize=9)
         ax.grid(alpha=0.3)
     axes[0, 0].legend(loc="upper right", fontsize=8, ncol=5)
-    fig.suptitle(f"{summary.get('namespace')}/{summary.get('job')}: {summary.get('verdict')}", fontsize=11)
+    fig.suptitle(f"{summary.namespace}/{summary.job}: {summary.verdict.value}", fontsize=11)
     fig.autofmt_xdate()
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -23,6 +23,7 @@ from auditor.core.identity import JobKey
 from auditor.core.metrics import Metric
 from auditor.core.model import Finding, Verdict
 from auditor.core.ranges import RATIO, Range
+from auditor.errors import PermanentError
 
 #: the activity fields of the audit JSON (ratios 0–1), in output order
 ACTIVITY_FIELDS: tuple[tuple[str, Metric], ...] = (
@@ -55,8 +56,9 @@ def _measure(valid: Range, *, required: bool = False) -> Any:
     return field(default=None, metadata={"range": valid})
 
 
-class SummaryFormatError(ValueError):
-    """A document that is not an audit-JSON summary; the message names the field."""
+class SummaryFormatError(PermanentError, ValueError):
+    """A document that is not an audit-JSON summary (a corrupt or foreign stored record); the
+    message names the field. Permanent: reading it again gives the same document."""
 
 
 def rounded(v: float | None, nd: int = 6) -> float | None:

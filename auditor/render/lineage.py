@@ -1,0 +1,87 @@
+"""A job's lineage and its history, as ``explain`` and the weekly report show them.
+
+The gate judges a re-submission by its lineage's runs, so the owner reading why a job was held
+needs the same picture: which runs count, what they were flagged, who acknowledged and until
+when. A lineage with no other run and no acknowledgement has no history to show: callers print
+nothing for it (:func:`has_history`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from auditor.core.gate import LineageHistory, LineageRun
+
+#: runs listed, newest first
+SHOWN_RUNS = 10
+
+
+def has_history(history: LineageHistory) -> bool:
+    """More than one run, or an acknowledgement or snooze: something beyond the job itself."""
+    return len(history.runs) > 1 or bool(history.acks)
+
+
+def _iso(t: datetime | None) -> str | None:
+    return t.isoformat().replace("+00:00", "Z") if t is not None else None
+
+
+def _verdict_counts(runs: list[LineageRun]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in runs:
+        out[r.verdict] = out.get(r.verdict, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def lineage_json(history: LineageHistory, now: datetime) -> dict[str, Any]:
+    """The lineage block of ``explain -o json`` and of a report's job entry."""
+    ack = history.acknowledged(now)
+    snooze = history.snoozed(now)
+    runs = list(history.runs)
+    return {
+        "lineage": str(history.key),
+        "cluster": history.key.cluster,
+        "runs": len(runs),
+        "verdicts": _verdict_counts(runs),
+        "history": [
+            {
+                "job": r.job,
+                "verdict": r.verdict,
+                "start": _iso(r.start),
+                "end": _iso(r.end),
+                "gpu_hours": r.gpu_hours,
+                "findings": list(r.findings),
+            }
+            for r in reversed(runs[-SHOWN_RUNS:])
+        ],
+        "open_findings": history.open_findings(now),
+        "acknowledged": None
+        if ack is None
+        else {"by": ack.by, "at": _iso(ack.at), "until": _iso(ack.until), "reason": ack.reason, "via": ack.via},
+        "snoozed_until": _iso(snooze.until) if snooze is not None else None,
+        "acknowledgements": [
+            {"kind": a.kind.value, "by": a.by, "at": _iso(a.at), "until": _iso(a.until), "reason": a.reason}
+            for a in history.acks
+        ],
+    }
+
+
+def lineage_lines(history: LineageHistory, job: str, now: datetime) -> list[str]:
+    """The lineage section of ``explain``'s text: the runs newest first (this job marked), then
+    the acknowledgements."""
+    runs = list(history.runs)
+    counts = ", ".join(f"{n} {v}" for v, n in _verdict_counts(runs).items())
+    out = [f"lineage {history.key} (cluster {history.key.cluster}): {len(runs)} run(s): {counts}"]
+    for r in reversed(runs[-SHOWN_RUNS:]):
+        day = r.when.date().isoformat() if r.when else "?"
+        hours = f"{r.gpu_hours:.1f} GPU-h" if r.gpu_hours is not None else "- GPU-h"
+        mark = "   ← this job" if r.job == job else ""
+        out.append(f"  {day}  {r.job:<40} {r.verdict:<18} {hours}{mark}")
+    if len(runs) > SHOWN_RUNS:
+        out.append(f"  … {len(runs) - SHOWN_RUNS} older run(s)")
+    for a in history.acks:
+        until = f" until {_iso(a.until)}" if a.until else ""
+        state = "" if a.valid(now) else " (ended)" if a.at <= now else " (later)"
+        why = f": {a.reason}" if a.reason else ""
+        out.append(f"  {a.kind.value} by {a.by} at {_iso(a.at)}{until} via {a.via}{state}{why}")
+    return out
