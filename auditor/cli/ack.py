@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from auditor.cli.storeopts import add_store_flags
@@ -72,6 +72,7 @@ def who(args: argparse.Namespace, settings: "Settings") -> str:
 
 
 def ack(args: argparse.Namespace) -> int:
+    from auditor import compose
     from auditor.cli.storeopts import command_settings, open_store
     from auditor.core.gate import AckKind
     from auditor.core.lineage import LineageKey
@@ -81,7 +82,7 @@ def ack(args: argparse.Namespace) -> int:
     if args.kubeconfig or args.in_cluster:
         overrides["kubernetes"] = {"kubeconfig": args.kubeconfig, "in_cluster": bool(args.in_cluster)}
     settings = command_settings(args, overrides)
-    now = datetime.now(timezone.utc)
+    now = compose.clock().now()
     key = LineageKey.parse(args.lineage, cluster=args.cluster or settings.cluster, what="NAMESPACE/LINEAGE")
     until = parse_until(args.until, now)
     if until is not None and until <= now:
