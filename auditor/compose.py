@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from auditor.clock import SYSTEM_CLOCK
 from auditor.errors import BadInput
@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # each adapter is imported where it is built: `--help` loads 
     from kubernetes.client import ApiClient
 
     from auditor.actions.kube import KubeActions
+    from auditor.kube.lease import LeaderElector, LeaseUnavailable
     from auditor.kube.resolver import KubeResolver
     from auditor.operator_loop.service import Operator
     from auditor.ports import Clock
@@ -160,6 +161,40 @@ def kube_actions(api: "ApiClient", instance: str | None = None) -> "KubeActions"
     from auditor.actions import KubeActions
 
     return KubeActions(api) if instance is None else KubeActions(api, instance=instance)
+
+
+def lease_elector(
+    settings: "Settings",
+    api: "ApiClient",
+    *,
+    identity: str,
+    clock: "Clock",
+    on_started: Callable[[], None],
+    on_stopped: Callable[[], None],
+    on_fatal: Callable[["LeaseUnavailable"], None],
+) -> "LeaderElector":
+    """The operator's leader elector on ``leader_election:``'s Lease (its namespace resolved as
+    :func:`auditor.kube.lease.lease_namespace` says), timed by ``clock``."""
+    from auditor.kube.lease import LeaderElector, lease_namespace
+
+    le, k = settings.leader_election, settings.kubernetes
+    namespace, origin = lease_namespace(
+        le.namespace, in_cluster=k.in_cluster, kubeconfig=k.kubeconfig, context=k.context
+    )
+    return LeaderElector(
+        api,
+        namespace=namespace,
+        namespace_origin=origin,
+        name=le.lease_name,
+        identity=identity,
+        lease_duration=le.lease_duration,
+        renew_deadline=le.renew_deadline,
+        retry_period=le.retry_period,
+        on_started=on_started,
+        on_stopped=on_stopped,
+        on_fatal=on_fatal,
+        clock=clock,
+    )
 
 
 def report_destinations(settings: "Settings") -> "Destinations":

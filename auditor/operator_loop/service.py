@@ -25,7 +25,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from auditor.clock import SYSTEM_CLOCK, NowOnly
 from auditor.errors import AuditorError, SourceUnavailable
 from auditor.kube.client import read_only
-from auditor.kube.lease import LeaderElector, LeaseUnavailable, lease_namespace
+from auditor.kube.lease import LeaderElector, LeaseUnavailable
 from auditor.operator_loop.cycle import ORIGIN, CycleResult, CycleRunner, LostLeadership
 from auditor.operator_loop.health import HealthServer, OperatorMetrics
 from auditor.operator_loop.policies import PolicyStage
@@ -84,23 +84,14 @@ class Operator:
         #: why the elector gave up (e.g. the Lease's namespace is missing): ``run_forever`` raises it
         self.fatal: LeaseUnavailable | None = None
         if le.enabled and not dry_run:
-            k = settings.kubernetes
-            namespace, origin = lease_namespace(
-                le.namespace, in_cluster=k.in_cluster, kubeconfig=k.kubeconfig, context=k.context
-            )
-            self.elector = LeaderElector(
+            self.elector = compose.lease_elector(
+                settings,
                 self.api,
-                namespace=namespace,
-                namespace_origin=origin,
-                name=le.lease_name,
                 identity=self.identity,
-                lease_duration=le.lease_duration,
-                renew_deadline=le.renew_deadline,
-                retry_period=le.retry_period,
+                clock=self.time,
                 on_started=self._on_started,
                 on_stopped=self._on_stopped,
                 on_fatal=self._on_fatal,
-                clock=self.time,
             )
         self.runner = CycleRunner(
             store=self.store,
