@@ -32,7 +32,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -49,6 +48,7 @@ from pydantic_core import PydanticCustomError
 from auditor.core.thresholds import ThresholdError, Thresholds
 from auditor.errors import BadInput
 from auditor.timeparse import parse_duration
+from auditor.yamldoc import MAX_BYTES, YamlError, load_documents
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ class GateSettings(_Section):
     fail_closed: bool = False
     #: the WorkloadPriorityClass that probation re-submissions get (rules may name another)
     probation_priority_class: str = "gpu-auditor-probation"
-    #: the holds ConfigMap that the chart's MutatingAdmissionPolicy reads (hold before quota);
+    #: the GateHolds object (gpu-auditor.io/v1alpha1) that the chart's MutatingAdmissionPolicy reads (hold before quota);
     #: no namespace: that path is off and holds go through the check's Rejected path alone
     holds_namespace: str | None = None
     holds_name: str = "gpu-auditor-holds"
@@ -451,13 +451,21 @@ def load_settings(
     if path is not None:
         origin = str(path)
         try:
+            size = Path(path).stat().st_size
+            if size > MAX_BYTES:
+                raise BadInput(f"settings file {path}: {size:,} bytes, more than the {MAX_BYTES:,} it may have")
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise BadInput(f"settings file {path}: cannot read ({exc.strerror})") from None
+        except UnicodeDecodeError as exc:
+            raise BadInput(f"settings file {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise BadInput(f"settings file {path}: not valid YAML: {exc}") from None
+            docs = load_documents(text, str(path))
+        except YamlError as exc:
+            raise BadInput(f"settings file {path}:{exc.line}: not valid YAML: {exc}") from None
+        if len(docs) > 1:
+            raise BadInput(f"settings file {path}:{docs[1].line}: one YAML document expected, found a second")
+        loaded = docs[0].value if docs else None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
