@@ -192,13 +192,13 @@ def render(summary: JobSummary, buckets: Sequence[Bucket], admission: AdmissionF
         f"coverage {_pct(s.coverage)}   sample interval {_num(s.scrape_interval_s, '{:g}')} s"
     )
     means = (
-        ("gpu_util", s.gpu_util),
-        ("gr_engine_active", s.gr_engine_active),
-        ("sm_active", s.sm_active),
-        ("sm_occupancy", s.sm_occupancy),
-        ("tensor_active", s.tensor_active),
-        ("dram_active", s.dram_active),
-        ("fp32_active", s.fp32_active),
+        ("gpu_util", s.means.gpu_util),
+        ("gr_engine_active", s.means.gr_engine_active),
+        ("sm_active", s.means.sm_active),
+        ("sm_occupancy", s.means.sm_occupancy),
+        ("tensor_active", s.means.tensor_active),
+        ("dram_active", s.means.dram_active),
+        ("fp32_active", s.means.fp32_active),
     )
     out.append("means: " + "   ".join(f"{k} {_pct(v)}" for k, v in means) + f"   MFU~ {_pct(s.mfu_estimate)}")
     if admission is not None:
@@ -228,11 +228,11 @@ def render(summary: JobSummary, buckets: Sequence[Bucket], admission: AdmissionF
         )
         for g in s.per_gpu:
             gpu = (g.gpu or "") + (f"/{g.mig_instance}" if g.mig_instance else "")
-            util = g.gpu_util if g.gpu_util is not None else g.gr_engine_active
+            util = g.means.gpu_util if g.means.gpu_util is not None else g.means.gr_engine_active
             out.append(
                 f"  {g.pod[:23]:<24}{(g.hostname or '-')[:13]:<14}{gpu[:7]:<8}"
-                f"{_pct(util):>8}{_pct(g.sm_active):>8}{_pct(g.tensor_active):>8}"
-                f"{_pct(g.dram_active):>8}{_pct(g.coverage):>7}  {g.verdict.value}"
+                f"{_pct(util):>8}{_pct(g.means.sm_active):>8}{_pct(g.means.tensor_active):>8}"
+                f"{_pct(g.means.dram_active):>8}{_pct(g.coverage):>7}  {g.verdict.value}"
             )
     if buckets:
         out.append("")

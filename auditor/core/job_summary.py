@@ -14,7 +14,7 @@ Adding a field: declare it here (with its JSON name), write and read it in ``to_
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any
@@ -143,10 +143,6 @@ def _verdict(v: object, what: str) -> Verdict:
         raise SummaryFormatError(f"{what}: unknown verdict {v!r}") from None
 
 
-def _means(doc: Mapping[str, Any], what: str) -> dict[str, float | None]:
-    return {name: _opt_num(doc, name, what) for name, _ in MEAN_FIELDS}
-
-
 def _stats(doc: Mapping[str, Any], what: str) -> dict[Metric, MetricStats]:
     raw = doc.get("stats") or {}
     if not isinstance(raw, Mapping):
@@ -210,8 +206,9 @@ class MetricStats:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Means:
-    """The means of :data:`MEAN_FIELDS` (``None``: the metric is absent), shared by a job and
-    each of its GPUs."""
+    """The means of :data:`MEAN_FIELDS` (``None``: the metric is absent) of a job or of one of
+    its GPUs; flat in the audit JSON, one value here so that a summary is built with every
+    other field named (a ``**`` spread would hide a missing one from the type checker)."""
 
     gpu_util: float | None = _measure(RATIO)
     gr_engine_active: float | None = _measure(RATIO)
@@ -228,10 +225,19 @@ class Means:
     pcie_rx_bytes_per_s: float | None = None
     pcie_tx_bytes_per_s: float | None = None
 
-    def means_json(self) -> dict[str, object]:
+    def to_json(self) -> dict[str, object]:
         return {name: getattr(self, name) for name, _ in MEAN_FIELDS}
 
-    def mean_of(self, metric: Metric) -> float | None:
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], what: str) -> Means:
+        return cls(**{name: _opt_num(doc, name, what) for name, _ in MEAN_FIELDS})
+
+    @classmethod
+    def of(cls, mean: Callable[[Metric], float | None]) -> Means:
+        """From a mean per metric (rounded as the audit JSON holds them)."""
+        return cls(**{name: rounded(mean(m)) for name, m in MEAN_FIELDS})
+
+    def of_metric(self, metric: Metric) -> float | None:
         """The mean of ``metric`` where the audit JSON has one (else None)."""
         return getattr(self, _MEAN_NAME[metric]) if metric in _MEAN_NAME else None
 
@@ -240,7 +246,7 @@ _MEAN_NAME = {m: name for name, m in MEAN_FIELDS}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GpuSummary(Means):
+class GpuSummary:
     """One (pod, GPU) row of a job's ``per_gpu`` breakdown, with its own verdict."""
 
     pod: str
@@ -258,6 +264,7 @@ class GpuSummary(Means):
     gpu_hours: float | None
     coverage: float | None
     busy_signal: Metric | None
+    means: Means
     mfu_estimate: float | None
     waste_gpu_hours: float | None
     shared_with_pods: int
@@ -281,7 +288,7 @@ class GpuSummary(Means):
             "gpu_hours": self.gpu_hours,
             "coverage": self.coverage,
             "busy_signal": self.busy_signal.value if self.busy_signal else None,
-            **self.means_json(),
+            **self.means.to_json(),
             "mfu_estimate": self.mfu_estimate,
             "waste_gpu_hours": self.waste_gpu_hours,
             "shared_with_pods": self.shared_with_pods,
@@ -309,7 +316,7 @@ class GpuSummary(Means):
             gpu_hours=_opt_num(doc, "gpu_hours", what),
             coverage=_opt_num(doc, "coverage", what),
             busy_signal=_metric(doc.get("busy_signal"), f"{what}.busy_signal"),
-            **_means(doc, what),
+            means=Means.from_json(doc, what),
             mfu_estimate=_opt_num(doc, "mfu_estimate", what),
             waste_gpu_hours=_opt_num(doc, "waste_gpu_hours", what),
             shared_with_pods=_int(doc, "shared_with_pods", what),
@@ -336,7 +343,7 @@ LIFECYCLE_FIELDS = ("final", "ended")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class JobSummary(Means):
+class JobSummary:
     """One job's audit-JSON summary (DESIGN.md "Audit JSON").
 
     ``final``/``ended`` are the operator's: whether the job has ended and settled (its summary
@@ -355,6 +362,7 @@ class JobSummary(Means):
     end: datetime
     gpu_hours: float | None = _measure(Range("GPU-hours"), required=True)
     busy_signal: Metric | None
+    means: Means
     coverage: float | None = _measure(RATIO, required=True)
     mfu_estimate: float | None = _measure(RATIO, required=True)
     waste_gpu_hours: float | None = _measure(Range("GPU-hours"), required=True)
@@ -399,7 +407,7 @@ class JobSummary(Means):
             "end": rfc3339(self.end),
             "gpu_hours": self.gpu_hours,
             "busy_signal": self.busy_signal.value if self.busy_signal else None,
-            **self.means_json(),
+            **self.means.to_json(),
             "coverage": self.coverage,
             "mfu_estimate": self.mfu_estimate,
             "waste_gpu_hours": self.waste_gpu_hours,
@@ -453,7 +461,7 @@ class JobSummary(Means):
             end=parse_rfc3339(_get(doc, "end", what), f"{what}.end"),
             gpu_hours=_opt_num(doc, "gpu_hours", what),
             busy_signal=_metric(doc.get("busy_signal"), f"{what}.busy_signal"),
-            **_means(doc, what),
+            means=Means.from_json(doc, what),
             coverage=_opt_num(doc, "coverage", what),
             mfu_estimate=_opt_num(doc, "mfu_estimate", what),
             waste_gpu_hours=_opt_num(doc, "waste_gpu_hours", what),
@@ -472,6 +480,8 @@ class JobSummary(Means):
 
     def value_of(self, name: str) -> object:
         """A top-level field by its audit-JSON name (what a policy condition names), or None."""
+        if name in _MEAN_NAMES:
+            return getattr(self.means, name)
         if name in _SCALAR_NAMES:
             v = getattr(self, name)
             return v.value if isinstance(v, (Verdict, Metric)) else v
@@ -483,25 +493,27 @@ class JobSummary(Means):
 #: every key :meth:`JobSummary.to_json` writes itself
 _JSON_KEYS = frozenset(
     {"cluster", "namespace", "job", "window", *LIFECYCLE_FIELDS}
-    | {f.name for f in fields(JobSummary) if f.name not in ("key", "window_start", "window_end", "extra")}
+    | {f.name for f in fields(JobSummary) if f.name not in ("key", "means", "window_start", "window_end", "extra")}
+    | {name for name, _ in MEAN_FIELDS}
 )
+_MEAN_NAMES = frozenset(name for name, _ in MEAN_FIELDS)
 #: the top-level fields that hold one number or string (what policies and store columns read)
 _SCALAR_NAMES = frozenset(
     f.name
     for f in fields(JobSummary)
-    if f.name not in ("key", "pods", "findings", "stats", "per_gpu", "extra", "final", "ended")
+    if f.name not in ("key", "means", "pods", "findings", "stats", "per_gpu", "extra", "final", "ended")
 )
 
 
 def numeric_fields() -> tuple[str, ...]:
     """The audit JSON's top-level numeric fields (type ``float | None``), in declaration order."""
-    return tuple(f.name for f in fields(JobSummary) if f.type in ("float | None",))
+    return tuple(f.name for f in (*fields(Means), *fields(JobSummary)) if f.type in ("float | None",))
 
 
 def policy_fields() -> dict[str, Range]:
     """The fields a policy condition may test, each with its unit and valid range, in the
     audit JSON's order: every field declared with :func:`_measure`."""
-    return {f.name: f.metadata["range"] for f in fields(JobSummary) if "range" in f.metadata}
+    return {f.name: f.metadata["range"] for f in (*fields(Means), *fields(JobSummary)) if "range" in f.metadata}
 
 
 def sort_key(s: JobSummary) -> tuple[bool, float, float, str, str]:

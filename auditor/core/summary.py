@@ -25,24 +25,18 @@ Definitions (docs/verdicts.md has the user-facing version):
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from auditor.core.accumulate import JobAggregate, RowView, ShareMap, Stat, peak_held
 from auditor.core.findings import job_findings, silent_zero
 from auditor.core.identity import JobKey
-from auditor.core.job_summary import MEAN_FIELDS, GpuSummary, JobSummary, MetricStats
+from auditor.core.job_summary import GpuSummary, JobSummary, Means, MetricStats
 from auditor.core.job_summary import rounded as _r
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, Finding, JobRef, Window
 from auditor.core.sharing import gpu_shares
 from auditor.core.thresholds import Thresholds
 from auditor.core.verdicts import Evidence, classify
-
-
-def _means(mean: Callable[[Metric], float | None]) -> dict[str, Any]:
-    """The :data:`MEAN_FIELDS` keyword arguments of a summary (``Any``: mypy cannot type a
-    ``**`` spread by key; the names are the dataclass's own)."""
-    return {name: _r(mean(m)) for name, m in MEAN_FIELDS}
 
 
 def _stats(st: Stat) -> MetricStats:
@@ -185,7 +179,7 @@ def summarize_aggregate(
                 gpu_hours=_r(r.gpu_hours),
                 coverage=_r(r.coverage),
                 busy_signal=r.busy_metric,
-                **_means(r.mean),
+                means=Means.of(r.mean),
                 mfu_estimate=_r(r_mfu),
                 waste_gpu_hours=_r(r.waste_gpu_hours),
                 shared_with_pods=r.max_share - 1 if r.max_share > 1 else 0,
@@ -252,7 +246,7 @@ def summarize_aggregate(
         end=max((r.end for r in rows), default=window.start),
         gpu_hours=_r(gpu_hours),
         busy_signal=busy_metric,
-        **_means(mean),
+        means=Means.of(mean),
         coverage=_r(coverage),
         mfu_estimate=_r(mfu),
         waste_gpu_hours=_r(waste),

@@ -41,8 +41,8 @@ _NOTES = {
 
 def _cell(summary: JobSummary, key: str) -> str:
     v = summary.value_of(key)
-    if key == "gpu_util" and v is None and summary.gr_engine_active is not None:
-        return f"{summary.gr_engine_active * 100:.0f}%*"  # MIG: the busy signal is GR_ENGINE_ACTIVE
+    if key == "gpu_util" and v is None and summary.means.gr_engine_active is not None:
+        return f"{summary.means.gr_engine_active * 100:.0f}%*"  # MIG: the busy signal is GR_ENGINE_ACTIVE
     if v is None or v == "":
         return "-"
     if key in _PERCENT:
@@ -80,7 +80,7 @@ def format_table(summaries: Sequence[JobSummary]) -> str:
     footer = f"{len(summaries)} jobs, {total_h:.2f} GPU-hours"
     if wastes:
         footer += f", {sum(wastes):.2f} GPU-hours without SM activity (jobs with SM data)"
-    if any(s.gpu_util is None and s.gr_engine_active is not None for s in summaries):
+    if any(s.means.gpu_util is None and s.means.gr_engine_active is not None for s in summaries):
         footer += "; * = MIG, utilization from GR_ENGINE_ACTIVE"
     if any(s.mfu_estimate is not None for s in summaries):
         footer += "; MFU~ = share of the dense tensor peak of the precision in use (bf16, FP8 or TF32)"

@@ -26,11 +26,13 @@ def row(job: str = "Pod/x", findings: tuple[str, ...] = (), **kw: object) -> Job
         "verdict": Verdict.LOW_SM_EFFICIENCY,
     }
     values.update(kw)
+    means = {k: values.pop(k) for k in list(values) if hasattr(BASE.means, k)}
     return replace(
         BASE,
         key=JobKey.of("c", "ns", job),
         team="t",
         findings=tuple(Finding(c, "") for c in findings),
+        means=replace(BASE.means, **means),
         **values,
     )
 
