@@ -202,7 +202,10 @@ class LeaderElector:
     def _run(self) -> None:
         warned: str | None = None
         while not self._stop.is_set():
-            was = self.is_leader
+            # whether we led, not whether the term is still current: a deadline that passed
+            # during the wait is a loss to announce too (is_leader would already say False)
+            with self._lock:
+                was = self._leader
             ok = self.try_acquire_or_renew()
             if self.fatal is not None:
                 log.error("leader election stopped: %s", self.fatal)

@@ -111,3 +111,24 @@ def test_acquire_gives_up_after_its_timeout_then_wins_a_released_lease_at_once(k
     cc.waits.clear()
     assert candidate.acquire(timeout=LEASE) and cc.waits == []
     assert _spec(kube_admin, namespace, name)["holderIdentity"] == "candidate"
+
+
+def test_a_leader_cut_off_from_the_apiserver_steps_down_at_the_renew_deadline(kube_admin, namespace):
+    """Its renewals fail (a network partition): at the renew deadline it stops leading and says so
+    (``on_stopped``: the leader gauge drops, the gate stops), before anyone may take over."""
+    from kubernetes import client as k8s
+
+    name = f"lease-{uuid.uuid4().hex[:6]}"
+    events: list[str] = []
+    clock = FakeClock()
+    a = _elector(kube_admin, namespace, name, "a", clock, events)
+    assert a.try_acquire_or_renew()
+    cut_off = k8s.Configuration()
+    cut_off.host = "http://127.0.0.1:9"  # nothing listens: every renewal fails at once
+    a.api = k8s.ApiClient(cut_off)
+    stopped_at: list[float] = []
+    a.on_stopped = lambda: stopped_at.append(clock.monotonic())
+    clock.meanwhile = lambda _s: a._stop.set() if clock.monotonic() >= 2 * LEASE else None
+    a._run()  # the elector thread's loop, on this thread: its waits advance the fake clock
+    assert not a.is_leader
+    assert stopped_at == [pytest.approx(RENEW)], (stopped_at, a.last_error)
