@@ -1,7 +1,8 @@
 """The composition root: the one place that turns settings into adapters.
 
 Every CLI command and the operator build their Prometheus source, store, Kubernetes client,
-resolver, actions, notifiers and clock here, from one :class:`~auditor.settings.Settings`
+resolver, cluster actions, Lease elector, report destinations and clock here, from one
+:class:`~auditor.settings.Settings`
 (the file, ``GPU_AUDITOR_*`` variables, then the command's flags as overrides). So a connection
 option exists once: a flag that ``--help`` lists reaches every command that reads Prometheus,
 because no command builds its own client (the drift this replaced: ``run`` ignored the
@@ -12,7 +13,9 @@ names the variables that hold them (``*_env`` keys), and a command line names fi
 variables (:class:`PrometheusAuth`), resolved here only when the adapter is built.
 
 Use-cases (engine, operator cycle, policy run, reports, doctor) never import this module; they
-take the ports of :mod:`auditor.ports` and are handed what is built here.
+take the ports of :mod:`auditor.ports` and are handed what is built here. (Two exceptions, for
+now: the policy runner makes its alert senders from the routes of its ``RunnerConfig``, and
+``demo`` opens its own SQLite file.)
 """
 
 from __future__ import annotations
