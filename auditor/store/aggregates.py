@@ -1,0 +1,62 @@
+"""Folded statistics per job (table ``job_aggregates``): derived from the buckets, so that a
+cycle folds only its new buckets instead of re-reading a long job's whole history."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+import orjson
+import sqlalchemy as sa
+
+from auditor.core.accumulate import JobAggregate
+from auditor.store.database import Database
+from auditor.store.tables import AGGREGATES
+from auditor.store.values import Invalid, aware
+
+log = logging.getLogger("auditor.store.store")
+
+
+class Aggregates:
+    """The job aggregates of one :class:`~auditor.store.database.Database`."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def aggregate(self, job_id: int) -> JobAggregate | None:
+        """The job's folded statistics (None when there are none, or they cannot be read: they
+        are derived from the buckets, and the caller rebuilds them from there)."""
+        q = sa.select(AGGREGATES.c.state).where(AGGREGATES.c.job_id == job_id)
+        with self._db.reading(f"read the aggregate of job {job_id}") as conn:
+            state = conn.execute(q).scalar_one_or_none()
+        if state is None:
+            return None
+        try:
+            return JobAggregate.from_json(orjson.loads(state))
+        except (ValueError, orjson.JSONDecodeError) as exc:
+            log.warning(
+                "store %s: the aggregate of job %d is unreadable (%s); it will be rebuilt",
+                self._db.display_url,
+                job_id,
+                exc,
+            )
+            return None
+
+    def save_aggregate(self, job_id: int, agg: JobAggregate, now: datetime) -> None:
+        """Store the job's folded statistics, replacing the previous ones."""
+        where = f"save the aggregate of job {job_id}"
+        with self._db.checking(where):
+            if agg.through is None:
+                raise Invalid("an aggregate without 'through' cannot be stored")
+            values = {
+                "job_id": job_id,
+                "through": agg.through,
+                "updated": aware(now, "now"),
+                "state": orjson.dumps(agg.to_json()),
+            }
+        stmt = self._db.insert(AGGREGATES).values(**values)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["job_id"], set_={k: stmt.excluded[k] for k in values if k != "job_id"}
+        )
+        with self._db.writing(where) as conn:
+            conn.execute(stmt)

@@ -1,0 +1,251 @@
+"""The per-GPU bucket rollup (table ``gpu_buckets``): the store's source of truth.
+
+One audit cycle writes ~100k rows, so the write path goes to the driver directly (see
+:meth:`BucketRollup._make_bucket_sql`), with the same checks on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from auditor.core.metrics import Metric
+from auditor.core.model import Bucket, GpuId, PodRef, Window
+from auditor.errors import StoreError
+from auditor.store.claims import Displaced, GpuClaims
+from auditor.store.database import Database
+from auditor.store.tables import AGGREGATES, BUCKETS
+from auditor.store.values import Invalid
+
+_BUCKET_KEY = ("job_id", "pod_namespace", "pod_name", "container", "gpu_uuid", "gpu_instance", "metric", "start")
+_BUCKET_VALUES = (
+    "hostname",
+    "gpu_index",
+    "gpu_model",
+    "mig_profile",
+    "end",
+    "total",
+    "count",
+    "minimum",
+    "maximum",
+    "dropped",
+)
+#: Session-private (TEMPORARY) staging table of the PostgreSQL bulk path.
+_BUCKET_LOAD = "gpu_buckets_load"
+
+#: Driver parameter order (the table's column order, which the compiled INSERT follows).
+_BUCKET_COLUMNS = tuple(c.name for c in BUCKETS.columns)
+assert set(_BUCKET_COLUMNS) == set(_BUCKET_KEY + _BUCKET_VALUES)
+
+
+class BucketRollup:
+    """The buckets of one :class:`~auditor.store.database.Database`; each write settles its GPU claims."""
+
+    def __init__(self, db: Database, claims: GpuClaims) -> None:
+        self._db = db
+        self._claims = claims
+        self._bucket_sql = self._make_bucket_sql()
+        # SQLAlchemy's own conversion (UTC, and SQLite's fixed text format), once per distinct time.
+        dialect = db.engine.dialect
+        self._time_to_db = _cached(BUCKETS.c.start.type.dialect_impl(dialect).bind_processor(dialect) or (lambda v: v))
+
+    def _make_bucket_sql(self) -> str:
+        """The bucket upsert as driver SQL.
+
+        One audit cycle writes ~100k rows; SQLAlchemy's per-row parameter processing would cost
+        more than the database does, so rows go straight to the driver with times converted once
+        per distinct value. SQLite: an executemany of ``INSERT .. ON CONFLICT DO UPDATE`` with
+        positional parameters in ``_BUCKET_COLUMNS`` order (in-process, cheap per row).
+        PostgreSQL: the rows are COPYed into a session-private temporary table and merged with
+        one ``INSERT .. SELECT .. ON CONFLICT DO UPDATE`` -- measured 3-4x faster than one
+        statement per row or one statement over ``unnest`` arrays, on the client and the server.
+        """
+        dialect = self._db.engine.dialect
+        q = dialect.identifier_preparer.quote
+        if not self._db.is_sqlite:
+            cols = ", ".join(q(c) for c in _BUCKET_COLUMNS)
+            load = q(_BUCKET_LOAD)
+            sets = ", ".join(f"{q(k)} = EXCLUDED.{q(k)}" for k in _BUCKET_VALUES)
+            self._pg_load_ddl = (
+                f"CREATE TEMPORARY TABLE IF NOT EXISTS {load} (LIKE {q(BUCKETS.name)}) ON COMMIT DELETE ROWS"
+            )
+            self._pg_copy = f"COPY {load} ({cols}) FROM STDIN"
+            # Inside a batch the next write comes before the commit empties the table (and
+            # DELETE would leave dead rows that every later merge rescans).
+            self._pg_clear = f"TRUNCATE {load}"
+            return (
+                f"INSERT INTO {q(BUCKETS.name)} ({cols}) SELECT {cols} FROM {load} "
+                f"ON CONFLICT ({', '.join(q(k) for k in _BUCKET_KEY)}) DO UPDATE SET {sets}"
+            )
+        stmt = self._db.insert(BUCKETS).values({c: sa.bindparam(c) for c in _BUCKET_COLUMNS})
+        stmt = stmt.on_conflict_do_update(
+            index_elements=list(_BUCKET_KEY),
+            set_={k: stmt.excluded[k] for k in _BUCKET_VALUES},
+        )
+        compiled = stmt.compile(dialect=dialect)
+        if tuple(compiled.positiontup or ()) != _BUCKET_COLUMNS:
+            raise AssertionError(f"unexpected parameter order {compiled.positiontup}")
+        return str(compiled)
+
+    def _copy_buckets(self, conn: Connection, rows: Iterable[tuple]) -> None:
+        """PostgreSQL bulk path (see :meth:`_make_bucket_sql`), on the connection's transaction."""
+        dbapi = conn.connection.driver_connection
+        if dbapi is None:  # pragma: no cover - a checked-out connection always has one
+            raise StoreError("the PostgreSQL connection has no driver connection")
+        try:
+            with dbapi.cursor() as cur:
+                cur.execute(self._pg_load_ddl)
+                with cur.copy(self._pg_copy) as copy:
+                    for row in rows:
+                        copy.write_row(row)
+                cur.execute(self._bucket_sql)
+                if self._db.in_batch(conn):
+                    cur.execute(self._pg_clear)
+        except Exception as exc:
+            # The driver's own error (SQLAlchemy is bypassed here): wrap it like SQLAlchemy does
+            # so that the store's error mapping classifies it the same way.
+            import psycopg
+
+            if not isinstance(exc, psycopg.Error):
+                raise
+            wrapper = sa.exc.OperationalError if isinstance(exc, psycopg.OperationalError) else sa.exc.DBAPIError
+            raise wrapper("COPY buckets", None, exc) from exc
+
+    def replace_buckets(self, job_id: int, buckets: Sequence[Bucket]) -> list[Displaced]:
+        """Write the buckets of one job; a bucket already stored under the same
+        (pod, GPU key, metric, start) is replaced, so re-auditing a window is idempotent.
+
+        GPU time is owned once: where another job of the same cluster holds buckets of the same
+        pod on the same GPU and start, within this write's first and last bucket of that pod
+        (the pod was audited under another identity: ``Pod/<name>`` with ``--no-kube``,
+        ``Job/<name>`` through the API), one job keeps them and the other's are deleted, its
+        aggregate with them. The newer write wins, except that a job without a uid (a guess:
+        ``--no-kube``, or a pod the API no longer knew) never replaces one with a uid (resolved
+        through the API); then this write's own rows there are deleted. The answer lists what
+        moved (:class:`Displaced`), for the caller to say so and re-summarize the loser.
+
+        Within one call the last of several buckets with the same key wins. All rows are
+        written in one transaction with one executemany: none are written if any is invalid.
+        """
+        if not buckets:
+            return []
+        to_db = self._time_to_db
+        rows: dict[tuple, tuple] = {}
+        with self._db.checking(f"write buckets of job {job_id}"):
+            for b in buckets:
+                row = _bucket_row(job_id, b, to_db)
+                rows[row[:6] + row[10:12]] = row  # the _BUCKET_KEY columns
+        earliest = min(b.start for b in buckets)
+        with self._db.writing(f"write {len(rows)} buckets of job {job_id}") as conn:
+            if self._db.is_sqlite:
+                conn.exec_driver_sql(self._bucket_sql, list(rows.values()))
+            else:
+                self._copy_buckets(conn, rows.values())
+            # an aggregate that already folded buckets from here on no longer matches them
+            a = AGGREGATES.c
+            conn.execute(sa.delete(AGGREGATES).where(a.job_id == job_id, a.through > earliest))
+            return self._claims.claim(conn, job_id, buckets)
+
+    def buckets(self, job_id: int, window: Window | None = None) -> list[Bucket]:
+        """The job's buckets (those overlapping ``window`` when given), in time order."""
+        b = BUCKETS.c
+        q = sa.select(BUCKETS).where(b.job_id == job_id)
+        if window is not None:
+            q = q.where(b.start < window.end, b.end > window.start)
+        q = q.order_by(b.start, b.pod_namespace, b.pod_name, b.container, b.gpu_uuid, b.gpu_instance, b.metric)
+        with self._db.reading(f"read buckets of job {job_id}") as conn:
+            return [_bucket(r) for r in conn.execute(q).mappings()]
+
+
+def _cached(convert: Any) -> Any:
+    """Memoise a time converter: a batch of buckets shares a handful of distinct start/end times."""
+    cache: dict[datetime, Any] = {}
+
+    def run(value: datetime) -> Any:
+        try:
+            return cache[value]
+        except KeyError:
+            if len(cache) > 4096:
+                cache.clear()
+            out = cache[value] = convert(value)
+            return out
+
+    return run
+
+
+_INT_MAX = 2**31 - 1  # the columns are 32-bit INTEGER on PostgreSQL
+
+
+def _bucket_row(job_id: int, b: Bucket, to_db: Any) -> tuple:
+    """One bucket as driver parameters in ``_BUCKET_COLUMNS`` order, or :class:`Invalid`
+    naming the bucket. Checks here keep SQLite and PostgreSQL equally strict."""
+    try:
+        if b.start.tzinfo is None or b.end.tzinfo is None:
+            raise Invalid("naive start/end (times must be timezone-aware)")
+        if b.end <= b.start:
+            raise Invalid(f"end {b.end.isoformat()} is not after start")
+        total, count, dropped, lo, hi = float(b.total), b.count, b.dropped, b.minimum, b.maximum
+        if not math.isfinite(total):
+            raise Invalid(f"total {total!r} is not finite")
+        for label, n in (("count", count), ("dropped", dropped)):
+            if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= _INT_MAX:
+                raise Invalid(f"{label} {n!r} is not a count")
+        low = None if lo is None or lo != lo else float(lo)  # NaN → NULL (SQLite cannot store NaN)
+        high = None if hi is None or hi != hi else float(hi)
+        pod, gpu = b.pod, b.gpu
+        return (
+            job_id,
+            pod.namespace,
+            pod.pod,
+            pod.container or "",
+            gpu.uuid,
+            gpu.instance or "",
+            gpu.hostname or "",
+            gpu.index or "",
+            gpu.model or "",
+            gpu.mig_profile or "",
+            b.metric.value if isinstance(b.metric, Metric) else Metric(b.metric).value,
+            to_db(b.start),
+            to_db(b.end),
+            total,
+            count,
+            low,
+            high,
+            dropped,
+        )
+    except (Invalid, TypeError, ValueError, AttributeError) as exc:
+        raise Invalid(f"bad bucket {_describe(b)}: {exc}") from None
+
+
+def _describe(b: Any) -> str:
+    try:
+        return f"{b.pod.namespace}/{b.pod.pod} {b.gpu.key} {b.metric} at {b.start.isoformat()}"
+    except Exception:  # noqa: BLE001 - only for the message about an already-bad bucket
+        return repr(b)[:200]
+
+
+def _bucket(r: Any) -> Bucket:
+    return Bucket(
+        pod=PodRef(r["pod_namespace"], r["pod_name"], r["container"]),
+        gpu=GpuId(
+            uuid=r["gpu_uuid"],
+            instance=r["gpu_instance"],
+            hostname=r["hostname"],
+            index=r["gpu_index"],
+            model=r["gpu_model"],
+            mig_profile=r["mig_profile"],
+        ),
+        metric=Metric(r["metric"]),
+        start=r["start"],
+        end=r["end"],
+        total=r["total"],
+        count=r["count"],
+        minimum=math.nan if r["minimum"] is None else r["minimum"],
+        maximum=math.nan if r["maximum"] is None else r["maximum"],
+        dropped=r["dropped"],
+    )

@@ -1,0 +1,115 @@
+"""The latest audit-JSON object per job (table ``job_summaries``) and its indexed columns."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import sqlalchemy as sa
+
+from auditor.store.database import Database
+from auditor.store.jobs import job_ref
+from auditor.store.lineage_tables import record_summary
+from auditor.store.summaries import summary_columns
+from auditor.store.tables import JOBS, SUMMARIES
+from auditor.store.values import Invalid, aware, number, parse_time, plain_json
+
+
+class SummaryRecords:
+    """The job summaries of one :class:`~auditor.store.database.Database`."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def save_summary(self, job_id: int, summary: dict) -> None:
+        """Store the audit-JSON object of one job, replacing the previous one.
+
+        The indexed columns are taken from the object (``team``, ``verdict``, ``start``, ``end``,
+        ``gpu_hours``, ``waste_gpu_hours``, optional ``computed_at``, and the report's fields of
+        :func:`summary_columns`); cluster and namespace come from the job row, the identity the
+        summary belongs to.
+        """
+        where = f"save summary of job {job_id}"
+        with self._db.checking(where):
+            if not isinstance(summary, dict):
+                raise Invalid(f"summary must be a dict, got {type(summary).__name__}")
+            doc = plain_json(summary, "summary")
+            verdict = summary.get("verdict")
+            if not isinstance(verdict, str) or not verdict:
+                raise Invalid("summary has no verdict")
+            values = {
+                "verdict": verdict,
+                "start": parse_time(summary.get("start"), "start"),
+                "end": parse_time(summary.get("end"), "end"),
+                "gpu_hours": number(summary.get("gpu_hours"), "gpu_hours"),
+                "waste_gpu_hours": number(summary.get("waste_gpu_hours"), "waste_gpu_hours"),
+                "computed_at": parse_time(summary.get("computed_at"), "computed_at") or datetime.now(timezone.utc),
+                "data": doc,
+                **summary_columns(doc),
+            }
+        with self._db.writing(where) as conn:
+            job = conn.execute(sa.select(JOBS).where(JOBS.c.id == job_id)).mappings().first()
+            if job is None:
+                raise Invalid(f"no job with id {job_id}")
+            values.update(
+                job_id=job_id,
+                cluster=job["cluster"],
+                namespace=job["namespace"],
+                team=summary.get("team") or job["team"] or "",
+            )
+            stmt = self._db.insert(SUMMARIES).values(**values)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["job_id"],
+                set_={k: stmt.excluded[k] for k in values if k != "job_id"},
+            )
+            conn.execute(stmt)
+            # the job's run of its lineage, in the same transaction: the efficiency gate reads it
+            record_summary(conn, job_ref(job), summary, values["computed_at"])
+
+    def summaries(
+        self,
+        *,
+        cluster: str | None = None,
+        namespace: str | None = None,
+        team: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[dict]:
+        """Stored summaries, most wasteful first (unknown waste last).
+
+        ``since``/``until`` select jobs whose observed span ``[start, end)`` overlaps
+        ``[since, until)``; summaries without a span only appear when neither is given.
+        """
+        s = SUMMARIES.c
+        q = sa.select(s.data)
+        if cluster is not None:
+            q = q.where(s.cluster == cluster)
+        if namespace is not None:
+            q = q.where(s.namespace == namespace)
+        if team is not None:
+            q = q.where(s.team == team)
+        with self._db.checking("read summaries"):
+            if since is not None:
+                q = q.where(s.end > aware(since, "since"))
+            if until is not None:
+                q = q.where(s.start < aware(until, "until"))
+        q = q.order_by(
+            sa.case((s.waste_gpu_hours.is_(None), 1), else_=0),
+            s.waste_gpu_hours.desc(),
+            sa.case((s.gpu_hours.is_(None), 1), else_=0),
+            s.gpu_hours.desc(),
+            s.job_id,
+        )
+        with self._db.reading("read summaries") as conn:
+            return [dict(d) for d in conn.execute(q).scalars()]
+
+    def delete_summary(self, job_id: int) -> bool:
+        """Drop the job's summary (its GPU time went to another job); True if there was one."""
+        with self._db.writing(f"delete summary of job {job_id}") as conn:
+            return bool(conn.execute(sa.delete(SUMMARIES).where(SUMMARIES.c.job_id == job_id)).rowcount)
+
+    def summary(self, job_id: int) -> dict | None:
+        """The stored summary of one job (for ``explain``), or None."""
+        q = sa.select(SUMMARIES.c.data).where(SUMMARIES.c.job_id == job_id)
+        with self._db.reading(f"read summary of job {job_id}") as conn:
+            doc = conn.execute(q).scalar_one_or_none()
+        return None if doc is None else dict(doc)
