@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
+from typing import Any, Callable
 
 from auditor.core.metrics import SPECS, Metric, Naming, name_for
 from auditor.core.model import Window
@@ -60,9 +61,46 @@ class Check:
         return self.required and self.status == FAIL
 
 
-def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) -> list[Check]:
-    """Run every check against ``source`` (a :class:`~auditor.sources.prometheus.PrometheusSource`)."""
+@dataclass(frozen=True)
+class Telemetry:
+    """What the checks look at, read once: the last ``lookback`` of DCGM series through the
+    audit's own Prometheus source, bucketed as an audit buckets them."""
+
+    source: Any  # a PrometheusSource (its client, URL, matchers and the read's stats)
+    now: datetime
+    lookback: timedelta
+    report: Any  # the read's SourceReport
+    stats: Any  # the source's stats of that read
+
+    @property
+    def hours(self) -> float:
+        return self.lookback.total_seconds() / 3600
+
+    @property
+    def naming(self) -> Naming:
+        return self.stats.naming
+
+
+#: One check: looks at the telemetry and says zero or more lines of the checklist.
+CheckFn = Callable[[Telemetry], list[Check]]
+
+
+def run_checks(source: Any, now: datetime, lookback: timedelta = timedelta(hours=1)) -> list[Check]:
+    """Run every check against ``source`` (a :class:`~auditor.sources.prometheus.PrometheusSource`).
+
+    The first three (Prometheus reachable, DCGM series readable and present) gate the rest: when
+    one fails there is nothing to look at. Then each check of :data:`CHECKS` runs, in order.
+    """
     checks: list[Check] = []
+    telemetry = _read(source, now, lookback, checks)
+    if telemetry is not None:
+        for check in CHECKS:
+            checks.extend(check(telemetry))
+    return checks
+
+
+def _read(source: Any, now: datetime, lookback: timedelta, checks: list[Check]) -> Telemetry | None:
+    """The gate checks, appended to ``checks``; the telemetry when all three passed."""
     client = source.client
     try:
         info = client.buildinfo()
@@ -71,7 +109,7 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
         checks.append(
             Check("Prometheus reachable", FAIL, str(exc), "check the URL, the network path and the credentials", True)
         )
-        return checks
+        return None
     version = info.get("version") or "version not reported"
     checks.append(Check("Prometheus reachable", OK, f"{source.url} ({version})", required=True))
 
@@ -81,45 +119,52 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
         result = source.read(window, width)
     except AuditorError as exc:
         checks.append(Check("DCGM series readable", FAIL, str(exc), "", True))
-        return checks
-    report, stats = result.report, source.stats
-    hours = lookback.total_seconds() / 3600
-
+        return None
+    t = Telemetry(source, now, lookback, result.report, source.stats)
+    stats = t.stats
     if not stats.names:
         checks.append(
             Check(
                 "DCGM series present",
                 FAIL,
-                f"no DCGM_FI_* series in the last {hours:g} h",
+                f"no DCGM_FI_* series in the last {t.hours:g} h",
                 "is dcgm-exporter running on the GPU nodes and scraped? Check its ServiceMonitor/PodMonitor "
                 '(or scrape config) and `up{job=~".*dcgm.*"}`; with --match, check the matcher',
                 True,
             )
         )
-        return checks
-    naming = stats.naming
-    style = stats.naming_why or str(naming)
+        return None
+    style = stats.naming_why or str(stats.naming)
     spelled = {m: [n for n in SPECS[m].names if n in stats.names] for m in SPECS}
     if any(len(v) > 1 for v in spelled.values()):
         style += "; some metrics under two names (exporters of two versions, or a rename inside the window)"
     checks.append(
         Check("DCGM series present", OK, f"{len(stats.names)} names ({style}): {', '.join(stats.names)}", required=True)
     )
-    if "cannot tell" in (stats.naming_why or ""):
-        checks.append(
-            Check(
-                "GPU utilization unit",
-                WARN,
-                stats.naming_why,
-                "dcgm-exporter 4.9 exports DCGM_FI_DEV_GPU_UTIL_RATIO as a 0–1 ratio, DCGM 4.6's field 203 is a "
-                "percent; keep DCGM_FI_DEV_SM_CLOCK_HERTZ (in 4.9's default CSV) in the counters CSV so the "
-                "naming is known, or export DCGM_FI_DEV_GPU_UTIL (a percent under every naming)",
-            )
-        )
+    return t
 
-    present = report.present
-    busy = [m for m in (Metric.GPU_UTIL, Metric.GR_ENGINE_ACTIVE) if m in present]
-    checks.append(
+
+def check_gpu_util_unit(t: Telemetry) -> list[Check]:
+    """Whether GPU utilization is a percent or a 0-1 ratio (dcgm-exporter 4.9 changed it)."""
+    if "cannot tell" not in (t.stats.naming_why or ""):
+        return []
+    return [
+        Check(
+            "GPU utilization unit",
+            WARN,
+            t.stats.naming_why,
+            "dcgm-exporter 4.9 exports DCGM_FI_DEV_GPU_UTIL_RATIO as a 0–1 ratio, DCGM 4.6's field 203 is a "
+            "percent; keep DCGM_FI_DEV_SM_CLOCK_HERTZ (in 4.9's default CSV) in the counters CSV so the "
+            "naming is known, or export DCGM_FI_DEV_GPU_UTIL (a percent under every naming)",
+        )
+    ]
+
+
+def check_busy_signal(t: Telemetry) -> list[Check]:
+    """A busy signal (required): every verdict starts from it."""
+    naming = t.naming
+    busy = [m for m in (Metric.GPU_UTIL, Metric.GR_ENGINE_ACTIVE) if m in t.report.present]
+    return [
         Check(
             "busy signal (GPU_UTIL or GR_ENGINE_ACTIVE)",
             OK if busy else FAIL,
@@ -127,38 +172,28 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
             "" if busy else ENABLE_HOW + _csv(Metric.GPU_UTIL, naming) + "\n" + _csv(Metric.GR_ENGINE_ACTIVE, naming),
             True,
         )
-    )
-    if stats.mig and Metric.GR_ENGINE_ACTIVE not in present:
-        checks.append(
-            Check(
-                "MIG busy signal",
-                WARN,
-                "MIG instances found but no GR_ENGINE_ACTIVE (MIG has no GPU_UTIL)",
-                ENABLE_HOW + _csv(Metric.GR_ENGINE_ACTIVE, naming),
-            )
-        )
+    ]
 
-    if Metric.SM_ACTIVE in present:
-        missing_hosts = sorted(h for h, ms in stats.hosts.items() if Metric.SM_ACTIVE not in ms)
-        if missing_hosts:
-            checks.append(
-                Check(
-                    "profiling: SM activity",
-                    WARN,
-                    f"present, but not on {len(missing_hosts)} node(s): {', '.join(missing_hosts[:10])}"
-                    + (" ..." if len(missing_hosts) > 10 else ""),
-                    "those nodes' exporters lack the SM_ACTIVE line or profiling (SYS_ADMIN, Volta+ datacenter GPU); "
-                    + ENABLE_HOW
-                    + _csv(Metric.SM_ACTIVE, naming),
-                    True,
-                )
-            )
-        else:
-            checks.append(
-                Check("profiling: SM activity", OK, f"{_names(Metric.SM_ACTIVE, stats.names)} present", required=True)
-            )
-    else:
-        checks.append(
+
+def check_mig_busy_signal(t: Telemetry) -> list[Check]:
+    """MIG instances have no GPU_UTIL: their busy signal is GR_ENGINE_ACTIVE."""
+    if not t.stats.mig or Metric.GR_ENGINE_ACTIVE in t.report.present:
+        return []
+    return [
+        Check(
+            "MIG busy signal",
+            WARN,
+            "MIG instances found but no GR_ENGINE_ACTIVE (MIG has no GPU_UTIL)",
+            ENABLE_HOW + _csv(Metric.GR_ENGINE_ACTIVE, t.naming),
+        )
+    ]
+
+
+def check_sm_activity(t: Telemetry) -> list[Check]:
+    """SM activity (required), on every node: off in every shipped dcgm-exporter CSV."""
+    stats, naming = t.stats, t.naming
+    if Metric.SM_ACTIVE not in t.report.present:
+        return [
             Check(
                 "profiling: SM activity",
                 FAIL,
@@ -172,33 +207,61 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
                 "look for 'Skipping line ... metric not enabled' in the exporter log)",
                 True,
             )
+        ]
+    missing_hosts = sorted(h for h, ms in stats.hosts.items() if Metric.SM_ACTIVE not in ms)
+    if not missing_hosts:
+        return [Check("profiling: SM activity", OK, f"{_names(Metric.SM_ACTIVE, stats.names)} present", required=True)]
+    return [
+        Check(
+            "profiling: SM activity",
+            WARN,
+            f"present, but not on {len(missing_hosts)} node(s): {', '.join(missing_hosts[:10])}"
+            + (" ..." if len(missing_hosts) > 10 else ""),
+            "those nodes' exporters lack the SM_ACTIVE line or profiling (SYS_ADMIN, Volta+ datacenter GPU); "
+            + ENABLE_HOW
+            + _csv(Metric.SM_ACTIVE, naming),
+            True,
         )
-    advisory = {
-        Metric.TENSOR_ACTIVE: "needed for no_tensor_cores/memory_bound and the MFU estimate",
-        Metric.DRAM_ACTIVE: "needed to tell memory-bound work from compute",
-        Metric.SM_OCCUPANCY: "adds occupancy to the evidence",
-        Metric.FP32_ACTIVE: "separates fp32 math on CUDA cores from latency-bound memory work",
-        Metric.POWER: "feeds the silent-zero telemetry guard",
-        Metric.MAX_SM_CLOCK: "scales the MFU estimate by clock",
-        Metric.PCIE_RX: "shows a copy-only job's transfers (copy_only finding)",
-    }
-    have = [m for m in advisory if m in present]
-    lack = [m for m in advisory if m not in present]
+    ]
+
+
+#: The advisory fields and what each adds to an audit.
+ADVISORY = {
+    Metric.TENSOR_ACTIVE: "needed for no_tensor_cores/memory_bound and the MFU estimate",
+    Metric.DRAM_ACTIVE: "needed to tell memory-bound work from compute",
+    Metric.SM_OCCUPANCY: "adds occupancy to the evidence",
+    Metric.FP32_ACTIVE: "separates fp32 math on CUDA cores from latency-bound memory work",
+    Metric.POWER: "feeds the silent-zero telemetry guard",
+    Metric.MAX_SM_CLOCK: "scales the MFU estimate by clock",
+    Metric.PCIE_RX: "shows a copy-only job's transfers (copy_only finding)",
+}
+
+
+def check_optional_fields(t: Telemetry) -> list[Check]:
+    """The advisory fields present and absent (each absent one with its CSV line)."""
+    present = t.report.present
+    have = [m for m in ADVISORY if m in present]
+    lack = [m for m in ADVISORY if m not in present]
+    out: list[Check] = []
     if have:
-        checks.append(Check("optional fields present", OK, ", ".join(_names(m, stats.names) for m in have)))
+        out.append(Check("optional fields present", OK, ", ".join(_names(m, t.stats.names) for m in have)))
     if lack:
-        checks.append(
+        out.append(
             Check(
                 "optional fields absent",
                 WARN,
-                "; ".join(f"{m.value} ({advisory[m]})" for m in lack),
-                ENABLE_HOW + "\n".join(_csv(m, naming) for m in lack),
+                "; ".join(f"{m.value} ({ADVISORY[m]})" for m in lack),
+                ENABLE_HOW + "\n".join(_csv(m, t.naming) for m in lack),
             )
         )
+    return out
 
-    labels = report.labels
+
+def check_label_convention(t: Telemetry) -> list[Check]:
+    """Where the workload pod's name is (``honorLabels: false`` moves it to exported_pod)."""
+    labels = t.report.labels
     if labels.get("pod") == "exported_pod":
-        checks.append(
+        return [
             Check(
                 "label convention",
                 WARN,
@@ -208,28 +271,37 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
                 "set `honorLabels: true` on dcgm-exporter's ServiceMonitor (Helm: serviceMonitor.honorLabels=true; "
                 "GPU Operator: dcgmExporter.serviceMonitor.honorLabels=true)",
             )
+        ]
+    return [
+        Check(
+            "label convention",
+            OK,
+            f"workload pods in {labels.get('pod', 'pod')}/{labels.get('namespace', 'namespace')}",
         )
-    else:
-        checks.append(
-            Check(
-                "label convention",
-                OK,
-                f"workload pods in {labels.get('pod', 'pod')}/{labels.get('namespace', 'namespace')}",
-            )
-        )
-    checks.append(
+    ]
+
+
+def check_device_labels(t: Telemetry) -> list[Check]:
+    """Which labels name the host and the GPU (information)."""
+    labels = t.report.labels
+    return [
         Check(
             "device labels",
             INFO,
             f"host label {labels.get('hostname', '(none)')}, GPU id {labels.get('uuid', '(none)')}"
-            + (", MIG instances (GPU_I_ID)" if stats.mig else ""),
+            + (", MIG instances (GPU_I_ID)" if t.stats.mig else ""),
         )
-    )
+    ]
 
+
+def check_pod_attribution(t: Telemetry) -> list[Check]:
+    """How many GPUs carry a workload pod label: the rest cannot be attributed to a job."""
+    stats = t.stats
     total, attributed = len(stats.gpus), len(stats.attributed)
     share = attributed / total if total else 0.0
+    out: list[Check] = []
     if stats.exporter_pods:
-        checks.append(
+        out.append(
             Check(
                 "pod attribution",
                 WARN,
@@ -238,18 +310,18 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
             )
         )
     if attributed == 0:
-        checks.append(
+        out.append(
             Check(
                 "pod attribution",
                 WARN,
-                f"0 of {total} GPUs carry a workload pod label in the last {hours:g} h",
+                f"0 of {total} GPUs carry a workload pod label in the last {t.hours:g} h",
                 "if GPUs were in use: run dcgm-exporter with --kubernetes (DCGM_EXPORTER_KUBERNETES=true) and the "
                 "kubelet pod-resources socket mounted; pods must request nvidia.com/gpu (or nvidia.com/mig-*) "
                 "— GPUs seen only through NVIDIA_VISIBLE_DEVICES are never attributed",
             )
         )
     else:
-        checks.append(
+        out.append(
             Check(
                 "pod attribution",
                 OK,
@@ -261,40 +333,58 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
                 ),
             )
         )
+    return out
 
-    if report.dropped:
-        checks.append(
-            Check(
-                "garbage values",
-                WARN,
-                "dropped: "
-                + ", ".join(f"{m.value} {n}" for m, n in sorted(report.dropped.items(), key=lambda kv: kv[0].value)),
-                "values like GPU_UTIL 4294967295 or NaN come from driver/DCGM bugs (DCGM #199); the audit drops them",
-            )
-        )
-    if report.scrape_interval:
-        checks.append(
-            Check(
-                "sample interval",
-                INFO,
-                f"about {report.scrape_interval:g} s between samples"
-                + (
-                    " (faster than dcgm-exporter's 30 s default collect interval: each value is stored more than once)"
-                    if report.scrape_interval < 30
-                    else ""
-                ),
-            )
-        )
-    for w in client.warnings:
-        checks.append(Check("Prometheus warning", WARN, w))
 
+def check_garbage_values(t: Telemetry) -> list[Check]:
+    """Values the audit dropped (driver/DCGM bugs)."""
+    dropped = t.report.dropped
+    if not dropped:
+        return []
+    return [
+        Check(
+            "garbage values",
+            WARN,
+            "dropped: " + ", ".join(f"{m.value} {n}" for m, n in sorted(dropped.items(), key=lambda kv: kv[0].value)),
+            "values like GPU_UTIL 4294967295 or NaN come from driver/DCGM bugs (DCGM #199); the audit drops them",
+        )
+    ]
+
+
+def check_sample_interval(t: Telemetry) -> list[Check]:
+    """The time between samples (information; faster than the exporter's collect interval repeats values)."""
+    interval = t.report.scrape_interval
+    if not interval:
+        return []
+    return [
+        Check(
+            "sample interval",
+            INFO,
+            f"about {interval:g} s between samples"
+            + (
+                " (faster than dcgm-exporter's 30 s default collect interval: each value is stored more than once)"
+                if interval < 30
+                else ""
+            ),
+        )
+    ]
+
+
+def check_prometheus_warnings(t: Telemetry) -> list[Check]:
+    """The warnings Prometheus returned with the reads."""
+    return [Check("Prometheus warning", WARN, w) for w in t.source.client.warnings]
+
+
+def check_kube_state_metrics(t: Telemetry) -> list[Check]:
+    """kube-state-metrics' pod series (optional: owners and GPU requests in Prometheus)."""
+    now, lookback = t.now, t.lookback
     try:
-        ksm = client.label_values(
+        ksm = t.source.client.label_values(
             "__name__",
             [
                 promql.selector(
                     "",
-                    source.matchers,
+                    t.source.matchers,
                     {"__name__": "kube_pod_owner|kube_pod_info|kube_pod_container_resource_requests"},
                 )
             ],
@@ -302,22 +392,36 @@ def run_checks(source, now: datetime, lookback: timedelta = timedelta(hours=1)) 
             int(now.timestamp() * 1000),
         )
     except AuditorError as exc:
-        ksm = []
-        checks.append(Check("kube-state-metrics", WARN, f"could not check: {exc}"))
-    else:
-        if ksm:
-            checks.append(Check("kube-state-metrics", OK, f"{', '.join(sorted(ksm))} present"))
-        else:
-            checks.append(
-                Check(
-                    "kube-state-metrics",
-                    WARN,
-                    "no kube_pod_owner/kube_pod_info series",
-                    "optional with --no-kube; install kube-state-metrics (it ships with kube-prometheus-stack) to see "
-                    "pod owners and GPU requests in Prometheus",
-                )
-            )
-    return checks
+        return [Check("kube-state-metrics", WARN, f"could not check: {exc}")]
+    if ksm:
+        return [Check("kube-state-metrics", OK, f"{', '.join(sorted(ksm))} present")]
+    return [
+        Check(
+            "kube-state-metrics",
+            WARN,
+            "no kube_pod_owner/kube_pod_info series",
+            "optional with --no-kube; install kube-state-metrics (it ships with kube-prometheus-stack) to see "
+            "pod owners and GPU requests in Prometheus",
+        )
+    ]
+
+
+#: The telemetry checks, in the checklist's order. A new check is one function here; checks
+#: that need more than Prometheus (the Kueue gate below) are added by the command that has it.
+CHECKS: list[CheckFn] = [
+    check_gpu_util_unit,
+    check_busy_signal,
+    check_mig_busy_signal,
+    check_sm_activity,
+    check_optional_fields,
+    check_label_convention,
+    check_device_labels,
+    check_pod_attribution,
+    check_garbage_values,
+    check_sample_interval,
+    check_prometheus_warnings,
+    check_kube_state_metrics,
+]
 
 
 def kueue_priority_boost_check(state: str, detail: str) -> Check:
@@ -377,4 +481,13 @@ def as_json(checks: list[Check]) -> list[dict]:
     return [asdict(c) | {"failed": c.failed} for c in checks]
 
 
-__all__ = ["Check", "run_checks", "kueue_priority_boost_check", "format_checks", "as_json"]
+__all__ = [
+    "CHECKS",
+    "Check",
+    "CheckFn",
+    "Telemetry",
+    "run_checks",
+    "kueue_priority_boost_check",
+    "format_checks",
+    "as_json",
+]
