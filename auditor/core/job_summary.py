@@ -47,13 +47,11 @@ DEVICE_FIELDS: tuple[tuple[str, Metric], ...] = (
 MEAN_FIELDS: tuple[tuple[str, Metric], ...] = ACTIVITY_FIELDS + DEVICE_FIELDS
 
 
-def _measure(valid: Range, *, required: bool = False) -> Any:
-    """A numeric field a policy condition may test, with its unit and valid range (a value
-    outside can never or always match, so a policy comparing with it is refused).
-    ``required``: no default (the assembly must give it)."""
-    if required:
-        return field(metadata={"range": valid})
-    return field(default=None, metadata={"range": valid})
+def measured(valid: Range) -> dict[str, Range]:
+    """The metadata of a numeric field a policy condition may test: its unit and valid range (a
+    value outside can never or always match, so a policy comparing with it is refused). Used as
+    ``field(metadata=measured(...))`` so that mypy still sees whether the field has a default."""
+    return {"range": valid}
 
 
 class SummaryFormatError(PermanentError, ValueError):
@@ -210,18 +208,18 @@ class Means:
     its GPUs; flat in the audit JSON, one value here so that a summary is built with every
     other field named (a ``**`` spread would hide a missing one from the type checker)."""
 
-    gpu_util: float | None = _measure(RATIO)
-    gr_engine_active: float | None = _measure(RATIO)
-    sm_active: float | None = _measure(RATIO)
-    sm_occupancy: float | None = _measure(RATIO)
-    tensor_active: float | None = _measure(RATIO)
-    dram_active: float | None = _measure(RATIO)
-    fp32_active: float | None = _measure(RATIO)
-    fp16_active: float | None = _measure(RATIO)
+    gpu_util: float | None = field(default=None, metadata=measured(RATIO))
+    gr_engine_active: float | None = field(default=None, metadata=measured(RATIO))
+    sm_active: float | None = field(default=None, metadata=measured(RATIO))
+    sm_occupancy: float | None = field(default=None, metadata=measured(RATIO))
+    tensor_active: float | None = field(default=None, metadata=measured(RATIO))
+    dram_active: float | None = field(default=None, metadata=measured(RATIO))
+    fp32_active: float | None = field(default=None, metadata=measured(RATIO))
+    fp16_active: float | None = field(default=None, metadata=measured(RATIO))
     # the limits beyond which a source drops a sample as garbage (auditor/core/metrics.py)
-    power_w: float | None = _measure(Range("W", 0.0, 5_000.0))
-    fb_used_mib: float | None = _measure(Range("MiB", 0.0, 16_777_216.0))
-    sm_clock_mhz: float | None = _measure(Range("MHz", 0.0, 10_000.0))
+    power_w: float | None = field(default=None, metadata=measured(Range("W", 0.0, 5_000.0)))
+    fb_used_mib: float | None = field(default=None, metadata=measured(Range("MiB", 0.0, 16_777_216.0)))
+    sm_clock_mhz: float | None = field(default=None, metadata=measured(Range("MHz", 0.0, 10_000.0)))
     pcie_rx_bytes_per_s: float | None = None
     pcie_tx_bytes_per_s: float | None = None
 
@@ -356,16 +354,16 @@ class JobSummary:
     team: str
     queue: str | None
     gpu_model: str | None
-    gpus: float | None = _measure(Range("GPUs"), required=True)
+    gpus: float | None = field(metadata=measured(Range("GPUs")))
     pods: tuple[str, ...]
     start: datetime
     end: datetime
-    gpu_hours: float | None = _measure(Range("GPU-hours"), required=True)
+    gpu_hours: float | None = field(metadata=measured(Range("GPU-hours")))
     busy_signal: Metric | None
     means: Means
-    coverage: float | None = _measure(RATIO, required=True)
-    mfu_estimate: float | None = _measure(RATIO, required=True)
-    waste_gpu_hours: float | None = _measure(Range("GPU-hours"), required=True)
+    coverage: float | None = field(metadata=measured(RATIO))
+    mfu_estimate: float | None = field(metadata=measured(RATIO))
+    waste_gpu_hours: float | None = field(metadata=measured(Range("GPU-hours")))
     verdict: Verdict
     findings: tuple[Finding, ...]
     stats: Mapping[Metric, MetricStats]
@@ -512,7 +510,7 @@ def numeric_fields() -> tuple[str, ...]:
 
 def policy_fields() -> dict[str, Range]:
     """The fields a policy condition may test, each with its unit and valid range, in the
-    audit JSON's order: every field declared with :func:`_measure`."""
+    audit JSON's order: every field declared with :func:`measured`."""
     return {f.name: f.metadata["range"] for f in (*fields(Means), *fields(JobSummary)) if "range" in f.metadata}
 
 
