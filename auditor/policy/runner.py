@@ -408,9 +408,9 @@ class PolicyRunner:
                     "evidence": evidence,
                     "decided_at": now.isoformat().replace("+00:00", "Z"),
                     "dedup_key": key,
-                    "lineage": lineage,
-                    "ack_url": ack_url,
                 }
+                if ack_url:  # the job's lineage and the signed link, when links are configured
+                    payload.update(lineage=lineage, ack_url=ack_url)
                 import hashlib
                 import uuid
 

@@ -85,3 +85,15 @@ def lineage_lines(history: LineageHistory, job: str, now: datetime) -> list[str]
         why = f": {a.reason}" if a.reason else ""
         out.append(f"  {a.kind.value} by {a.by} at {_iso(a.at)}{until} via {a.via}{state}{why}")
     return out
+
+
+def lineage_brief(history: LineageHistory, now: datetime) -> dict[str, Any]:
+    """The lineage block of a report's top-list job: its runs by verdict and who acknowledged it."""
+    ack = history.acknowledged(now)
+    return {
+        "lineage": str(history.key),
+        "runs": len(history.runs),
+        "verdicts": _verdict_counts(list(history.runs)),
+        "acknowledged_by": ack.by if ack is not None else None,
+        "acknowledged_until": _iso(ack.until) if ack is not None else None,
+    }

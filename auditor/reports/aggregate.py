@@ -183,6 +183,8 @@ class WeekData:
     advice: Mapping[int, tuple[str, str]] = field(default_factory=dict)
     #: per team, the Kueue queue waits (seconds) of the jobs first admitted in the week
     queue_waits: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    #: per top-list job id, its lineage's history (:func:`lineage_brief`) when it has one
+    lineages: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def queue_wait(waits: Sequence[float]) -> dict[str, Any]:
@@ -218,6 +220,16 @@ def job_json(j: Any, prices: Prices, advice: tuple[str, str] | None) -> dict[str
         "finding": advice[0] if advice else None,
         "advice": advice[1] if advice else None,
     }
+
+
+def top_json(j: Any, prices: Prices, data: WeekData) -> dict[str, Any]:
+    """A top-list entry: the job's figures, and its lineage's history when it has one (the gate
+    judges re-submissions by it; the per-job CSV keeps its columns)."""
+    out = job_json(j, prices, data.advice.get(j.job_id))
+    lineage = data.lineages.get(j.job_id)
+    if lineage is not None:
+        out["lineage"] = dict(lineage)
+    return out
 
 
 def _top(jobs: Iterable[Any], n: int) -> list[Any]:
@@ -294,10 +306,7 @@ def build_report(
         acts = actions_of(t)
         doc["actions"] = acts
         doc["actions_total"] = sum(acts.values())
-        doc["top_jobs"] = [
-            job_json(j, prices, current.advice.get(j.job_id))
-            for j in _top((j for j in candidates if j.team == t), top_n)
-        ]
+        doc["top_jobs"] = [top_json(j, prices, current) for j in _top((j for j in candidates if j.team == t), top_n)]
         doc["trend"] = trend(t)
         doc["note"] = None if doc["jobs"] else f"No jobs of team {t} were recorded in {current.week}."
         team_docs.append(doc)
@@ -309,7 +318,7 @@ def build_report(
     acts = actions_of(None)
     total["actions"] = acts
     total["actions_total"] = sum(acts.values())
-    total["top_jobs"] = [job_json(j, prices, current.advice.get(j.job_id)) for j in _top(candidates, top_n)]
+    total["top_jobs"] = [top_json(j, prices, current) for j in _top(candidates, top_n)]
     total["trend"] = trend(None)
     if scope == "team" and len(team_docs) == 1:
         total["note"] = team_docs[0]["note"]
@@ -339,3 +348,14 @@ def team_view(report: Mapping[str, Any], team: str) -> dict[str, Any]:
         if t["team"] == team:
             return {**report, "scope": "team", "total": t, "teams": [t]}
     raise BadInput(f"team {team!r} is not in the {report['week']} report")
+
+
+def lineage_note(job: Mapping[str, Any]) -> str:
+    """`` (lineage ml/train: 5 runs, 3 low_sm_efficiency; acknowledged by alice)`` for a top-list
+    entry with a lineage history, else ''."""
+    lin = job.get("lineage")
+    if not lin:
+        return ""
+    flagged = ", ".join(f"{n} {v}" for v, n in lin["verdicts"].items() if v != "healthy")
+    ack = f"; acknowledged by {lin['acknowledged_by']}" if lin.get("acknowledged_by") else ""
+    return f" (lineage {lin['lineage']}: {lin['runs']} runs" + (f", {flagged}" if flagged else "") + f"{ack})"

@@ -12,7 +12,7 @@ import io
 import json
 from typing import Any, Iterable, Mapping, TextIO
 
-from auditor.reports.aggregate import FIGURES, VERDICTS, fmt
+from auditor.reports.aggregate import FIGURES, VERDICTS, fmt, lineage_note
 
 TEAM_COLUMNS: tuple[str, ...] = (
     "row",
@@ -146,7 +146,7 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         ]
         for j in t["top_jobs"]:
             lines.append(
-                f"| {_md_escape(j['namespace'] + '/' + j['job'])} | {_md_escape(j['team'])} | {fmt('hours', j['gpu_hours'])} | "
+                f"| {_md_escape(j['namespace'] + '/' + j['job'] + lineage_note(j))} | {_md_escape(j['team'])} | {fmt('hours', j['gpu_hours'])} | "
                 f"{fmt('ratio', j['sm_active'])} | {fmt('ratio', j['tensor_active'])} | {fmt('hours', j['waste_gpu_hours'])} | "
                 f"{fmt('money', j['waste_cost'], cur)} | {j['verdict']} | {_md_escape(j['advice'] or '')} |"
             )

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import jinja2
 
 from auditor.reports import charts
-from auditor.reports.aggregate import FIGURES, VERDICTS, fmt
+from auditor.reports.aggregate import FIGURES, VERDICTS, fmt, lineage_note
 
 _CSS = """
 :root{--fg:#1d1d1f;--mut:#666;--bd:#e3e3e3;--bg2:#f5f6f8}
@@ -56,7 +56,7 @@ _TEMPLATE = """<!DOCTYPE html>
 {% macro top(t) -%}
 {% if t.top_jobs %}<div class="scroll"><table data-table="top_jobs">
 <tr><th class="l">job</th>{% if show_team %}<th class="l">team</th>{% endif %}<th>GPU-h</th><th>SM</th><th>tensor</th><th>waste GPU-h</th><th>waste cost</th><th class="l">verdict</th><th class="l">why, and what to try</th></tr>
-{% for j in t.top_jobs %}<tr data-job="{{ j.namespace }}/{{ j.job }}"><td class="l">{{ j.namespace }}/{{ j.job }}{% if j.split != "inside" %} <small title="share of the job in this week, split by {{ j.split }}">({{ f("ratio", j.week_fraction) }} in week)</small>{% endif %}</td>
+{% for j in t.top_jobs %}<tr data-job="{{ j.namespace }}/{{ j.job }}"><td class="l">{{ j.namespace }}/{{ j.job }}{% if j.split != "inside" %} <small title="share of the job in this week, split by {{ j.split }}">({{ f("ratio", j.week_fraction) }} in week)</small>{% endif %}{% if "lineage" in j %} <small data-k="lineage">{{ lineage_note(j) }}</small>{% endif %}</td>
 {% if show_team %}<td class="l">{{ j.team }}</td>{% endif %}<td data-k="gpu_hours">{{ f("hours", j.gpu_hours) }}</td><td data-k="sm_active">{{ f("ratio", j.sm_active) }}</td><td data-k="tensor_active">{{ f("ratio", j.tensor_active) }}</td>
 <td data-k="waste_gpu_hours">{{ f("hours", j.waste_gpu_hours) }}</td><td data-k="waste_cost">{{ f("money", j.waste_cost) }}</td>
 <td class="l"><span class="v" style="background:{{ color(j.verdict) }}">{{ j.verdict }}</span></td><td class="advice">{{ j.advice or "" }}</td></tr>
@@ -168,4 +168,5 @@ def render_html(
         price_text=_price_text(report["prices"]),
         f=lambda kind, v: fmt(kind, v, cur),
         color=lambda v: charts.VERDICT_COLORS.get(v, "#999"),
+        lineage_note=lambda j: lineage_note(j).strip(" ()"),
     )

@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterator, Mapping, Sequence
 
+from auditor.render.lineage import has_history, lineage_brief
 from auditor.reports.aggregate import Prices, WeekData, build_report, job_json
 from auditor.reports.weeks import IsoWeek, zone
 from auditor.store.admissions import AdmissionStore
+from auditor.store.lineage import LineageHistoryReader
 from auditor.store.reports import ReportStore
 from auditor.store.store import Store
 
@@ -60,7 +62,22 @@ def _week_data(
     advice = rs.advice([j.job_id for j in keep])
     actions = rs.actions(start, end, cluster=opts.cluster)
     waits = AdmissionStore(rs.store).week_waits(start, end, cluster=opts.cluster, teams=teams)
-    return WeekData(str(week), start, end, groups, actions, keep, advice, waits)
+    lineages = lineage_briefs(rs.store, keep, end)
+    return WeekData(str(week), start, end, groups, actions, keep, advice, waits, lineages)
+
+
+def lineage_briefs(store: Store, jobs: Sequence[Any], now: datetime) -> dict[int, dict[str, Any]]:
+    """The lineage history of each top-list job whose lineage has one (other runs or
+    acknowledgements), as of the week's end: two indexed reads per job, for ``top_n`` jobs a team."""
+    reader = LineageHistoryReader(store)
+    out: dict[int, dict[str, Any]] = {}
+    for j in jobs:
+        kind, _, name = str(j.job).partition("/")
+        key = reader.lineage_of_job(j.namespace, kind, name, j.cluster)
+        history = reader.history(key, now) if key is not None else None
+        if history is not None and has_history(history):
+            out[j.job_id] = lineage_brief(history, now)
+    return out
 
 
 def generate(
