@@ -41,3 +41,7 @@ class StoreError(AuditorError):
     def __init__(self, message: str, *, retryable: bool = False) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+
+class RequeueRefused(PermanentError):
+    """The job cannot be requeued safely (a bare Pod, an unknown kind, a finished Workload)."""

@@ -13,48 +13,29 @@ import logging
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from types import MappingProxyType
 from typing import Any, Mapping
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from auditor.core.kinds import JOB_KINDS, KUEUE_GROUP, KUEUE_JOB_UID_LABEL, KUEUE_QUEUE_LABEL
 from auditor.errors import PermanentError, RetryableError
+from auditor.errors import RequeueRefused as RequeueRefused  # re-exported
 from auditor.policy.evaluate import JobFacts
 
 log = logging.getLogger(__name__)
 
-#: kind → (group, version, plural) of the job kinds we may write to
-KINDS: dict[str, tuple[str, str, str]] = {
-    "Pod": ("", "v1", "pods"),
-    "Job": ("batch", "v1", "jobs"),
-    "CronJob": ("batch", "v1", "cronjobs"),
-    "Deployment": ("apps", "v1", "deployments"),
-    "StatefulSet": ("apps", "v1", "statefulsets"),
-    "ReplicaSet": ("apps", "v1", "replicasets"),
-    "JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
-    "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
-    "MPIJob": ("kubeflow.org", "v1", "mpijobs"),
-    "TFJob": ("kubeflow.org", "v1", "tfjobs"),
-    "XGBoostJob": ("kubeflow.org", "v1", "xgboostjobs"),
-    "PaddleJob": ("kubeflow.org", "v1", "paddlejobs"),
-    "JAXJob": ("kubeflow.org", "v1", "jaxjobs"),
-    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
-    "RayJob": ("ray.io", "v1", "rayjobs"),
-    "RayCluster": ("ray.io", "v1", "rayclusters"),
-    "LeaderWorkerSet": ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
-}
-KUEUE_GROUP = "kueue.x-k8s.io"
-KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+#: kind → (group, version, plural) of the job kinds we may write to (the one table is
+#: :data:`auditor.core.kinds.JOB_KINDS`)
+KINDS: Mapping[str, tuple[str, str, str]] = MappingProxyType(
+    {k: (v.group, v.version, v.plural) for k, v in JOB_KINDS.items()}
+)
 #: Kueue's annotation for external controllers to shift a Workload's effective priority (signed
 #: integer added to spec.priority; read only with Kueue's PriorityBoost feature gate on)
 KUEUE_PRIORITY_BOOST = "kueue.x-k8s.io/priority-boost"
 REPORTING_CONTROLLER = "gpu-auditor.io/operator"
 _ANNOTATION_VALUE_MAX = 1024
-
-
-class RequeueRefused(PermanentError):
-    """The job cannot be requeued safely (a bare Pod, an unknown kind, a finished Workload)."""
 
 
 def _fail(exc: ApiException, what: str) -> Exception:
@@ -65,10 +46,7 @@ def _fail(exc: ApiException, what: str) -> Exception:
 
 
 def _api_path(kind: str, namespace: str, name: str | None = None) -> str:
-    group, version, plural = KINDS[kind]
-    base = f"/api/{version}" if group == "" else f"/apis/{group}/{version}"
-    path = f"{base}/namespaces/{namespace}/{plural}"
-    return path + (f"/{name}" if name else "")
+    return JOB_KINDS[kind].path(namespace, name)
 
 
 def _holds_quota(wl: Mapping[str, Any]) -> bool:
