@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -19,3 +20,26 @@ class ViolationState:
     opened_at: datetime
     next_step: int
     last_step_at: datetime | None
+
+
+#: States of one recorded action: claimed before it runs, then done, failed, skipped, or
+#: waiting (a requeue's reactivation is due later).
+CLAIMED, DONE, FAILED, SKIPPED, WAITING = "claimed", "done", "failed", "skipped", "waiting"
+
+
+@dataclass(frozen=True)
+class JobIdent:
+    """A job as the escalation record keys it: cluster, namespace, kind and name."""
+
+    cluster: str
+    namespace: str
+    kind: str
+    name: str
+
+    @classmethod
+    def of(cls, summary: Mapping[str, Any]) -> "JobIdent":
+        kind, _, name = str(summary.get("job") or "").partition("/")
+        return cls(summary.get("cluster") or "default", str(summary.get("namespace")), kind, name)
+
+    def cols(self) -> dict[str, str]:
+        return {"cluster": self.cluster, "namespace": self.namespace, "kind": self.kind, "name": self.name}

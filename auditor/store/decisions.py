@@ -14,37 +14,26 @@ from typing import Any, Iterable
 
 import sqlalchemy as sa
 
+from auditor.core.violations import CLAIMED as CLAIMED  # re-exported
+from auditor.core.violations import DONE as DONE  # re-exported
+from auditor.core.violations import FAILED as FAILED  # re-exported
+from auditor.core.violations import SKIPPED as SKIPPED  # re-exported
+from auditor.core.violations import WAITING as WAITING  # re-exported
+from auditor.core.violations import JobIdent as JobIdent  # re-exported
 from auditor.core.violations import ViolationState
 from auditor.errors import StoreError
 from auditor.store.policy_tables import actions, decisions, violations
 from auditor.store.store import Store
 
-#: action states
-CLAIMED, DONE, FAILED, SKIPPED, WAITING = "claimed", "done", "failed", "skipped", "waiting"
 
-
-@dataclass(frozen=True)
-class JobIdent:
-    cluster: str
-    namespace: str
-    kind: str
-    name: str
-
-    @classmethod
-    def of(cls, summary: dict) -> "JobIdent":
-        kind, _, name = str(summary.get("job") or "").partition("/")
-        return cls(summary.get("cluster") or "default", str(summary.get("namespace")), kind, name)
-
-    def cols(self) -> dict[str, str]:
-        return {"cluster": self.cluster, "namespace": self.namespace, "kind": self.kind, "name": self.name}
-
-    def where(self, table: sa.Table) -> sa.ColumnElement[bool]:
-        return sa.and_(
-            table.c.cluster == self.cluster,
-            table.c.namespace == self.namespace,
-            table.c.kind == self.kind,
-            table.c.name == self.name,
-        )
+def _where(job: JobIdent, table: sa.Table) -> sa.ColumnElement[bool]:
+    """The rows of ``table`` about ``job``."""
+    return sa.and_(
+        table.c.cluster == job.cluster,
+        table.c.namespace == job.namespace,
+        table.c.kind == job.kind,
+        table.c.name == job.name,
+    )
 
 
 @dataclass(frozen=True)
@@ -110,7 +99,7 @@ class DecisionStore:
             with self.store.writing("open a violation", own=True) as conn:
                 row = conn.execute(
                     sa.select(violations).where(
-                        job.where(violations), violations.c.policy == policy, violations.c.state == "open"
+                        _where(job, violations), violations.c.policy == policy, violations.c.state == "open"
                     )
                 ).first()
                 if row is not None:
@@ -118,7 +107,7 @@ class DecisionStore:
                     return _state(row)
                 last = conn.execute(
                     sa.select(sa.func.max(violations.c.episode)).where(
-                        job.where(violations), violations.c.policy == policy
+                        _where(job, violations), violations.c.policy == policy
                     )
                 ).scalar()
                 try:
@@ -148,7 +137,7 @@ class DecisionStore:
     ) -> list[tuple[JobIdent, str, ViolationState]]:
         q = sa.select(violations).where(violations.c.state == "open")
         if job is not None:
-            q = q.where(job.where(violations))
+            q = q.where(_where(job, violations))
         if policy is not None:
             q = q.where(violations.c.policy == policy)
         with self.store.reading("read violations") as conn:
@@ -162,7 +151,7 @@ class DecisionStore:
         with self.store.writing("close a violation", own=True) as conn:
             n = conn.execute(
                 violations.update()
-                .where(job.where(violations), violations.c.policy == policy, violations.c.state == "open")
+                .where(_where(job, violations), violations.c.policy == policy, violations.c.state == "open")
                 .values(state="closed", closed_at=now)
             ).rowcount
         return bool(n)
@@ -311,7 +300,7 @@ class DecisionStore:
         q = (
             sa.select(sa.func.count())
             .select_from(actions)
-            .where(job.where(actions), actions.c.action == action, actions.c.state.in_(list(states)))
+            .where(_where(job, actions), actions.c.action == action, actions.c.state.in_(list(states)))
         )
         with self.store.reading("count actions") as conn:
             return int(conn.execute(q).scalar_one())
@@ -325,7 +314,7 @@ class DecisionStore:
         if until is not None:
             q = q.where(decisions.c.decided_at < until)
         if job is not None:
-            q = q.where(job.where(decisions))
+            q = q.where(_where(job, decisions))
         with self.store.reading("read decisions") as conn:
             return [dict(r._mapping) for r in conn.execute(q.order_by(decisions.c.id))]
 
@@ -340,7 +329,7 @@ class DecisionStore:
         """Recorded actions, oldest first; ``since`` keeps those created or updated from then on."""
         q = sa.select(actions)
         if job is not None:
-            q = q.where(job.where(actions))
+            q = q.where(_where(job, actions))
         if since is not None:
             q = q.where(sa.or_(actions.c.created_at >= since, actions.c.updated_at >= since))
         if states is not None:

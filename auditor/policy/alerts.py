@@ -1,0 +1,122 @@
+"""What a policy step says, rendered: the Slack message, the webhook payload, the job's
+annotations and Event note. Pure: every user-controlled string in Slack goes through slack_escape."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Mapping
+
+from auditor.notify.slack import context, fields, header, section, slack_escape
+from auditor.policy.decision import action_ref
+from auditor.policy.schema import Policy
+
+
+def job_annotations(policy: Policy, summary: Mapping[str, Any], reason: str, now: datetime) -> dict[str, Any]:
+    """The ``gpu-auditor.io/`` annotations an ``annotate`` step writes on the job and its pods."""
+
+    def pct(v: Any) -> str:
+        return f"{v * 100:.1f}%" if isinstance(v, (int, float)) else "n/a"
+
+    return {
+        "gpu-auditor.io/verdict": summary.get("verdict"),
+        "gpu-auditor.io/policy": policy.name,
+        "gpu-auditor.io/reason": reason,
+        "gpu-auditor.io/gpu-util": pct(summary.get("gpu_util")),
+        "gpu-auditor.io/sm-active": pct(summary.get("sm_active")),
+        "gpu-auditor.io/waste-gpu-hours": f"{summary['waste_gpu_hours']:.2f}"
+        if isinstance(summary.get("waste_gpu_hours"), (int, float))
+        else "n/a",
+        "gpu-auditor.io/decided-at": now.isoformat().replace("+00:00", "Z"),
+    }
+
+
+def webhook_payload(
+    policy: Policy,
+    summary: Mapping[str, Any],
+    reason: str,
+    evidence: dict,
+    key: str,
+    now: datetime,
+    *,
+    lineage: str,
+    ack_url: str | None,
+) -> dict:
+    """The signed webhook's ``policy.violation`` payload (DESIGN's webhook contract); with a
+    signed acknowledgement link, also the job's ``lineage`` and the link (``ack_url``)."""
+    payload = {
+        "policy": policy.name,
+        "mode": policy.spec.mode.value,
+        "job": action_ref(summary),
+        "reason": reason,
+        "advice": policy.spec.advice,
+        "evidence": evidence,
+        "decided_at": now.isoformat().replace("+00:00", "Z"),
+        "dedup_key": key,
+    }
+    if ack_url:
+        payload.update(lineage=lineage, ack_url=ack_url)
+    return payload
+
+
+def event_note(policy: Policy, reason: str) -> str:
+    """The note of the Kubernetes Event an ``event`` step creates on the job."""
+    return f"gpu-auditor policy {policy.name}: {reason}." + (
+        f" Advice: {policy.spec.advice}" if policy.spec.advice else ""
+    )
+
+
+def slack_message(
+    policy: Policy, summary: Mapping[str, Any], reason: str, *, ack_url: str | None = None, lineage: str | None = None
+) -> tuple[str, list[dict]]:
+    """The Slack alert for a violation; every user-controlled string goes through slack_escape.
+    With ``ack_url`` (a signed link) it ends with a button that acknowledges the job's lineage."""
+
+    def pct(v: Any) -> str:
+        return f"{v * 100:.0f}%" if isinstance(v, (int, float)) else "n/a"
+
+    job = f"{summary.get('namespace')}/{summary.get('job')}"
+    text = f"gpu-auditor: {slack_escape(job)} breaks policy {slack_escape(policy.name)}"
+    blocks = [
+        header(f"GPU policy {policy.name}: {summary.get('verdict')}"),
+        section(
+            f"*Job* `{slack_escape(job)}` (team {slack_escape(summary.get('team'))}, "
+            f"{slack_escape(summary.get('gpus'))} × {slack_escape(summary.get('gpu_model'))})\n{slack_escape(reason)}"
+        ),
+        fields(
+            [
+                ("GPU util", pct(summary.get("gpu_util"))),
+                ("SM active", pct(summary.get("sm_active"))),
+                ("Tensor active", pct(summary.get("tensor_active"))),
+                (
+                    "Wasted GPU-h",
+                    summary.get("waste_gpu_hours") if summary.get("waste_gpu_hours") is not None else "n/a",
+                ),
+            ]
+        ),
+    ]
+    if policy.spec.advice:
+        blocks.append(section(f"*Advice:* {slack_escape(policy.spec.advice)}"))
+    blocks.append(
+        context(
+            f"Mode {policy.spec.mode.value}. Silence with the annotation `gpu-auditor.io/snooze-until: <RFC 3339 time>` on the job."
+        )
+    )
+    if ack_url and lineage:
+        blocks.append(ack_button(ack_url, lineage))
+    return text, blocks
+
+
+def ack_button(url: str, lineage: str) -> dict:
+    """A Block Kit button opening the signed acknowledgement link (a JSON field: no mrkdwn escaping)."""
+    label = f"Acknowledge {lineage}"
+    return {
+        "type": "actions",
+        "elements": [
+            {
+                "type": "button",
+                "text": {"type": "plain_text", "text": label[:75]},
+                "url": url,
+                "action_id": "gpu-auditor-ack",
+            }
+        ],
+    }

@@ -1,0 +1,74 @@
+"""The escalation record the policy runner keeps: its port onto the decision log.
+
+The store implements it (:class:`auditor.store.decisions.DecisionStore`); the fast tests run the
+runner on an in-memory fake. ``job`` is a :class:`~auditor.core.violations.JobIdent`; rows of
+actions have the fields of :class:`auditor.store.decisions.ActionRow`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, Iterable, Protocol
+
+from auditor.core.violations import JobIdent, ViolationState
+
+
+class EscalationRecord(Protocol):
+    """Violations, the decisions that climbed their ladders, and each decision's actions."""
+
+    def open_violation(
+        self, job: JobIdent, policy: str, now: datetime, evidence: dict, uid: str | None = None
+    ) -> ViolationState: ...
+
+    def open_violations(
+        self, job: JobIdent | None = None, policy: str | None = None
+    ) -> list[tuple[JobIdent, str, ViolationState]]: ...
+
+    def close_violation(self, job: JobIdent, policy: str, now: datetime) -> bool: ...
+
+    def claim_step(
+        self,
+        job: JobIdent,
+        policy: str,
+        violation: ViolationState,
+        step: int,
+        *,
+        dedup_key: str,
+        mode: str,
+        action_names: list[str],
+        action_keys: list[str],
+        now: datetime,
+        dry_run: bool,
+        verdict: str,
+        reason: str,
+        evidence: dict,
+    ) -> int | None: ...
+
+    def finish_action(
+        self,
+        key: str,
+        state: str,
+        now: datetime,
+        *,
+        result: dict | None = None,
+        error: str | None = None,
+        due_at: datetime | None = None,
+    ) -> None: ...
+
+    def take_action(self, key: str, from_state: str, to_state: str, now: datetime) -> bool: ...
+
+    def actions_in(
+        self, states: Iterable[str], *, cluster: str | None = None, action: str | None = None
+    ) -> list[Any]: ...
+
+    def count_actions(
+        self, action: str, *, since: datetime, cluster: str | None = None, states: Iterable[str] = ...
+    ) -> int: ...
+
+    def count_job_actions(self, job: JobIdent, action: str, states: Iterable[str] = ...) -> int: ...
+
+    def decisions(
+        self, *, since: datetime | None = None, until: datetime | None = None, job: JobIdent | None = None
+    ) -> list[dict]: ...
+
+    def stale_claims(self, now: datetime, older_than: timedelta, *, cluster: str) -> list[Any]: ...
