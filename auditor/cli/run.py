@@ -19,6 +19,7 @@ from typing import Any
 
 from auditor.cli.promopts import add_prometheus_flags, prometheus_auth, prometheus_overrides
 from auditor.cli.storeopts import CONFIG_HELP
+from auditor.core.identity import JobKey
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ def _attach_decisions(summaries: list[dict], decisions: list) -> None:
     for d in decisions:
         by_job.setdefault(d.job, []).append(d.as_dict())
     for s in summaries:
-        s["policy_decisions"] = by_job.get(f"{s.get('cluster')}/{s.get('namespace')}/{s.get('job')}", [])
+        s["policy_decisions"] = by_job.get(str(JobKey.of_document(s)), [])
 
 
 def _print_dry_run(decisions: list, *, policies: bool) -> None:

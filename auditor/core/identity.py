@@ -11,6 +11,7 @@ a key is split from the right.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -49,6 +50,17 @@ class JobKey:
         """From the audit JSON's three fields (``job`` is ``Kind/name``)."""
         kind, name = split_job(job)
         return cls(cluster, namespace, kind, name)
+
+    @classmethod
+    def of_document(cls, doc: Mapping[str, object], *, default_cluster: str = "default") -> JobKey:
+        """The identity of an audit-JSON document (``cluster``, else ``default_cluster``;
+        ``namespace``; ``job``); ValueError naming what is missing."""
+        cluster, namespace, job = doc.get("cluster") or default_cluster, doc.get("namespace"), doc.get("job")
+        if not isinstance(cluster, str) or not isinstance(namespace, str) or not namespace or not isinstance(job, str):
+            raise ValueError(
+                f"summary without a job identity: cluster {cluster!r}, namespace {namespace!r}, job {job!r}"
+            )
+        return cls.of(cluster, namespace, job)
 
     @classmethod
     def parse(cls, text: str, *, cluster: str | None = None) -> JobKey:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
+from auditor.core.identity import JobKey
 from auditor.kube.kueue_facts import facts_by_job
 from auditor.store.admissions import AdmissionStore
 from auditor.store.store import Store
@@ -42,10 +43,10 @@ def record_audit_admissions(store: Store, resolver: Any, summaries: Iterable[Map
     view = resolver.jobs(now)
     ids: dict[str, int] = {}
     for s in summaries:
-        kind, _, name = str(s.get("job") or "").partition("/")
-        key = f"{s.get('cluster')}/{s.get('namespace')}/{s.get('job')}"
-        if key in view and name:
-            found = store.find_job(str(s.get("namespace")), kind, name, str(s.get("cluster")))
+        job = JobKey.of_document(s)
+        key = str(job)
+        if key in view:
+            found = store.find_job(job.namespace, job.kind, job.name, job.cluster)
             if found is not None:
                 ids[key] = found[0]
     return record_admissions(store, resolver, view, ids, now)

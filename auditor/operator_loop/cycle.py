@@ -29,6 +29,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from auditor.clock import SYSTEM_CLOCK
+from auditor.core.identity import JobKey
 from auditor.core.model import Window
 from auditor.engine import align_down, run_audit, sort_summaries
 from auditor.errors import AuditorError
@@ -48,7 +49,7 @@ class LostLeadership(AuditorError):
 
 
 def _job_key_of(summary: dict) -> str:
-    return f"{summary.get('cluster')}/{summary.get('namespace')}/{summary.get('job')}"
+    return str(JobKey.of_document(summary))
 
 
 def _iso(t: datetime) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import auditor
+from auditor.core.identity import JobKey
 from auditor.errors import AuditorError
 from auditor.policy.config import runner_config
 from auditor.policy.loader import PolicyRegistry, read_dir
@@ -100,9 +101,9 @@ class PolicyStage:
         for d in decisions:
             if d.step is None or d.dedup_key is None:
                 continue  # waiting (cooldown, snooze): nothing would happen this cycle
-            cluster, namespace, kind, name = d.job.rsplit("/", 3)
+            job = JobKey.parse(d.job)
             self.repo.record_would_do(
-                JobIdent(cluster, namespace, kind, name),
+                JobIdent(job.cluster, job.namespace, job.kind, job.name),
                 d.policy,
                 dedup_key=DRY_RUN_KEY + d.dedup_key,
                 mode=d.mode,

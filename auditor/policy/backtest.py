@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, Sequence
 
 from auditor.core.gate import LineageHistory, replay
+from auditor.core.identity import JobKey
 from auditor.policy.evaluate import evaluate, parse_rfc3339
 from auditor.policy.schema import ActionKind, GatePolicy, Policy
 
@@ -56,8 +57,8 @@ def simulate(store: Any, policies: Sequence[Policy], *, since: datetime, until: 
         start = parse_rfc3339(str(s.get("start"))) or end
         buckets = None
         if any(p.spec.sustained for p in policies):
-            kind, _, name = str(s.get("job") or "").partition("/")
-            found = store.find_job(str(s.get("namespace")), kind, name, s.get("cluster"))
+            key = JobKey.of_document(s)
+            found = store.find_job(key.namespace, key.kind, key.name, key.cluster)
             buckets = store.buckets(found[0]) if found else None
         for p in policies:
             ev = evaluate(p, s, now=end, buckets=buckets)
@@ -73,7 +74,7 @@ def simulate(store: Any, policies: Sequence[Policy], *, since: datetime, until: 
                 acts = [a for a in acts if a != ActionKind.REQUEUE.value]
             elif p.spec.mode.value == "audit":
                 acts = []
-            job = f"{s.get('cluster')}/{s.get('namespace')}/{s.get('job')}"
+            job = str(JobKey.of_document(s))
             pol["hits"].append({"job": job, "reason": ev.reason, "actions": acts, "opened": opened.isoformat()})
             pol["per_day"][min(opened, end).date().isoformat()]["hits"] += 1
             for t, names in steps:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from auditor.core.identity import JobKey
 from auditor.core.violations import ViolationState as ViolationState  # re-exported
 from auditor.policy.schema import Policy, Step
 
@@ -35,7 +36,7 @@ def due_step(policy: Policy, state: ViolationState, now: datetime) -> tuple[int,
 
 def job_key(summary: dict) -> str:
     """``cluster/namespace/Kind/name``: a job across clusters sharing one store."""
-    return f"{summary.get('cluster') or 'default'}/{summary.get('namespace')}/{summary.get('job')}"
+    return str(JobKey.of_document(summary))
 
 
 def violation_key(summary: dict, policy: str, episode: int) -> str:

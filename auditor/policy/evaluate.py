@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
+from auditor.core.identity import split_job
 from auditor.core.model import Bucket
 from auditor.policy.schema import SNOOZE_ANNOTATION, Policy, Sustained, glob_any
 
@@ -121,7 +122,7 @@ def selected(policy: Policy, summary: Mapping[str, Any], facts: JobFacts) -> str
         return "team not selected"
     if s.queues and not glob_any(summary.get("queue"), s.queues):
         return "queue not selected"
-    kind = str(summary.get("job") or "").split("/", 1)[0]
+    kind = split_job(str(summary["job"]))[0] if summary.get("job") else None
     if s.kinds and kind not in s.kinds:
         return "kind not selected"
     if s.gpu_models and not glob_any(summary.get("gpu_model"), s.gpu_models):

@@ -15,6 +15,7 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from auditor.core.gate import LineageRun
+from auditor.core.identity import split_job
 from auditor.core.lineage import LineageKey
 from auditor.core.lineage import lineage_of_summary as core_lineage_of_summary
 from auditor.core.model import JobRef
@@ -138,7 +139,7 @@ def lineage_of_summary(job: JobRef, summary: Mapping[str, Any]) -> LineageKey:
 
 def record_run(conn: sa.Connection, key: LineageKey, run: LineageRun, now: datetime, *, team: str = "") -> None:
     """Store ``run`` under ``key`` in ``conn``'s transaction, replacing an earlier record of the job."""
-    kind, _, name = run.job.partition("/")
+    kind, name = split_job(run.job)
     lid = lineage_id_of(conn, key, now, team)
     values = {
         "lineage_id": lid,

@@ -74,3 +74,10 @@ def test_policy_fields_come_from_the_type() -> None:
     assert dict(SUMMARY_FIELDS) == policy_fields()
     assert set(policy_fields()) <= set(numeric_fields())
     assert policy_fields()["sm_active"].unit == "ratio" and policy_fields()["power_w"].high == 5_000.0
+
+
+def test_job_key_of_a_document() -> None:
+    assert JobKey.of_document({"namespace": "ml", "job": "Job/x"}) == JobKey("default", "ml", "Job", "x")
+    assert str(JobKey.of_document({"cluster": "c", "namespace": "ml", "job": "Job/x"})) == "c/ml/Job/x"
+    with pytest.raises(ValueError, match="without a job identity"):
+        JobKey.of_document({"cluster": "c", "job": "Job/x"})
