@@ -81,3 +81,19 @@ def test_job_key_of_a_document() -> None:
     assert str(JobKey.of_document({"cluster": "c", "namespace": "ml", "job": "Job/x"})) == "c/ml/Job/x"
     with pytest.raises(ValueError, match="without a job identity"):
         JobKey.of_document({"cluster": "c", "job": "Job/x"})
+
+
+def test_store_columns_name_fields_of_the_type() -> None:
+    """Each column the store copies out of a summary names a field JobSummary writes (a rename
+    in the type fails here, not silently as NULL columns), with the column's JSON type."""
+    from auditor.store.summaries import SUMMARY_FIELDS, summary_columns
+
+    doc = json.loads((GOLDEN / "demo.json").read_text())[0]
+    s = JobSummary.from_json(doc)
+    for column, (path, kind) in SUMMARY_FIELDS.items():
+        v: object = s.to_json()
+        for key in path:
+            assert isinstance(v, dict) and key in v, (column, path)
+            v = v[key]
+        assert v is None or isinstance(v, {"string": str, "number": (int, float), "integer": int}[kind]), column
+    assert summary_columns(s.to_json()) == summary_columns(doc)
