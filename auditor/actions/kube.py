@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from auditor.core.identity import JobKey
 from auditor.core.kinds import JOB_KINDS, KUEUE_GROUP, KUEUE_JOB_UID_LABEL, KUEUE_QUEUE_LABEL
 from auditor.errors import PermanentError, RetryableError
 from auditor.errors import RequeueRefused as RequeueRefused  # re-exported
@@ -43,6 +44,16 @@ def _fail(exc: ApiException, what: str) -> Exception:
     if exc.status in (429, 500, 502, 503, 504) or exc.status is None:
         return RetryableError(msg)
     return PermanentError(msg)
+
+
+def _job(summary: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(kind, namespace, name) of a summary's job, read by :class:`JobKey`; PermanentError
+    naming the summary's identity when it has none (nothing can be written to it)."""
+    try:
+        key = JobKey.of_document(summary)
+    except ValueError as exc:
+        raise PermanentError(str(exc)) from None
+    return key.kind, key.namespace, key.name
 
 
 def _api_path(kind: str, namespace: str, name: str | None = None) -> str:
@@ -120,8 +131,7 @@ class KubeActions:
 
     def facts(self, summary: Mapping[str, Any]) -> JobFacts:
         """The job's and its namespace's labels and annotations (empty when the job is gone)."""
-        kind, _, name = str(summary.get("job") or "").partition("/")
-        ns = str(summary.get("namespace"))
+        kind, ns, name = _job(summary)
         obj = self.get(kind, ns, name) if kind in KINDS else None
         ns_ann: dict[str, str] = {}
         try:
@@ -143,8 +153,7 @@ class KubeActions:
             if not k.startswith("gpu-auditor.io/"):
                 raise ValueError(f"refusing to write annotation {k!r} outside gpu-auditor.io/")
         body = {"metadata": {"annotations": {k: _clean_value(v) for k, v in annotations.items()}}}
-        kind, _, name = str(summary.get("job") or "").partition("/")
-        ns = str(summary.get("namespace"))
+        kind, ns, name = _job(summary)
         done: list[str] = []
         missing: list[str] = []
         targets = [(kind, name)] + [
@@ -178,8 +187,7 @@ class KubeActions:
         type_: str = "Warning",
     ) -> dict:
         """Create one events.k8s.io/v1 Event on the job, named after ``key`` (dedup: 409 = done)."""
-        kind, _, name = str(summary.get("job") or "").partition("/")
-        ns = str(summary.get("namespace"))
+        kind, ns, name = _job(summary)
         group, version, _ = KINDS.get(kind, ("", "v1", ""))
         obj = self.get(kind, ns, name) if kind in KINDS else None
         uid = ((obj or {}).get("metadata") or {}).get("uid") or summary.get("uid")
@@ -260,8 +268,7 @@ class KubeActions:
 
         Refuses kinds that cannot be suspended (a bare Pod would be killed for good) and Workloads
         that have finished."""
-        kind, _, name = str(summary.get("job") or "").partition("/")
-        ns = str(summary.get("namespace"))
+        kind, ns, name = _job(summary)
         if kind == "Pod" or kind not in KINDS:
             raise RequeueRefused(f"{kind}/{name}: a {kind or 'job'} cannot be requeued (not suspendable)")
         obj = self.get(kind, ns, name)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
+from auditor.core.rfc3339 import parse_rfc3339
 from auditor.errors import BadInput
 
 
@@ -82,15 +83,10 @@ def _iso(t: datetime | None) -> str | None:
 
 
 def _time(value: Any, where: str) -> datetime:
-    if not isinstance(value, str) or not value:
-        raise BadInput(f"{where}: expected an RFC 3339 time, got {value!r}")
     try:
-        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise BadInput(f"{where}: expected an RFC 3339 time, got {value!r}") from None
-    if t.tzinfo is None:
-        raise BadInput(f"{where}: time {value!r} has no offset")
-    return t.astimezone(timezone.utc)
+        return parse_rfc3339(value)
+    except ValueError as exc:
+        raise BadInput(f"{where}: {exc}") from None
 
 
 def _seconds(since: datetime | None, until: datetime | None) -> float | None:

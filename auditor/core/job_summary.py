@@ -16,13 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from auditor.core.identity import JobKey
 from auditor.core.metrics import Metric
 from auditor.core.model import Finding, Verdict
 from auditor.core.ranges import RATIO, Range
+from auditor.core.rfc3339 import format_rfc3339, parse_rfc3339
 from auditor.errors import PermanentError
 
 #: the activity fields of the audit JSON (ratios 0–1), in output order
@@ -64,23 +65,15 @@ def rounded(v: float | None, nd: int = 6) -> float | None:
     return None if v is None else round(v, nd)
 
 
-def rfc3339(t: datetime) -> str:
-    """RFC 3339 UTC with ``Z``, whole seconds unless there is a fraction (milliseconds)."""
-    v = t.astimezone(timezone.utc)
-    return v.isoformat(timespec="milliseconds" if v.microsecond else "seconds").replace("+00:00", "Z")
+#: RFC 3339 UTC with ``Z`` (the audit JSON's times)
+rfc3339 = format_rfc3339
 
 
-def parse_rfc3339(text: object, what: str) -> datetime:
-    """The inverse of :func:`rfc3339` (any offset is accepted, the result is UTC)."""
-    if not isinstance(text, str):
-        raise SummaryFormatError(f"{what}: expected an RFC 3339 time, got {text!r}")
+def _time(text: object, what: str) -> datetime:
     try:
-        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise SummaryFormatError(f"{what}: {text!r} is not an RFC 3339 time") from None
-    if t.tzinfo is None:
-        raise SummaryFormatError(f"{what}: {text!r} has no time zone")
-    return t.astimezone(timezone.utc)
+        return parse_rfc3339(text)
+    except ValueError as exc:
+        raise SummaryFormatError(f"{what}: {exc}") from None
 
 
 # --------------------------------------------------------------------------- field readers
@@ -309,8 +302,8 @@ class GpuSummary:
             hostname=_opt_str(doc, "hostname", what),
             gpu_model=_opt_str(doc, "gpu_model", what),
             fraction=_opt_num(doc, "fraction", what),
-            start=parse_rfc3339(_get(doc, "start", what), f"{what}.start"),
-            end=parse_rfc3339(_get(doc, "end", what), f"{what}.end"),
+            start=_time(_get(doc, "start", what), f"{what}.start"),
+            end=_time(_get(doc, "end", what), f"{what}.end"),
             gpu_hours=_opt_num(doc, "gpu_hours", what),
             coverage=_opt_num(doc, "coverage", what),
             busy_signal=_metric(doc.get("busy_signal"), f"{what}.busy_signal"),
@@ -455,8 +448,8 @@ class JobSummary:
             gpu_model=_opt_str(doc, "gpu_model", what),
             gpus=_opt_num(doc, "gpus", what),
             pods=tuple(pods),
-            start=parse_rfc3339(_get(doc, "start", what), f"{what}.start"),
-            end=parse_rfc3339(_get(doc, "end", what), f"{what}.end"),
+            start=_time(_get(doc, "start", what), f"{what}.start"),
+            end=_time(_get(doc, "end", what), f"{what}.end"),
             gpu_hours=_opt_num(doc, "gpu_hours", what),
             busy_signal=_metric(doc.get("busy_signal"), f"{what}.busy_signal"),
             means=Means.from_json(doc, what),
@@ -467,12 +460,12 @@ class JobSummary:
             findings=tuple(finding_from_json(f, f"{what}.findings[{i}]") for i, f in enumerate(findings)),
             stats=_stats(doc, what),
             per_gpu=tuple(GpuSummary.from_json(g, f"{what}.per_gpu[{i}]") for i, g in enumerate(per_gpu)),
-            window_start=parse_rfc3339(_get(window, "start", f"{what}.window"), f"{what}.window.start"),
-            window_end=parse_rfc3339(_get(window, "end", f"{what}.window"), f"{what}.window.end"),
+            window_start=_time(_get(window, "start", f"{what}.window"), f"{what}.window.start"),
+            window_end=_time(_get(window, "end", f"{what}.window"), f"{what}.window.end"),
             scrape_interval_s=_opt_num(doc, "scrape_interval_s", what),
-            computed_at=parse_rfc3339(_get(doc, "computed_at", what), f"{what}.computed_at"),
+            computed_at=_time(_get(doc, "computed_at", what), f"{what}.computed_at"),
             final=final,
-            ended=parse_rfc3339(ended, f"{what}.ended") if ended is not None else None,
+            ended=_time(ended, f"{what}.ended") if ended is not None else None,
             extra={k: v for k, v in doc.items() if k not in _JSON_KEYS},
         )
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping
 
+from auditor.core.identity import JobKey
+
 
 @dataclass(frozen=True)
 class ViolationState:
@@ -38,8 +40,8 @@ class JobIdent:
 
     @classmethod
     def of(cls, summary: Mapping[str, Any]) -> "JobIdent":
-        kind, _, name = str(summary.get("job") or "").partition("/")
-        return cls(summary.get("cluster") or "default", str(summary.get("namespace")), kind, name)
+        key = JobKey.of_document(summary)
+        return cls(key.cluster, key.namespace, key.kind, key.name)
 
     def cols(self) -> dict[str, str]:
         return {"cluster": self.cluster, "namespace": self.namespace, "kind": self.kind, "name": self.name}

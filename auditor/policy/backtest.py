@@ -16,7 +16,8 @@ from typing import Any, Sequence
 
 from auditor.core.gate import LineageHistory, replay
 from auditor.core.identity import JobKey
-from auditor.policy.evaluate import evaluate, parse_rfc3339
+from auditor.core.rfc3339 import read_rfc3339
+from auditor.policy.evaluate import evaluate
 from auditor.policy.schema import ActionKind, GatePolicy, Policy
 
 
@@ -53,8 +54,8 @@ def simulate(store: Any, policies: Sequence[Policy], *, since: datetime, until: 
             "per_day": defaultdict(lambda: {"alerts": 0, "requeues": 0, "hits": 0}),
         }
     for s in summaries:
-        end = parse_rfc3339(str(s.get("end"))) or until
-        start = parse_rfc3339(str(s.get("start"))) or end
+        end = read_rfc3339(str(s.get("end"))) or until
+        start = read_rfc3339(str(s.get("start"))) or end
         buckets = None
         if any(p.spec.sustained for p in policies):
             key = JobKey.of_document(s)

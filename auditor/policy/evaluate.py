@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
 
 from auditor.core.identity import split_job
 from auditor.core.model import Bucket
+from auditor.core.rfc3339 import read_rfc3339
 from auditor.policy.schema import SNOOZE_ANNOTATION, Policy, Sustained, glob_any
 
 #: metric value (Metric enum value) → sustained field name, where the two differ
@@ -57,23 +58,12 @@ class Evaluation:
         return self.blocked is not None and self.blocked.startswith("snoozed")
 
 
-def parse_rfc3339(text: str) -> datetime | None:
-    """An aware UTC time from RFC 3339 text, or None when unreadable (never guess)."""
-    try:
-        t = datetime.fromisoformat(str(text).strip().replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if t.tzinfo is None:
-        return None
-    return t.astimezone(timezone.utc)
-
-
 def snoozed_until(facts: JobFacts, now: datetime) -> datetime | None:
     """The snooze end from ``gpu-auditor.io/snooze-until`` when it lies in the future."""
     raw = facts.annotations.get(SNOOZE_ANNOTATION)
     if raw is None:
         return None
-    t = parse_rfc3339(raw)
+    t = read_rfc3339(raw)
     return t if t is not None and t > now else None
 
 
@@ -84,7 +74,7 @@ def _optout(value: str | None, policy: str, now: datetime) -> str | None:
     v = value.strip()
     if v.lower() in ("true", "yes", "1", "*"):
         return "opt-out annotation"
-    t = parse_rfc3339(v)
+    t = read_rfc3339(v)
     if t is not None:
         return f"opt-out annotation until {v}" if t > now else None
     names = {x.strip() for x in v.split(",") if x.strip()}
@@ -257,7 +247,7 @@ def evaluate(
     if spec.sustained is not None:
         if buckets is None:
             return Evaluation(name, False, "no stored buckets for the sustained condition", figures, judged=False)
-        sr = evaluate_sustained(spec.sustained, buckets, now, job_start=parse_rfc3339(str(summary.get("start") or "")))
+        sr = evaluate_sustained(spec.sustained, buckets, now, job_start=read_rfc3339(str(summary.get("start") or "")))
         evidence["sustained"] = sr.evidence
         if not sr.holds:
             return Evaluation(name, False, "sustained: " + str(sr.evidence.get("reason")), evidence)

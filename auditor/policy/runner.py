@@ -18,7 +18,9 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from auditor.core.identity import split_job
 from auditor.core.model import Window
+from auditor.core.rfc3339 import read_rfc3339
 from auditor.core.violations import JobIdent
 from auditor.errors import AuditorError, BadInput
 from auditor.policy.alerts import ack_button as ack_button  # re-exported
@@ -27,7 +29,7 @@ from auditor.policy.decision import Decision, action_ref
 from auditor.policy.dispatch import NO_DESTINATION as NO_DESTINATION  # re-exported
 from auditor.policy.dispatch import StepActions
 from auditor.policy.escalation import ViolationState, action_key, decision_key, due_step, job_key
-from auditor.policy.evaluate import Evaluation, JobFacts, evaluate, parse_rfc3339
+from auditor.policy.evaluate import Evaluation, JobFacts, evaluate
 from auditor.policy.loader import PolicyRegistry
 from auditor.policy.record import EscalationRecord
 from auditor.policy.recovery import Recovery
@@ -152,7 +154,7 @@ class PolicyRunner:
     def _buckets(self, summary: dict, policies: list[Policy], now: datetime) -> list | None:
         if self.store is None:
             return None
-        kind, _, name = str(summary.get("job") or "").partition("/")
+        kind, name = split_job(str(summary.get("job")))
         found = self.store.find_job(str(summary.get("namespace")), kind, name, summary.get("cluster"))
         if found is None:
             return None
@@ -160,7 +162,7 @@ class PolicyRunner:
         # only the trailing windows, which end at the job's last bucket: the warm-up is judged
         # from the summary's start, so the read (by job and time, indexed) costs the same for a
         # job of an hour and one of a month
-        end = parse_rfc3339(str(summary.get("end") or ""))
+        end = read_rfc3339(str(summary.get("end") or ""))
         if end is None:  # not an audit-JSON summary: all of the job's buckets
             return self.store.buckets(found[0])
         last = min(now, end)

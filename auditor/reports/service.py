@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterator, Mapping, Sequence
 
+from auditor.core.identity import split_job
 from auditor.render.lineage import has_history, lineage_brief
 from auditor.reports.aggregate import Prices, WeekData, build_report, job_json
 from auditor.reports.weeks import IsoWeek, zone
@@ -72,7 +73,7 @@ def lineage_briefs(store: Store, jobs: Sequence[Any], now: datetime) -> dict[int
     reader = LineageHistoryReader(store)
     out: dict[int, dict[str, Any]] = {}
     for j in jobs:
-        kind, _, name = str(j.job).partition("/")
+        kind, name = split_job(str(j.job))
         key = reader.lineage_of_job(j.namespace, kind, name, j.cluster)
         history = reader.history(key, now) if key is not None else None
         if history is not None and has_history(history):
