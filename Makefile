@@ -2,8 +2,9 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Debian packages the test bed runs (Prometheus + promtool, PostgreSQL) and the report tests use.
-SYSTEM_PACKAGES := prometheus postgresql chromium
+# Debian packages the test bed runs (Prometheus + promtool, PostgreSQL), the report tests use, and
+# the bed's node and image build need (containerd, runc, CNI plugins; buildah, mmdebstrap).
+SYSTEM_PACKAGES := prometheus postgresql chromium containerd runc containernetworking-plugins buildah mmdebstrap
 
 .PHONY: install system-deps demo lint test testbed-up testbed-down clean
 

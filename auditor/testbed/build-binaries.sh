@@ -10,7 +10,8 @@ HELM=${HELM_VERSION:-3.21.4}
 MINOR=${K8S#1.}; MINOR=${MINOR%%.*}; PATCH=${K8S##*.}
 CACHE=${GPU_AUDITOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-auditor}
 OUT=$CACHE/bin/k8s-v$K8S-etcd-v$ETCD-helm-v$HELM
-WANT=(kube-apiserver kube-controller-manager etcd helm)
+K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
+WANT=("${K8S_BINS[@]}" etcd helm)
 KUEUE=${KUEUE_VERSION:-}
 KUEUE_OUT=$CACHE/bin/kueue-$KUEUE
 missing() {
@@ -26,7 +27,8 @@ W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 log() { echo "[build-binaries $(date +%H:%M:%S)] $*" >&2; }
 BUILD_DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
-if [[ ! -x $OUT/kube-apiserver || ! -x $OUT/kube-controller-manager ]]; then
+k8s_missing() { for b in "${K8S_BINS[@]}"; do [[ -x $OUT/$b ]] || return 0; done; return 1; }
+if k8s_missing; then
   mkdir "$W/k8s" && cd "$W/k8s"
   go mod init local.test/k8s-testbin >/dev/null 2>&1
   go mod edit -go=1.26.0 -godebug=default=go1.26
@@ -35,12 +37,12 @@ if [[ ! -x $OUT/kube-apiserver || ! -x $OUT/kube-controller-manager ]]; then
   for m in $(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$GOMOD" | sort -u); do
     go mod edit -replace="$m=$m@v0.$MINOR.$PATCH"
   done
-  go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@v$K8S" "k8s.io/kubernetes/cmd/kube-controller-manager@v$K8S" >&2
+  go get -tool $(for b in "${K8S_BINS[@]}"; do echo "k8s.io/kubernetes/cmd/$b@v$K8S"; done) >&2
   LDF="-s -w"
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     LDF+=" -X $p.gitVersion=v$K8S -X $p.gitMajor=1 -X $p.gitMinor=$MINOR -X $p.gitTreeState=clean -X $p.buildDate=$BUILD_DATE"
   done
-  for b in kube-apiserver kube-controller-manager; do
+  for b in "${K8S_BINS[@]}"; do
     [[ -x $OUT/$b ]] && continue
     log "building $b v$K8S (cold: many minutes)"
     go build -p 2 -trimpath -tags=selinux,notest,grpcnotrace -ldflags="$LDF" -o "$OUT/$b.tmp" "k8s.io/kubernetes/cmd/$b"

@@ -38,6 +38,11 @@ CONTROLLERS = (
 )
 
 
+def admin_session(pki: Pki) -> requests.Session:
+    """HTTP to the apiserver as the bed's admin (for components that need no client library)."""
+    return _session(pki)
+
+
 def _session(pki: Pki) -> requests.Session:
     s = requests.Session()
     # without this, REQUESTS_CA_BUNDLE in the environment silently overrides ``verify`` (requests#3829)

@@ -227,7 +227,7 @@ def test_dockerfile_matches_the_chart():
     """The Dockerfile's user and entry point are what the chart's Deployment assumes."""
     df = (ROOT / "operator/Dockerfile").read_text()
     assert "USER 10001:10001" in df and 'ENTRYPOINT ["gpu-auditor"]' in df
-    assert "python -m pip wheel --no-deps" in df
+    assert "bin/pip wheel --no-deps" in df
     assert "agent" in dockerfile_extras(), "the chart's node-agent DaemonSet runs `gpu-auditor agent` from this image"
     assert "dev" not in dockerfile_extras()
     assert not (ROOT / "operator/__init__.py").exists()
