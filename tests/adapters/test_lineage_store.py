@@ -6,9 +6,7 @@ import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
-import sqlalchemy as sa
-from alembic.autogenerate import compare_metadata
-from alembic.migration import MigrationContext
+from revisions import assert_tables_match_migrations
 
 from auditor.core.gate import AckKind, GateAction, GateMode, GateRule, LineageRun, decide
 from auditor.core.lineage import LineageKey
@@ -16,7 +14,6 @@ from auditor.core.model import JobRef
 from auditor.errors import BadInput
 from auditor.store.lineage import TABLES, AckLog, LineageHistoryReader, LineageRecorder, LinkAlreadyUsed, run_of
 from auditor.store.store import Store
-from auditor.store.urls import resolve
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=timezone.utc)
 KEY = LineageKey("c1", "ml", "train")
@@ -31,19 +28,7 @@ def store(store_url: str):
 
 def test_lineage_tables_match_migration(store_url: str) -> None:
     Store.open(store_url).close()
-    ours = sa.MetaData()
-    for t in TABLES:
-        t.to_metadata(ours)
-    engine = sa.create_engine(resolve(store_url))
-    try:
-        with engine.connect() as conn:
-            ctx = MigrationContext.configure(
-                conn,
-                opts={"compare_type": True, "include_object": lambda o, n, t, r, c: t != "table" or n in ours.tables},
-            )
-            assert compare_metadata(ctx, ours) == []
-    finally:
-        engine.dispose()
+    assert_tables_match_migrations(store_url, TABLES)
 
 
 def _summary(name: str, verdict: str, day: int, **kw: object) -> tuple[JobRef, dict]:

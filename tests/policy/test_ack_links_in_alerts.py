@@ -11,11 +11,11 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 from policy_receivers import Receiver
+from test_unrouted_alerts import FAST, POLICY
 
 from auditor.core.acklink import LinkIssuer, verify
 from auditor.core.lineage import LineageKey
 from auditor.core.model import JobRef
-from auditor.notify.http import RetryPolicy
 from auditor.operator_loop.ack_endpoint import PATH, AckEndpoint
 from auditor.operator_loop.health import HealthServer, OperatorMetrics
 from auditor.policy.config import link_issuer
@@ -27,17 +27,6 @@ from auditor.store.lineage import AckLog
 
 T0 = datetime(2026, 11, 24, 10, 0, tzinfo=timezone.utc)
 SECRET = b"sixteen-bytes-at-least-key"
-POLICY = """
-apiVersion: gpu-auditor.io/v1alpha1
-kind: GpuPolicy
-metadata: {name: alert-low-sm}
-spec:
-  mode: warn
-  verdicts: [low_sm_efficiency]
-  escalation:
-    - actions: [notify]
-"""
-FAST = RetryPolicy(attempts=2, base=0.01, cap=0.05, max_wait=1, timeout=5)
 SUMMARY = {
     "cluster": "c1",
     "namespace": "ml",
