@@ -41,8 +41,10 @@ def components(state: State | None = None) -> tuple[str, ...]:
     less the node when it is switched off, could not start on this machine (``node_error``) or
     was not asked for when the running bed started (a bed from before the node stays reusable:
     its users keep it, the node's tests say to restart it)."""
-    asked = state is None or bool(state.values.get("node_requested"))
-    no_node = not node.enabled() or not asked or bool(state and state.values.get("node_error"))
+    if state is None:
+        return tuple(n for n in STOP_ORDER if (n != "kueue" or config.kueue_enabled()) and n not in NODE_COMPONENTS)
+    asked = bool(state.values.get("node_requested")) and node.enabled(state.dir)
+    no_node = not asked or bool(state.values.get("node_error"))
     return tuple(
         n for n in STOP_ORDER if (n != "kueue" or config.kueue_enabled()) and (n not in NODE_COMPONENTS or not no_node)
     )
@@ -217,7 +219,7 @@ def _up(state_dir: Path, build_log: Path | None) -> Testbed:
         kubectl=str(bins.kubectl),
         helm=str(bins.helm),
         promtool=str(bins.promtool),
-        node_requested=node.enabled(),
+        node_requested=node.enabled(state_dir),
         versions={
             "kubernetes": config.K8S_VERSION,
             "etcd": config.ETCD_VERSION,
@@ -237,7 +239,7 @@ def _up(state_dir: Path, build_log: Path | None) -> Testbed:
             crds.result()
         if bins.kueue and kueue_manifests:
             kueue.start(state, bins.kueue, pki, kubeconfig, api, bins.kubectl, *kueue_manifests)
-        if node.enabled():
+        if node.enabled(state.dir):
             _start_node(state, bins, pki, kubeconfig)
 
     with ThreadPoolExecutor(3) as pool:

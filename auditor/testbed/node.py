@@ -41,7 +41,11 @@ from auditor.testbed.launch import launch, log_path
 from auditor.testbed.pki import Pki
 from auditor.testbed.state import State
 
-#: ``GPU_AUDITOR_TESTBED_NODE=0`` starts the bed without the node (as before issue 19).
+#: ``GPU_AUDITOR_TESTBED_NODE``: 0 starts a bed without the node (as before issue 19); 1 starts
+#: it in any state directory. Unset, only the default bed (``.testbed``, what ``make testbed-up``
+#: and ``make test`` start) has a node: a private bed that pytest starts in a temporary directory
+#: would pay minutes for the image build, and only one kubelet per machine can serve device
+#: plugins (``DEVICE_PLUGIN_DIR``).
 NODE_SWITCH = "GPU_AUDITOR_TESTBED_NODE"
 TAINT_KEY = "gpu-auditor.io/testbed-node"
 FAKE_GPUS = 4
@@ -54,8 +58,10 @@ DEVICE_PLUGIN_API = config.CrdSource(
 )
 
 
-def enabled() -> bool:
+def enabled(state_dir: Path) -> bool:
     value = os.environ.get(NODE_SWITCH, "").strip().lower()
+    if not value:
+        return state_dir.resolve() == (config.REPO_ROOT / ".testbed").resolve()
     return value not in ("0", "false", "no", "off")
 
 
