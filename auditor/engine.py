@@ -38,7 +38,7 @@ from auditor.ports import MetricSource
 if TYPE_CHECKING:
     from auditor.ports import Clock, Displacement, SummaryStore
 
-__all__ = ["AuditResult", "JobResolver", "NoKubeResolver", "run_audit", "sort_summaries"]
+__all__ = ["AuditResult", "JobResolver", "NoKubeResolver", "run_audit"]
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +54,6 @@ class AuditResult:
     summaries: list[JobSummary]
     report: SourceReport
     run_id: int | None
-
-
-def sort_summaries(summaries: list[dict]) -> list[dict]:
-    """Most wasted GPU-hours first; unknown waste after known, then by GPU-hours, then name."""
-
-    def key(s: dict) -> tuple:
-        w = s.get("waste_gpu_hours")
-        return (w is None, -(w or 0.0), -(s.get("gpu_hours") or 0.0), s.get("namespace", ""), s.get("job", ""))
-
-    return sorted(summaries, key=key)
 
 
 @contextmanager

@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
 
                     kube = compose.kube_actions(api) if api is not None else None
                     runner = PolicyRunner(policies, store, kube, config)
-                    decisions = runner.run_cycle(docs, now=now, act=args.act)
+                    decisions = runner.run_cycle(result.summaries, now=now, act=args.act)
             finally:
                 store.close()
         finally:

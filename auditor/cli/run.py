@@ -109,15 +109,15 @@ def run(args: argparse.Namespace) -> int:
     if args.once:
         result = op.run_once()
         if args.output == "json":
+            # the stored documents (with the operator's final/ended and kube)
+            docs = [s.to_json() for s in result.summaries]
             if args.dry_run:
-                _attach_decisions(result.summaries, result.decisions)
-            print(json.dumps(result.summaries, indent=2, default=str))
+                _attach_decisions(docs, result.decisions)
+            print(json.dumps(docs, indent=2, default=str))
         else:
-            from auditor.core.job_summary import JobSummary
             from auditor.render.table import format_table
 
-            # the cycle's summaries are the stored documents (with the operator's final/ended)
-            print(format_table([JobSummary.from_json(s) for s in result.summaries]))
+            print(format_table(result.summaries))
         w = result.window
         print(
             f"cycle {w.start.isoformat()} → {w.end.isoformat()}: {len(result.summaries)} job(s) summarized, "

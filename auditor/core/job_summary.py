@@ -469,6 +469,14 @@ class JobSummary:
             extra={k: v for k, v in doc.items() if k not in _JSON_KEYS},
         )
 
+    @classmethod
+    def example(cls, **fields: object) -> JobSummary:
+        """A summary for examples and tests (policy suites, fast tests): a one-GPU job
+        ``examples/Job/example`` with nothing measured, and ``fields`` (by their audit-JSON
+        names, e.g. ``gpu_util=0.2, verdict="idle"``) over it; read by :meth:`from_json`, so a
+        wrong name or type fails as a stored document would."""
+        return cls.from_json({**_EXAMPLE, **fields}, "example")
+
     def value_of(self, name: str) -> object:
         """A top-level field by its audit-JSON name (what a policy condition names), or None."""
         if name in _MEAN_NAMES:
@@ -480,6 +488,34 @@ class JobSummary:
             return getattr(self.key, name)
         return None
 
+
+#: the document :meth:`JobSummary.example` starts from
+_EXAMPLE: dict[str, object] = {
+    "cluster": "examples",
+    "namespace": "examples",
+    "job": "Job/example",
+    "uid": None,
+    "team": "examples",
+    "queue": None,
+    "gpu_model": None,
+    "gpus": None,
+    "pods": [],
+    # a start at the examples' now: a sustained condition's warm-up starts at the first bucket
+    "start": "2026-11-30T12:00:00Z",
+    "end": "2026-11-30T12:00:00Z",
+    "gpu_hours": None,
+    "busy_signal": None,
+    "coverage": None,
+    "mfu_estimate": None,
+    "waste_gpu_hours": None,
+    "verdict": "healthy",
+    "findings": [],
+    "stats": {},
+    "per_gpu": [],
+    "window": {"start": "2026-11-30T11:00:00Z", "end": "2026-11-30T12:00:00Z"},
+    "scrape_interval_s": None,
+    "computed_at": "2026-11-30T12:00:00Z",
+}
 
 #: every key :meth:`JobSummary.to_json` writes itself
 _JSON_KEYS = frozenset(

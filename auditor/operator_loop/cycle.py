@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, Callable
 
 from auditor.clock import SYSTEM_CLOCK
 from auditor.core.identity import JobKey
+from auditor.core.job_summary import JobSummary, sorted_summaries
 from auditor.core.model import Window
-from auditor.engine import align_down, run_audit, sort_summaries
+from auditor.core.rfc3339 import format_rfc3339
+from auditor.engine import align_down, run_audit
 from auditor.errors import AuditorError
 from auditor.kube.resolver import JobInfo, KubeResolver
 from auditor.operator_loop.admissions import record_admissions
@@ -52,14 +54,12 @@ def _job_key_of(summary: dict) -> str:
     return str(JobKey.of_document(summary))
 
 
-def _iso(t: datetime) -> str:
-    return t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
-
-
 @dataclass
 class CycleResult:
     window: Window
-    summaries: list[dict] = field(default_factory=list)
+    #: the summaries the cycle wrote (as stored: with the operator's ``final``/``ended`` and
+    #: ``kube`` in ``extra``), most waste first
+    summaries: list[JobSummary] = field(default_factory=list)
     #: what the policies decided on those summaries (auditor.policy.runner.Decision)
     decisions: list = field(default_factory=list)
     jobs_seen: int = 0
@@ -107,7 +107,7 @@ def enrich(summary: dict, info: JobInfo | None, cycle_end: datetime, settle: tim
             summary["queue"] = info.local_queue
         ended = info.ended
         summary["final"] = bool(ended is not None and ended <= cycle_end - settle)
-        summary["ended"] = _iso(ended) if summary["final"] and ended else None
+        summary["ended"] = format_rfc3339(ended) if summary["final"] and ended else None
     else:
         summary.setdefault("final", False)
         summary.setdefault("ended", None)
@@ -204,7 +204,12 @@ class CycleRunner:
         }
         window = self.plan(now, view)
         result = CycleResult(window=window, jobs_seen=len(view))
-        log.info("cycle %s → %s: %d GPU job(s) in the cluster", _iso(window.start), _iso(window.end), len(view))
+        log.info(
+            "cycle %s → %s: %d GPU job(s) in the cluster",
+            format_rfc3339(window.start),
+            format_rfc3339(window.end),
+            len(view),
+        )
         detail = {
             "origin": ORIGIN,
             "cluster": self.cluster,
@@ -243,7 +248,7 @@ class CycleRunner:
                 raise LostLeadership("the Lease was lost during the cycle; its writes are rolled back")
         result.finalized = self._finalize(now, view, open_jobs, touched)
         self._covered = set(view)
-        result.summaries = sort_summaries([s for _id, s in touched.values()])
+        result.summaries = sorted_summaries([JobSummary.from_json(s) for _id, s in touched.values()])
         result.seconds = self.clock.monotonic() - t0
         return result
 
@@ -280,7 +285,7 @@ class CycleRunner:
                     if info is not None:
                         summary["kube"] = info.as_json()
                     summary["final"] = True
-                    summary["ended"] = _iso(ended)
+                    summary["ended"] = format_rfc3339(ended)
                     self.store.save_summary(job_id, summary)
                     touched[key] = (job_id, summary)
                 self.store.set_job_ended(job_id, ended)

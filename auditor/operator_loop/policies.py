@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import auditor
 from auditor.core.identity import JobKey
+from auditor.core.job_summary import JobSummary
 from auditor.errors import AuditorError
 from auditor.policy.config import runner_config
 from auditor.policy.loader import PolicyRegistry, read_dir
@@ -70,7 +71,7 @@ class PolicyStage:
         self.runner = PolicyRunner(self.registry, store, actions, runner_config(settings))
         self.repo = DecisionStore(store)
 
-    def run(self, summaries: list[dict], *, now: datetime) -> list[Decision]:
+    def run(self, summaries: Sequence[JobSummary], *, now: datetime) -> list[Decision]:
         """Reload the policy files, then evaluate and act; a failure is logged, never fatal to the cycle."""
         try:
             self.registry.update(policy_files(self.settings))

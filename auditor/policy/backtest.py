@@ -15,8 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, Sequence
 
 from auditor.core.gate import LineageHistory, replay
-from auditor.core.identity import JobKey
-from auditor.core.rfc3339 import read_rfc3339
+from auditor.core.job_summary import JobSummary
 from auditor.policy.evaluate import evaluate
 from auditor.policy.schema import ActionKind, GatePolicy, Policy
 
@@ -53,12 +52,12 @@ def simulate(store: Any, policies: Sequence[Policy], *, since: datetime, until: 
             "requeues": 0,
             "per_day": defaultdict(lambda: {"alerts": 0, "requeues": 0, "hits": 0}),
         }
-    for s in summaries:
-        end = read_rfc3339(str(s.get("end"))) or until
-        start = read_rfc3339(str(s.get("start"))) or end
+    for doc in summaries:
+        s = JobSummary.from_json(doc, "stored summary")
+        end, start = s.end, s.start
         buckets = None
         if any(p.spec.sustained for p in policies):
-            key = JobKey.of_document(s)
+            key = s.key
             found = store.find_job(key.namespace, key.kind, key.name, key.cluster)
             buckets = store.buckets(found[0]) if found else None
         for p in policies:
@@ -75,7 +74,7 @@ def simulate(store: Any, policies: Sequence[Policy], *, since: datetime, until: 
                 acts = [a for a in acts if a != ActionKind.REQUEUE.value]
             elif p.spec.mode.value == "audit":
                 acts = []
-            job = str(JobKey.of_document(s))
+            job = str(s.key)
             pol["hits"].append({"job": job, "reason": ev.reason, "actions": acts, "opened": opened.isoformat()})
             pol["per_day"][min(opened, end).date().isoformat()]["hits"] += 1
             for t, names in steps:

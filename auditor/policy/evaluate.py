@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
 
-from auditor.core.identity import split_job
-from auditor.core.model import Bucket
+from auditor.core.job_summary import JobSummary
+from auditor.core.model import Bucket, Verdict
 from auditor.core.rfc3339 import read_rfc3339
 from auditor.policy.schema import SNOOZE_ANNOTATION, Policy, Sustained, glob_any
 
@@ -81,15 +81,15 @@ def _optout(value: str | None, policy: str, now: datetime) -> str | None:
     return "opt-out annotation for this policy" if policy in names else None
 
 
-def exemption(policy: Policy, summary: Mapping[str, Any], facts: JobFacts, now: datetime) -> str | None:
+def exemption(policy: Policy, summary: JobSummary, facts: JobFacts, now: datetime) -> str | None:
     """Why the job is exempt from ``policy`` (None when it is not)."""
     ex = policy.spec.exemptions
-    ns = summary.get("namespace")
+    ns = summary.namespace
     if glob_any(ns, ex.namespaces):
         return f"namespace {ns} exempt by the policy"
-    if glob_any(summary.get("team"), ex.teams):
-        return f"team {summary.get('team')} exempt by the policy"
-    if glob_any(f"{ns}/{summary.get('job')}", ex.jobs):
+    if glob_any(summary.team, ex.teams):
+        return f"team {summary.team} exempt by the policy"
+    if glob_any(f"{ns}/{summary.job}", ex.jobs):
         return "job exempt by the policy"
     why = _optout(facts.annotations.get(ex.annotation), policy.name, now)
     if why:
@@ -100,28 +100,27 @@ def exemption(policy: Policy, summary: Mapping[str, Any], facts: JobFacts, now: 
     return None
 
 
-def selected(policy: Policy, summary: Mapping[str, Any], facts: JobFacts) -> str | None:
+def selected(policy: Policy, summary: JobSummary, facts: JobFacts) -> str | None:
     """None when the selector takes the job, else why not."""
     s = policy.spec.selector
-    ns = summary.get("namespace")
+    ns = summary.namespace
     if s.namespaces and not glob_any(ns, s.namespaces):
         return "namespace not selected"
     if glob_any(ns, s.exclude_namespaces):
         return "namespace excluded"
-    if s.teams and not glob_any(summary.get("team"), s.teams):
+    if s.teams and not glob_any(summary.team, s.teams):
         return "team not selected"
-    if s.queues and not glob_any(summary.get("queue"), s.queues):
+    if s.queues and not glob_any(summary.queue, s.queues):
         return "queue not selected"
-    kind = split_job(str(summary["job"]))[0] if summary.get("job") else None
-    if s.kinds and kind not in s.kinds:
+    if s.kinds and summary.key.kind not in s.kinds:
         return "kind not selected"
-    if s.gpu_models and not glob_any(summary.get("gpu_model"), s.gpu_models):
+    if s.gpu_models and not glob_any(summary.gpu_model, s.gpu_models):
         return "GPU model not selected"
     for k, v in s.labels.items():
         if facts.labels.get(k) is None or not glob_any(facts.labels.get(k), [v]):
             return f"label {k} not matched"
-    gpus = summary.get("gpus")
-    if s.min_gpus and (not isinstance(gpus, (int, float)) or gpus < s.min_gpus):
+    gpus = summary.gpus
+    if s.min_gpus and (gpus is None or gpus < s.min_gpus):
         return "fewer GPUs than minGpus"
     return None
 
@@ -203,7 +202,7 @@ def evaluate_sustained(
 
 def evaluate(
     policy: Policy,
-    summary: Mapping[str, Any],
+    summary: JobSummary,
     *,
     now: datetime,
     facts: JobFacts = JobFacts(),
@@ -211,23 +210,21 @@ def evaluate(
 ) -> Evaluation:
     """Decide whether ``policy`` fires on the job of ``summary`` (pure)."""
     name = policy.name
-    verdict = summary.get("verdict")
-    figures = {
-        k: summary.get(k)
-        for k in (
-            "verdict",
-            "gpu_util",
-            "sm_active",
-            "tensor_active",
-            "dram_active",
-            "coverage",
-            "gpu_hours",
-            "waste_gpu_hours",
-            "gpus",
-            "gpu_model",
-        )
+    verdict = summary.verdict.value
+    m = summary.means
+    figures: dict[str, Any] = {
+        "verdict": verdict,
+        "gpu_util": m.gpu_util,
+        "sm_active": m.sm_active,
+        "tensor_active": m.tensor_active,
+        "dram_active": m.dram_active,
+        "coverage": summary.coverage,
+        "gpu_hours": summary.gpu_hours,
+        "waste_gpu_hours": summary.waste_gpu_hours,
+        "gpus": summary.gpus,
+        "gpu_model": summary.gpu_model,
     }
-    if verdict in (None, "insufficient_data"):
+    if summary.verdict is Verdict.INSUFFICIENT_DATA:
         return Evaluation(name, False, "insufficient data: no judgement", figures, judged=False)
     why_not = selected(policy, summary, facts)
     if why_not:
@@ -237,7 +234,7 @@ def evaluate(
         return Evaluation(name, False, f"verdict {verdict} not in {spec.verdicts}", figures)
     held = []
     for c in spec.conditions:
-        v = summary.get(c.field)
+        v = summary.value_of(c.field)
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             return Evaluation(name, False, f"{c.field} is missing: no judgement", figures, judged=False)
         if not c.holds(float(v)):
@@ -247,7 +244,7 @@ def evaluate(
     if spec.sustained is not None:
         if buckets is None:
             return Evaluation(name, False, "no stored buckets for the sustained condition", figures, judged=False)
-        sr = evaluate_sustained(spec.sustained, buckets, now, job_start=read_rfc3339(str(summary.get("start") or "")))
+        sr = evaluate_sustained(spec.sustained, buckets, now, job_start=summary.start)
         evidence["sustained"] = sr.evidence
         if not sr.holds:
             return Evaluation(name, False, "sustained: " + str(sr.evidence.get("reason")), evidence)

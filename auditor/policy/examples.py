@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from auditor.core.job_summary import JobSummary
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, GpuId, PodRef
 from auditor.policy.evaluate import evaluate
@@ -46,13 +47,7 @@ def run_suite(policy: Policy, suite_file: Path) -> list[str]:
     failures = []
     for expect, key in ((True, "fire"), (False, "quiet")):
         for ex in data.get(key) or []:
-            summary = {
-                "cluster": "examples",
-                "namespace": "examples",
-                "job": "Job/example",
-                "team": "examples",
-                **ex["summary"],
-            }
+            summary = JobSummary.example(**ex["summary"])
             buckets = example_buckets(ex["sustained"]) if "sustained" in ex else []
             ev = evaluate(policy, summary, now=NOW, buckets=buckets)
             if ev.fires != expect:

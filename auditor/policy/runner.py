@@ -15,12 +15,12 @@ out a claimed step's actions, :mod:`auditor.policy.alerts` renders what they say
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from auditor.core.identity import split_job
-from auditor.core.model import Window
-from auditor.core.rfc3339 import read_rfc3339
+from auditor.core.job_summary import JobSummary
+from auditor.core.model import Verdict, Window
 from auditor.core.violations import JobIdent
 from auditor.errors import AuditorError, BadInput
 from auditor.policy.alerts import ack_button as ack_button  # re-exported
@@ -92,7 +92,7 @@ class PolicyRunner:
 
     # ------------------------------------------------------------------ the cycle
 
-    def run_cycle(self, summaries: list[dict], *, now: datetime, act: bool) -> list[Decision]:
+    def run_cycle(self, summaries: Sequence[JobSummary], *, now: datetime, act: bool) -> list[Decision]:
         """Evaluate every policy on every summary; with ``act``, run the due escalation steps.
 
         Returns one :class:`Decision` per (job, policy) that fired (including those blocked by a
@@ -106,11 +106,12 @@ class PolicyRunner:
         out: list[Decision] = []
         if act:
             out += self._recovery.resume(now)
-        for summary in summaries:
-            if summary.get("cluster") in (None, ""):
-                summary = {**summary, "cluster": self.config.cluster}
+        for s in summaries:
+            if not s.cluster:
+                s = replace(s, key=replace(s.key, cluster=self.config.cluster))
+            summary = s.to_json()  # what the actions, alerts and the record are given
             try:
-                out += self._job(summary, policies, now=now, act=act)
+                out += self._job(s, summary, policies, now=now, act=act)
             except AuditorError as exc:
                 log.warning("policies on %s: %s", job_key(summary), exc)
                 out.append(
@@ -118,7 +119,7 @@ class PolicyRunner:
                         "*",
                         "-",
                         job_key(summary),
-                        summary.get("verdict"),
+                        s.verdict.value,
                         f"error: {exc}",
                         {},
                         results={"error": str(exc)},
@@ -126,9 +127,9 @@ class PolicyRunner:
                 )
         return out
 
-    def _job(self, summary: dict, policies: list[Policy], *, now: datetime, act: bool) -> list[Decision]:
-        verdict = summary.get("verdict")
-        if verdict in (None, "insufficient_data") or not policies:
+    def _job(self, s: JobSummary, summary: dict, policies: list[Policy], *, now: datetime, act: bool) -> list[Decision]:
+        verdict = s.verdict.value
+        if s.verdict is Verdict.INSUFFICIENT_DATA or not policies:
             return []  # nothing happens on insufficient data: not even closing a violation
         facts = JobFacts()
         # Kubernetes is asked only when some policy can fire on this verdict (two GETs per job)
@@ -136,11 +137,11 @@ class PolicyRunner:
             facts = self.kube.facts(summary)
         buckets = None
         if any(p.spec.sustained for p in policies):
-            buckets = self._buckets(summary, policies, now)
+            buckets = self._buckets(s, policies, now)
         job = JobIdent.of(summary)
         decisions: list[Decision] = []
         for policy in policies:
-            ev = evaluate(policy, summary, now=now, facts=facts, buckets=buckets)
+            ev = evaluate(policy, s, now=now, facts=facts, buckets=buckets)
             if ev.exempt:
                 continue
             if not ev.fires:
@@ -151,21 +152,17 @@ class PolicyRunner:
             decisions.append(self._step(policy, summary, ev, job, now=now, act=act))
         return decisions
 
-    def _buckets(self, summary: dict, policies: list[Policy], now: datetime) -> list | None:
+    def _buckets(self, s: JobSummary, policies: list[Policy], now: datetime) -> list | None:
         if self.store is None:
             return None
-        kind, name = split_job(str(summary.get("job")))
-        found = self.store.find_job(str(summary.get("namespace")), kind, name, summary.get("cluster"))
+        found = self.store.find_job(s.namespace, s.key.kind, s.key.name, s.cluster)
         if found is None:
             return None
         longest = max(p.spec.sustained.duration for p in policies if p.spec.sustained)
         # only the trailing windows, which end at the job's last bucket: the warm-up is judged
         # from the summary's start, so the read (by job and time, indexed) costs the same for a
         # job of an hour and one of a month
-        end = read_rfc3339(str(summary.get("end") or ""))
-        if end is None:  # not an audit-JSON summary: all of the job's buckets
-            return self.store.buckets(found[0])
-        last = min(now, end)
+        last = min(now, s.end)
         return self.store.buckets(found[0], Window(last - longest - _READ_MARGIN, now + timedelta(seconds=1)))
 
     def _step(self, policy: Policy, summary: dict, ev: Evaluation, job: Any, *, now: datetime, act: bool) -> Decision:

@@ -223,9 +223,7 @@ def test_policy_alert_payloads(demo: Demo) -> None:
         runner = PolicyRunner(load_dir(Path(__file__).parents[2] / "policies"), store, None, cfg)
         decisions = []
         for k in range(2):
-            decisions += runner.run_cycle(
-                [s.to_json() for s in demo.summaries], now=NOW + timedelta(minutes=31 * k), act=True
-            )
+            decisions += runner.run_cycle(demo.summaries, now=NOW + timedelta(minutes=31 * k), act=True)
     finally:
         store.close()
         slack.close()

@@ -56,9 +56,9 @@ def test_two_cycles_8s_apart_after_the_data_ended_mid_bucket(
                 cluster=case,
             )
             now1 = end + timedelta(seconds=100)
-            first = {s["job"]: s for s in runner.run(now1).summaries}["Job/train"]
+            first = {s.job: s.to_json() for s in runner.run(now1).summaries}["Job/train"]
             second_run = runner.run(now1 + timedelta(seconds=8))
-            second = {s["job"]: s for s in second_run.summaries}.get("Job/train") or store.summary(
+            second = {s.job: s.to_json() for s in second_run.summaries}.get("Job/train") or store.summary(
                 store.find_job(namespace, "Job", "train", case)[0]
             )
     finally:

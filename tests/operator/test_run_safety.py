@@ -364,7 +364,7 @@ def test_every_now_of_a_cycle_is_the_operators_clock(
     )
     result = Operator(load_settings(cfg, environ={}), clock=lambda: t, dry_run=True).run_once()
     assert result.window.end == t
-    (summary,) = [x for x in result.summaries if x["namespace"] == namespace]
+    (summary,) = [x.to_json() for x in result.summaries if x.namespace == namespace]
     assert summary["verdict"] == "low_sm_efficiency" and summary["end"] <= t.isoformat().replace("+00:00", "Z")
     store = Store.open(postgres_url)
     try:

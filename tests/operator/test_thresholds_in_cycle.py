@@ -45,7 +45,7 @@ def _one_cycle(api, tmp_path, name: str, thresholds: dict | None) -> dict[str, d
     finally:
         store.close()
     assert runs[0]["detail"]["thresholds"] == settings.thresholds.as_dict()
-    return {s["job"]: s for s in result.summaries if s["namespace"] == ns}
+    return {s.job: s.to_json() for s in result.summaries if s.namespace == ns}
 
 
 def test_cycle_uses_the_settings_thresholds(kube_admin, tmp_path):

@@ -86,7 +86,7 @@ def test_operator_counts_alerts_without_destination(
     finally:
         op.shutdown()
 
-    assert sorted(s["job"] for s in result.summaries if s["namespace"] == namespace) == ["Pod/spin-a", "Pod/spin-b"]
+    assert sorted(s.job for s in result.summaries if s.namespace == namespace) == ["Pod/spin-a", "Pod/spin-b"]
     assert sorted(r.job.name for r in skipped) == ["spin-a", "spin-b"]
     assert all(r.action == "notify" and r.result["reason"] == "no_destination" for r in skipped)
     warned = [r.getMessage() for r in caplog.records if "not delivered" in r.getMessage()]

@@ -14,6 +14,7 @@ from policy_receivers import Receiver
 from test_unrouted_alerts import FAST, POLICY
 
 from auditor.core.acklink import LinkIssuer, verify
+from auditor.core.job_summary import JobSummary
 from auditor.core.lineage import LineageKey
 from auditor.core.model import JobRef
 from auditor.operator_loop.ack_endpoint import PATH, AckEndpoint
@@ -68,7 +69,9 @@ def test_the_alerts_link_acknowledges_the_jobs_lineage_once(db: str) -> None:
             retry=FAST,
             ack_links=issuer,
         )
-        PolicyRunner(parse_policies(POLICY, "p.yaml"), store, None, config).run_cycle([SUMMARY], now=T0, act=True)
+        PolicyRunner(parse_policies(POLICY, "p.yaml"), store, None, config).run_cycle(
+            [JobSummary.example(**SUMMARY)], now=T0, act=True
+        )
         [s], [h] = slack.accepted, hook.accepted
         button = s.json()["blocks"][-1]
         assert button["type"] == "actions" and button["elements"][0]["text"]["text"] == "Acknowledge ml/train"
@@ -107,7 +110,9 @@ def test_without_a_key_alerts_carry_no_link_and_the_settings_build_the_issuer(tm
     store = Store.open(f"sqlite:///{tmp_path}/s.db")
     try:
         config = RunnerConfig(cluster="c1", default_route=Route(slack_url=slack.url), retry=FAST)
-        PolicyRunner(parse_policies(POLICY, "p.yaml"), store, None, config).run_cycle([SUMMARY], now=T0, act=True)
+        PolicyRunner(parse_policies(POLICY, "p.yaml"), store, None, config).run_cycle(
+            [JobSummary.example(**SUMMARY)], now=T0, act=True
+        )
         [s] = slack.accepted
         assert all(b["type"] != "actions" for b in s.json()["blocks"])
     finally:

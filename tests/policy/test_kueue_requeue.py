@@ -168,10 +168,7 @@ def test_requeue_evicts_suspends_and_kueue_readmits_after_the_backoff(kube_admin
 
         # 2. the policy runner escalates and requeues (its backoff 10 minutes of its clock)
         _store_job(store, ns, "bad", job["metadata"]["uid"], "bad-0-abcde", 0.97, 0.1)
-        summary = {
-            **_summary(ns, "bad", "bad-0-abcde", job["metadata"]["uid"], "low_sm_efficiency", 0.97, 0.1),
-            "queue": "lq",
-        }
+        summary = _summary(ns, "bad", "bad-0-abcde", job["metadata"]["uid"], "low_sm_efficiency", 0.97, 0.1, queue="lq")
         runner = PolicyRunner(
             parse_policies(POLICY, "p.yaml"),
             store,

@@ -16,6 +16,7 @@ import yaml
 from kubernetes import client as k8s
 
 from auditor.actions import KubeActions
+from auditor.core.job_summary import JobSummary
 from auditor.policy.loader import parse_policies
 from auditor.policy.runner import PolicyRunner, RunnerConfig
 from auditor.store import Store
@@ -64,23 +65,25 @@ def _job(kube_admin, ns: str, name: str) -> str:
     return job.metadata.uid
 
 
-def _summary(cluster: str, ns: str, name: str, uid: str) -> dict:
-    return {
-        "cluster": cluster,
-        "namespace": ns,
-        "job": f"Job/{name}",
-        "uid": uid,
-        "team": "ml",
-        "pods": [],
-        "verdict": "low_sm_efficiency",
-        "gpu_util": 0.97,
-        "sm_active": 0.1,
-        "coverage": 0.99,
-        "gpu_hours": 1.0,
-        "waste_gpu_hours": 0.9,
-        "gpu_model": "NVIDIA H200",
-        "gpus": 1,
-    }
+def _summary(cluster: str, ns: str, name: str, uid: str) -> JobSummary:
+    return JobSummary.example(
+        **{
+            "cluster": cluster,
+            "namespace": ns,
+            "job": f"Job/{name}",
+            "uid": uid,
+            "team": "ml",
+            "pods": [],
+            "verdict": "low_sm_efficiency",
+            "gpu_util": 0.97,
+            "sm_active": 0.1,
+            "coverage": 0.99,
+            "gpu_hours": 1.0,
+            "waste_gpu_hours": 0.9,
+            "gpu_model": "NVIDIA H200",
+            "gpus": 1,
+        }
+    )
 
 
 def _annotations(kube_admin, ns: str, name: str) -> dict:

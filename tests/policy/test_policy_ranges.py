@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from auditor.core.job_summary import JobSummary
 from auditor.policy.evaluate import evaluate
 from auditor.policy.examples import NOW
 from auditor.policy.loader import PolicyError, parse_policies
@@ -115,14 +116,7 @@ spec:
 def test_the_ratio_written_as_the_hint_says_fires():
     """What the refused policy meant (0.9, not 90) matches a job at SM activity 0.5."""
     (p,) = parse_policies(policy("sm_active", "0.9"), "p.yaml")
-    summary = {
-        "cluster": "c",
-        "namespace": "n",
-        "job": "Job/j",
-        "team": "t",
-        "verdict": "low_sm_efficiency",
-        "sm_active": 0.5,
-    }
+    summary = JobSummary.example(verdict="low_sm_efficiency", sm_active=0.5)
     assert evaluate(p, summary, now=NOW).fires
 
 

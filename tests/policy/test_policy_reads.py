@@ -8,6 +8,7 @@ from datetime import timedelta
 from counting import CountingStore
 from test_policy_units import SUM, P
 
+from auditor.core.job_summary import JobSummary
 from auditor.core.model import JobRef
 from auditor.policy.examples import NOW, example_buckets
 from auditor.policy.loader import parse_policies
@@ -24,15 +25,17 @@ def test_sustained_reads_only_the_trailing_window_of_an_old_job(tmp_path) -> Non
             jid = store.upsert_job(job, NOW - timedelta(hours=hours), NOW)
             buckets = example_buckets({"gpu_util": 0.95, "sm_active": 0.1, "minutes": hours * 60})
             store.replace_buckets(jid, buckets)
-            summary = {
-                **SUM,
-                "cluster": "c",
-                "job": job.job,
-                "gpu_util": 0.95,
-                "coverage": 0.99,
-                "start": (NOW - timedelta(hours=hours)).isoformat(),
-                "end": NOW.isoformat(),
-            }
+            summary = JobSummary.example(
+                **{
+                    **SUM,
+                    "cluster": "c",
+                    "job": job.job,
+                    "gpu_util": 0.95,
+                    "coverage": 0.99,
+                    "start": (NOW - timedelta(hours=hours)).isoformat(),
+                    "end": NOW.isoformat(),
+                }
+            )
             counting = CountingStore(store)
             (decision,) = PolicyRunner(policies, counting).run_cycle([summary], now=NOW, act=False)
             # only a firing policy yields a decision; it held for the whole trailing 30 minutes

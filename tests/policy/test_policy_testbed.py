@@ -19,6 +19,7 @@ from policy_receivers import Receiver
 from auditor import traces
 from auditor.actions import KubeActions
 from auditor.cli.main import main
+from auditor.core.job_summary import JobSummary
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, GpuId, JobRef, PodRef
 from auditor.notify import verify_signature
@@ -121,24 +122,29 @@ def priority_class(kube_admin):
     delete_cluster_object(kube_admin, "workloadpriorityclasses", name)
 
 
-def _summary(ns: str, name: str, pod: str, uid: str, verdict: str, util: float, sm: float, team: str = "ml") -> dict:
-    return {
-        "cluster": "default",
-        "namespace": ns,
-        "job": f"Job/{name}",
-        "uid": uid,
-        "team": team,
-        "queue": "team-a",
-        "gpu_model": "NVIDIA H200",
-        "gpus": 1,
-        "pods": [pod],
-        "verdict": verdict,
-        "gpu_util": util,
-        "sm_active": sm,
-        "coverage": 0.99,
-        "gpu_hours": 1.0,
-        "waste_gpu_hours": 1.0 - sm,
-    }
+def _summary(
+    ns: str, name: str, pod: str, uid: str, verdict: str, util: float, sm: float, team: str = "ml", **more: object
+) -> JobSummary:
+    return JobSummary.example(
+        **{
+            "cluster": "default",
+            "namespace": ns,
+            "job": f"Job/{name}",
+            "uid": uid,
+            "team": team,
+            "queue": "team-a",
+            "gpu_model": "NVIDIA H200",
+            "gpus": 1,
+            "pods": [pod],
+            "verdict": verdict,
+            "gpu_util": util,
+            "sm_active": sm,
+            "coverage": 0.99,
+            "gpu_hours": 1.0,
+            "waste_gpu_hours": 1.0 - sm,
+            **more,
+        }
+    )
 
 
 def _store_job(store: Store, ns: str, name: str, uid: str, pod: str, util: float, sm: float) -> None:

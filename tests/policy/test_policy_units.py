@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from policy_receivers import Receiver
 
+from auditor.core.job_summary import JobSummary
 from auditor.notify import SlackNotifier, WebhookNotifier, slack_escape, verify_signature
 from auditor.notify.http import RetryPolicy, retry_after_seconds
 from auditor.policy.backtest import walk_ladder
@@ -31,6 +32,7 @@ spec:
       cooldown: 5m
 """
 SUM = {"cluster": "c", "namespace": "n", "job": "Job/j", "team": "t", "verdict": "low_sm_efficiency", "sm_active": 0.1}
+EX = JobSummary.example(**SUM)
 
 
 def test_errors_name_file_and_line() -> None:
@@ -46,30 +48,31 @@ def test_errors_name_file_and_line() -> None:
 
 def test_missing_data_never_fires() -> None:
     (p,) = parse_policies(P, "p.yaml")
-    assert evaluate(p, SUM, now=NOW, buckets=example_buckets({"sm_active": 0.1, "minutes": 60})).fires
+    assert evaluate(p, EX, now=NOW, buckets=example_buckets({"sm_active": 0.1, "minutes": 60})).fires
     assert not evaluate(
-        p, {**SUM, "verdict": "insufficient_data"}, now=NOW, buckets=example_buckets({"sm_active": 0.1})
+        p,
+        JobSummary.example(**{**SUM, "verdict": "insufficient_data"}),
+        now=NOW,
+        buckets=example_buckets({"sm_active": 0.1}),
     ).fires
-    assert not evaluate(p, SUM, now=NOW, buckets=None).fires
-    assert not evaluate(
-        p, SUM, now=NOW, buckets=example_buckets({"gpu_util": 0.9, "minutes": 60})
-    ).fires  # no SM series
+    assert not evaluate(p, EX, now=NOW, buckets=None).fires
+    assert not evaluate(p, EX, now=NOW, buckets=example_buckets({"gpu_util": 0.9, "minutes": 60})).fires  # no SM series
     sparse = [b for i, b in enumerate(example_buckets({"sm_active": 0.1, "minutes": 60})) if i % 2]
-    assert not evaluate(p, SUM, now=NOW, buckets=sparse).fires  # coverage 0.5 < 0.8
+    assert not evaluate(p, EX, now=NOW, buckets=sparse).fires  # coverage 0.5 < 0.8
 
 
 def test_exemptions_and_snooze() -> None:
     (p,) = parse_policies(P, "p.yaml")
     b = example_buckets({"sm_active": 0.1, "minutes": 60})
-    assert evaluate(p, SUM, now=NOW, buckets=b, facts=JobFacts({"gpu-auditor.io/exempt": "true"})).exempt
+    assert evaluate(p, EX, now=NOW, buckets=b, facts=JobFacts({"gpu-auditor.io/exempt": "true"})).exempt
     assert evaluate(
-        p, SUM, now=NOW, buckets=b, facts=JobFacts(namespace_annotations={"gpu-auditor.io/exempt": "p,q"})
+        p, EX, now=NOW, buckets=b, facts=JobFacts(namespace_annotations={"gpu-auditor.io/exempt": "p,q"})
     ).exempt
     expired = JobFacts({"gpu-auditor.io/exempt": (NOW - timedelta(hours=1)).isoformat()})
-    assert not evaluate(p, SUM, now=NOW, buckets=b, facts=expired).exempt
+    assert not evaluate(p, EX, now=NOW, buckets=b, facts=expired).exempt
     snoozed = evaluate(
         p,
-        SUM,
+        EX,
         now=NOW,
         buckets=b,
         facts=JobFacts({"gpu-auditor.io/snooze-until": (NOW + timedelta(hours=1)).isoformat()}),
@@ -166,14 +169,18 @@ def test_cli_validate_and_simulate(tmp_path) -> None:
     store.replace_buckets(jid, buckets)
     store.save_summary(
         jid,
-        {
-            **SUM,
-            "cluster": "default",
-            "gpu_util": 0.95,
-            "coverage": 0.99,
-            "start": (now - timedelta(hours=2)).isoformat(),
-            "end": now.isoformat(),
-        },
+        JobSummary.example(
+            **{
+                **SUM,
+                "cluster": "default",
+                "gpu_util": 0.95,
+                "coverage": 0.99,
+                "start": (now - timedelta(hours=2)).isoformat(),
+                "end": now.isoformat(),
+                "window": {"start": (now - timedelta(hours=2)).isoformat(), "end": now.isoformat()},
+                "computed_at": now.isoformat(),
+            }
+        ).to_json(),
     )
     store.close()
     r = subprocess.run(
@@ -255,9 +262,11 @@ def test_warm_up_is_judged_from_the_job_start_not_the_buckets_read() -> None:
     # the runner reads only the trailing window: 35 minutes of buckets for a 30-minute rule
     (p,) = parse_policies(P, "p.yaml")
     recent = example_buckets({"sm_active": 0.1, "minutes": 35})
-    young = evaluate(p, {**SUM, "start": (NOW - timedelta(minutes=35)).isoformat()}, now=NOW, buckets=recent)
+    young = evaluate(
+        p, JobSummary.example(**SUM, start=(NOW - timedelta(minutes=35)).isoformat()), now=NOW, buckets=recent
+    )
     assert not young.fires and "younger than warm-up" in young.reason
-    old = evaluate(p, {**SUM, "start": (NOW - timedelta(hours=30)).isoformat()}, now=NOW, buckets=recent)
+    old = evaluate(p, JobSummary.example(**SUM, start=(NOW - timedelta(hours=30)).isoformat()), now=NOW, buckets=recent)
     assert old.fires, old.reason
 
 
@@ -270,6 +279,6 @@ def test_sustained_evidence_lists_fields_in_the_conditions_order() -> None:
         ),
         "p.yaml",
     )
-    ev = evaluate(p, SUM, now=NOW, buckets=example_buckets({"gpu_util": 0.9, "sm_active": 0.1, "minutes": 60}))
+    ev = evaluate(p, EX, now=NOW, buckets=example_buckets({"gpu_util": 0.9, "sm_active": 0.1, "minutes": 60}))
     sustained = ev.evidence["sustained"]
     assert list(sustained["means"]) == list(sustained["worst"]) == ["gpu_util", "sm_active"]

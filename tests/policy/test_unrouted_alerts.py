@@ -14,6 +14,7 @@ import pytest
 from policy_receivers import Receiver
 
 from auditor.cli.main import main
+from auditor.core.job_summary import JobSummary
 from auditor.core.model import JobRef
 from auditor.notify.http import RetryPolicy
 from auditor.operator_loop.health import HealthServer, OperatorMetrics
@@ -36,19 +37,19 @@ spec:
 FAST = RetryPolicy(attempts=2, base=0.01, cap=0.05, max_wait=1, timeout=5)
 
 
-def summary(team: str, name: str) -> dict:
-    return {
-        "cluster": "c1",
-        "namespace": f"ns-{team}",
-        "job": f"Job/{name}",
-        "team": team,
-        "verdict": "low_sm_efficiency",
-        "sm_active": 0.04,
-        "gpu_util": 1.0,
-        "coverage": 1.0,
-        "start": (T0 - timedelta(hours=2)).isoformat(),
-        "end": T0.isoformat(),
-    }
+def summary(team: str, name: str) -> JobSummary:
+    return JobSummary.example(
+        cluster="c1",
+        namespace=f"ns-{team}",
+        job=f"Job/{name}",
+        team=team,
+        verdict="low_sm_efficiency",
+        sm_active=0.04,
+        gpu_util=1.0,
+        coverage=1.0,
+        start=(T0 - timedelta(hours=2)).isoformat(),
+        end=T0.isoformat(),
+    )
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.testbed)])
@@ -62,8 +63,9 @@ def test_alerts_without_destination_warn_once_per_team_count_and_list(db, caplog
     store = Store.open(db)
     try:
         for s in jobs:
-            kind, _, name = s["job"].partition("/")
-            store.upsert_job(JobRef("c1", s["namespace"], kind, name, None, s["team"]), T0 - timedelta(hours=2), T0)
+            store.upsert_job(
+                JobRef("c1", s.namespace, s.key.kind, s.key.name, None, s.team), T0 - timedelta(hours=2), T0
+            )
         config = RunnerConfig(cluster="c1", routes={"routed": Route(slack_url=slack.url)}, retry=FAST)
         runner = PolicyRunner(parse_policies(POLICY, "p.yaml"), store, None, config)
         metrics = OperatorMetrics()

@@ -5,9 +5,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from auditor.core.job_summary import JobSummary, sorted_summaries
 from auditor.core.model import JobRef, PodRef, Window
 from auditor.correlate import NoKubeResolver, StaticResolver
-from auditor.engine import run_audit, sort_summaries
+from auditor.engine import run_audit
 from auditor.sources.replay import ReplaySource
 from auditor.traces import TraceJob, load_trace, make_gpus
 
@@ -49,11 +50,11 @@ def test_resolver_groups_pods_and_reports_unattributed():
 
 def test_sort_summaries():
     rows = [
-        {"job": "a", "waste_gpu_hours": None, "gpu_hours": 5},
-        {"job": "b", "waste_gpu_hours": 1.0},
-        {"job": "c", "waste_gpu_hours": 3.0},
+        JobSummary.example(job="Job/a", waste_gpu_hours=None, gpu_hours=5),
+        JobSummary.example(job="Job/b", waste_gpu_hours=1.0),
+        JobSummary.example(job="Job/c", waste_gpu_hours=3.0),
     ]
-    assert [r["job"] for r in sort_summaries(rows)] == ["c", "b", "a"]
+    assert [r.job for r in sorted_summaries(rows)] == ["Job/c", "Job/b", "Job/a"]
 
 
 def test_with_sqlite_store_same_results_and_idempotent(tmp_path):

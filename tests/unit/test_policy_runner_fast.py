@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Mapping
 
+from auditor.core.job_summary import JobSummary
 from auditor.core.violations import CLAIMED, DONE, SKIPPED, WAITING, JobIdent, ViolationState
 from auditor.policy.evaluate import JobFacts
 from auditor.policy.loader import parse_policies
@@ -36,15 +37,10 @@ spec:
 """
 
 
-def summary(name: str, *, namespace: str = "ml", verdict: str = "idle", queue: str | None = None) -> dict:
-    return {
-        "cluster": "east",
-        "namespace": namespace,
-        "job": f"Job/{name}",
-        "team": "t",
-        "verdict": verdict,
-        "queue": queue,
-    }
+def summary(name: str, *, namespace: str = "ml", verdict: str = "idle", queue: str | None = None) -> JobSummary:
+    return JobSummary.example(
+        cluster="east", namespace=namespace, job=f"Job/{name}", team="t", verdict=verdict, queue=queue
+    )
 
 
 @dataclass
@@ -279,7 +275,7 @@ def test_the_ladder_is_climbed_in_order_once_per_step_and_restarts_after_the_vio
     assert steps(r.run_cycle([summary("a")], now=NOW + timedelta(minutes=10), act=True)) == [("a", 1)]
     assert kube.calls == [("annotate", "Job/a"), ("event", "Job/a")]
     # a judged cycle where the policy does not fire closes the violation; the next one starts at step 0
-    assert r.run_cycle([summary("a", verdict="ok")], now=NOW + timedelta(minutes=11), act=True) == []
+    assert r.run_cycle([summary("a", verdict="healthy")], now=NOW + timedelta(minutes=11), act=True) == []
     assert record.violations == {}
     assert steps(r.run_cycle([summary("a")], now=NOW + timedelta(minutes=12), act=True)) == [("a", 0)]
     assert {d["dedup_key"].rpartition("#")[0].rpartition("#")[2] for d in record.decision_rows} == {"v1", "v2"}
@@ -316,7 +312,7 @@ def test_requeue_rate_limit_defers_without_claiming_and_the_step_runs_when_the_h
     assert first["a"].results["requeue"]["state"] == WAITING
     assert first["b"].blocked == "rate limit: 1 requeues per hour in the cluster"
     # not claimed: b's ladder still stands at its requeue step
-    assert record.open_violations(JobIdent.of(summary("b")))[0][2].next_step == 2
+    assert record.open_violations(JobIdent.of(summary("b").to_json()))[0][2].next_step == 2
     later = {d.job.rpartition("/")[2]: d for d in r.run_cycle(jobs, now=due + timedelta(minutes=61), act=True)}
     assert later["b"].results["requeue"]["state"] == WAITING
     assert [c for c in kube.calls if c[0] == "deactivate"] == [("deactivate", "job-a"), ("deactivate", "job-b")]
@@ -348,7 +344,7 @@ def test_requeue_is_off_by_default_and_capped_per_job() -> None:
     due = _to_requeue_step(r2, [summary("a")])
     r2.run_cycle([summary("a")], now=due, act=True)
     # the violation closes and opens again: its new ladder's requeue meets the per-job cap
-    r2.run_cycle([summary("a", verdict="ok")], now=due + timedelta(minutes=1), act=True)
+    r2.run_cycle([summary("a", verdict="healthy")], now=due + timedelta(minutes=1), act=True)
     due2 = _to_requeue_step_at(r2, [summary("a")], due + timedelta(minutes=2))
     (d2,) = [d for d in r2.run_cycle([summary("a")], now=due2, act=True) if d.step is not None]
     assert d2.results["requeue"] == {"state": SKIPPED, "why": "requeue cap per job reached"}
