@@ -17,6 +17,8 @@ from auditor.policy.loader import PolicyError, PolicyRegistry, load_all, parse_g
 
 _CLI = str(Path(sys.executable).with_name("gpu-auditor"))
 ROOT = Path(__file__).parents[2]
+#: a whole audit-JSON object (the backtest reads typed summaries), re-identified per run
+TEMPLATE = json.loads((ROOT / "tests" / "golden" / "audit" / "demo.json").read_text())[0]
 
 G = """apiVersion: gpu-auditor.io/v1alpha1
 kind: GatePolicy
@@ -140,6 +142,12 @@ def test_cli_validate_lists_gate_rules_and_simulate_replays_the_store(tmp_path: 
         store.save_summary(
             jid,
             {
+                **TEMPLATE,
+                "cluster": "default",
+                "namespace": "ml-a",
+                "job": job.job,
+                "uid": job.uid,
+                "team": "t",
                 "verdict": "low_sm_efficiency",
                 "start": start.isoformat(),
                 "end": (start + timedelta(hours=1)).isoformat(),
