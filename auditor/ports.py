@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from auditor.core.accumulate import JobAggregate
+from auditor.core.action_target import ActionTarget
 from auditor.core.model import Bucket, JobRef, Window
 from auditor.core.readings import SourceResult
 from auditor.correlate import JobResolver
@@ -137,13 +138,13 @@ class DecisionLog(Protocol):
 class ClusterActions(Protocol):
     """The cluster reads and writes a policy step makes (:class:`auditor.actions.kube.KubeActions`)."""
 
-    def facts(self, summary: Mapping[str, Any]) -> Any: ...
+    def facts(self, target: ActionTarget) -> Any: ...
 
-    def annotate(self, summary: Mapping[str, Any], annotations: Mapping[str, Any]) -> dict: ...
+    def annotate(self, target: ActionTarget, annotations: Mapping[str, Any]) -> dict: ...
 
     def event(
         self,
-        summary: Mapping[str, Any],
+        target: ActionTarget,
         *,
         key: str,
         reason: str,
@@ -153,7 +154,7 @@ class ClusterActions(Protocol):
         type_: str = "Warning",
     ) -> dict: ...
 
-    def requeue_target(self, summary: Mapping[str, Any]) -> dict: ...
+    def requeue_target(self, target: ActionTarget) -> dict: ...
 
     def deactivate(self, target: dict, *, lower_priority_by: int = 0) -> dict: ...
 

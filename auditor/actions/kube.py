@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from auditor.core.identity import JobKey
+from auditor.core.action_target import ActionTarget
 from auditor.core.kinds import JOB_KINDS, KUEUE_GROUP, KUEUE_JOB_UID_LABEL, KUEUE_QUEUE_LABEL
 from auditor.errors import PermanentError, RetryableError
 from auditor.errors import RequeueRefused as RequeueRefused  # re-exported
@@ -46,14 +46,9 @@ def _fail(exc: ApiException, what: str) -> Exception:
     return PermanentError(msg)
 
 
-def _job(summary: Mapping[str, Any]) -> tuple[str, str, str]:
-    """(kind, namespace, name) of a summary's job, read by :class:`JobKey`; PermanentError
-    naming the summary's identity when it has none (nothing can be written to it)."""
-    try:
-        key = JobKey.of_document(summary)
-    except ValueError as exc:
-        raise PermanentError(str(exc)) from None
-    return key.kind, key.namespace, key.name
+def _job(target: ActionTarget) -> tuple[str, str, str]:
+    """(kind, namespace, name) of the target's job."""
+    return target.key.kind, target.key.namespace, target.key.name
 
 
 def _api_path(kind: str, namespace: str, name: str | None = None) -> str:
@@ -129,9 +124,9 @@ class KubeActions:
 
     # ------------------------------------------------------------------ facts
 
-    def facts(self, summary: Mapping[str, Any]) -> JobFacts:
+    def facts(self, target: ActionTarget) -> JobFacts:
         """The job's and its namespace's labels and annotations (empty when the job is gone)."""
-        kind, ns, name = _job(summary)
+        kind, ns, name = _job(target)
         obj = self.get(kind, ns, name) if kind in KINDS else None
         ns_ann: dict[str, str] = {}
         try:
@@ -147,18 +142,16 @@ class KubeActions:
 
     # ------------------------------------------------------------------ annotate
 
-    def annotate(self, summary: Mapping[str, Any], annotations: Mapping[str, Any]) -> dict:
+    def annotate(self, target: ActionTarget, annotations: Mapping[str, Any]) -> dict:
         """Merge-patch ``annotations`` (all under gpu-auditor.io/) onto the job and its pods."""
         for k in annotations:
             if not k.startswith("gpu-auditor.io/"):
                 raise ValueError(f"refusing to write annotation {k!r} outside gpu-auditor.io/")
         body = {"metadata": {"annotations": {k: _clean_value(v) for k, v in annotations.items()}}}
-        kind, ns, name = _job(summary)
+        kind, ns, name = _job(target)
         done: list[str] = []
         missing: list[str] = []
-        targets = [(kind, name)] + [
-            ("Pod", p) for p in (summary.get("pods") or []) if not (kind == "Pod" and p == name)
-        ]
+        targets = [(kind, name)] + [("Pod", p) for p in target.pods if not (kind == "Pod" and p == name)]
         for k, n in targets:
             if k not in KINDS:
                 missing.append(f"{k}/{n} (unknown kind)")
@@ -177,7 +170,7 @@ class KubeActions:
 
     def event(
         self,
-        summary: Mapping[str, Any],
+        target: ActionTarget,
         *,
         key: str,
         reason: str,
@@ -187,10 +180,10 @@ class KubeActions:
         type_: str = "Warning",
     ) -> dict:
         """Create one events.k8s.io/v1 Event on the job, named after ``key`` (dedup: 409 = done)."""
-        kind, ns, name = _job(summary)
+        kind, ns, name = _job(target)
         group, version, _ = KINDS.get(kind, ("", "v1", ""))
         obj = self.get(kind, ns, name) if kind in KINDS else None
-        uid = ((obj or {}).get("metadata") or {}).get("uid") or summary.get("uid")
+        uid = ((obj or {}).get("metadata") or {}).get("uid") or target.uid
         ev_name = f"{name[:200]}.gpa-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
         body = {
             "apiVersion": "events.k8s.io/v1",
@@ -263,12 +256,12 @@ class KubeActions:
             raise RequeueRefused(f"Workload {namespace}/{name}: the {KUEUE_GROUP} API is no longer served")
         return path
 
-    def requeue_target(self, summary: Mapping[str, Any]) -> dict:
+    def requeue_target(self, target: ActionTarget) -> dict:
         """What a requeue of this job would patch: ``{"type": "workload"|"job", ...}``.
 
         Refuses kinds that cannot be suspended (a bare Pod would be killed for good) and Workloads
         that have finished."""
-        kind, ns, name = _job(summary)
+        kind, ns, name = _job(target)
         if kind == "Pod" or kind not in KINDS:
             raise RequeueRefused(f"{kind}/{name}: a {kind or 'job'} cannot be requeued (not suspendable)")
         obj = self.get(kind, ns, name)

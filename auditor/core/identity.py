@@ -45,6 +45,11 @@ class JobKey:
     def __str__(self) -> str:
         return f"{self.cluster}/{self.namespace}/{self.kind}/{self.name}"
 
+    def fields(self) -> dict[str, str]:
+        """The audit JSON's identity fields (``cluster``, ``namespace``, ``job``), in its order;
+        :meth:`of_document` reads them back."""
+        return {"cluster": self.cluster, "namespace": self.namespace, "job": self.job}
+
     @classmethod
     def of(cls, cluster: str, namespace: str, job: str) -> JobKey:
         """From the audit JSON's three fields (``job`` is ``Kind/name``)."""
@@ -75,3 +80,24 @@ class JobKey:
         if len(rest) != 3 or not head or not all(rest):
             raise ValueError(f"{text!r}: expected CLUSTER/NAMESPACE/KIND/NAME")
         return cls(head, *rest)
+
+
+class KeyedByJob:
+    """``cluster``, ``namespace`` and ``job`` (``Kind/name``) of a value that holds its job's
+    :class:`JobKey` as ``key`` (a summary, an action's target)."""
+
+    __slots__ = ()
+    key: JobKey
+
+    @property
+    def cluster(self) -> str:
+        return self.key.cluster
+
+    @property
+    def namespace(self) -> str:
+        return self.key.namespace
+
+    @property
+    def job(self) -> str:
+        """``Kind/name``."""
+        return self.key.job

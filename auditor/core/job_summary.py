@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
-from auditor.core.identity import JobKey
+from auditor.core.identity import JobKey, KeyedByJob
 from auditor.core.metrics import Metric
 from auditor.core.model import Finding, Verdict
 from auditor.core.ranges import RATIO, Range
@@ -334,7 +334,7 @@ LIFECYCLE_FIELDS = ("final", "ended")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class JobSummary:
+class JobSummary(KeyedByJob):
     """One job's audit-JSON summary (DESIGN.md "Audit JSON").
 
     ``final``/``ended`` are the operator's: whether the job has ended and settled (its summary
@@ -369,25 +369,10 @@ class JobSummary:
     ended: datetime | None = None
     extra: Mapping[str, object] = field(default_factory=dict)
 
-    @property
-    def cluster(self) -> str:
-        return self.key.cluster
-
-    @property
-    def namespace(self) -> str:
-        return self.key.namespace
-
-    @property
-    def job(self) -> str:
-        """``Kind/name``."""
-        return self.key.job
-
     def to_json(self) -> dict[str, object]:
         """The plain-JSON document (key order as DESIGN.md and the golden files have it)."""
         out: dict[str, object] = {
-            "cluster": self.key.cluster,
-            "namespace": self.key.namespace,
-            "job": self.key.job,
+            **self.key.fields(),
             "uid": self.uid,
             "team": self.team,
             "queue": self.queue,

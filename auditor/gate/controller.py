@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping
 
 from kubernetes import client
 
+from auditor.core.action_target import ActionTarget
 from auditor.core.lineage import LineageKey, lineage_of_object
 from auditor.errors import AuditorError
 from auditor.gate.admission import READY, REJECTED, RETRY, AdmissionGate, Verdict, ack_hint, lineage_name
@@ -440,14 +441,15 @@ class GateController:
                 if wl["metadata"]["name"] == workload and (wl.get("spec") or {}).get("active") is False:
                     self.kube.delete_workload(ns, workload)
             self.kube.actions.annotate(
-                summary, {GATE_RELEASED: json.dumps({"workload": workload, "at": now.isoformat(), "lineage": str(key)})}
+                ActionTarget.of_ref(summary),
+                {GATE_RELEASED: json.dumps({"workload": workload, "at": now.isoformat(), "lineage": str(key)})},
             )
             done = True
         if done:
             log.info("gate: released %s/%s (%s)", ns, name, lineage_name(key))
             try:
                 self.kube.actions.event(
-                    summary,
+                    ActionTarget.of_ref(summary),
                     key=f"gate-release/{meta.get('uid')}/{workload or 'gated'}",
                     reason="EfficiencyGateReleased",
                     note=note,

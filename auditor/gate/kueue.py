@@ -19,6 +19,7 @@ from kubernetes.client.rest import ApiException
 
 from auditor.actions.kube import KINDS, KubeActions
 from auditor.actions.kube import _fail as _fail
+from auditor.core.action_target import ActionTarget
 from auditor.kube.client import call_json, resource_path
 
 log = logging.getLogger(__name__)
@@ -281,11 +282,14 @@ class KueueGateApi:
         return True
 
     def annotate(self, wl: WorkloadView, annotations: Mapping[str, Any]) -> None:
-        self.actions.annotate(wl.job, {k: (v if isinstance(v, str) else json.dumps(v)) for k, v in annotations.items()})
+        self.actions.annotate(
+            ActionTarget.of_ref(wl.job),
+            {k: (v if isinstance(v, str) else json.dumps(v)) for k, v in annotations.items()},
+        )
 
     def event(self, wl: WorkloadView, *, key: str, reason: str, note: str, now: datetime, warning: bool) -> None:
         self.actions.event(
-            wl.job,
+            ActionTarget.of_ref(wl.job),
             key=key,
             reason=reason,
             note=note,

@@ -4,35 +4,40 @@ annotations and Event note. Pure: every user-controlled string in Slack goes thr
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any
 
+from auditor.core.action_target import ActionTarget
+from auditor.core.job_summary import JobSummary
 from auditor.notify.slack import context, fields, header, section, slack_escape
-from auditor.policy.decision import action_ref
 from auditor.policy.schema import Policy
 
 
-def job_annotations(policy: Policy, summary: Mapping[str, Any], reason: str, now: datetime) -> dict[str, Any]:
-    """The ``gpu-auditor.io/`` annotations an ``annotate`` step writes on the job and its pods."""
+def job_annotations(
+    policy: Policy, target: ActionTarget, summary: JobSummary | None, reason: str, now: datetime
+) -> dict[str, Any]:
+    """The ``gpu-auditor.io/`` annotations an ``annotate`` step writes on the job and its pods.
 
-    def pct(v: Any) -> str:
-        return f"{v * 100:.1f}%" if isinstance(v, (int, float)) else "n/a"
+    ``summary`` None: a step resumed after a crash, which has only the stored ``target``; the
+    figures are then unknown and written as ``n/a`` (the next violation's annotate writes them)."""
 
+    def pct(v: float | None) -> str:
+        return f"{v * 100:.1f}%" if v is not None else "n/a"
+
+    waste = summary.waste_gpu_hours if summary is not None else None
     return {
-        "gpu-auditor.io/verdict": summary.get("verdict"),
+        "gpu-auditor.io/verdict": target.verdict,
         "gpu-auditor.io/policy": policy.name,
         "gpu-auditor.io/reason": reason,
-        "gpu-auditor.io/gpu-util": pct(summary.get("gpu_util")),
-        "gpu-auditor.io/sm-active": pct(summary.get("sm_active")),
-        "gpu-auditor.io/waste-gpu-hours": f"{summary['waste_gpu_hours']:.2f}"
-        if isinstance(summary.get("waste_gpu_hours"), (int, float))
-        else "n/a",
+        "gpu-auditor.io/gpu-util": pct(summary.means.gpu_util if summary is not None else None),
+        "gpu-auditor.io/sm-active": pct(summary.means.sm_active if summary is not None else None),
+        "gpu-auditor.io/waste-gpu-hours": f"{waste:.2f}" if waste is not None else "n/a",
         "gpu-auditor.io/decided-at": now.isoformat().replace("+00:00", "Z"),
     }
 
 
 def webhook_payload(
     policy: Policy,
-    summary: Mapping[str, Any],
+    target: ActionTarget,
     reason: str,
     evidence: dict,
     key: str,
@@ -46,7 +51,7 @@ def webhook_payload(
     payload = {
         "policy": policy.name,
         "mode": policy.spec.mode.value,
-        "job": action_ref(summary),
+        "job": target.to_ref(),
         "reason": reason,
         "advice": policy.spec.advice,
         "evidence": evidence,
@@ -66,31 +71,28 @@ def event_note(policy: Policy, reason: str) -> str:
 
 
 def slack_message(
-    policy: Policy, summary: Mapping[str, Any], reason: str, *, ack_url: str | None = None, lineage: str | None = None
+    policy: Policy, summary: JobSummary, reason: str, *, ack_url: str | None = None, lineage: str | None = None
 ) -> tuple[str, list[dict]]:
     """The Slack alert for a violation; every user-controlled string goes through slack_escape.
     With ``ack_url`` (a signed link) it ends with a button that acknowledges the job's lineage."""
 
-    def pct(v: Any) -> str:
-        return f"{v * 100:.0f}%" if isinstance(v, (int, float)) else "n/a"
+    def pct(v: float | None) -> str:
+        return f"{v * 100:.0f}%" if v is not None else "n/a"
 
-    job = f"{summary.get('namespace')}/{summary.get('job')}"
+    job = f"{summary.namespace}/{summary.job}"
     text = f"gpu-auditor: {slack_escape(job)} breaks policy {slack_escape(policy.name)}"
     blocks = [
-        header(f"GPU policy {policy.name}: {summary.get('verdict')}"),
+        header(f"GPU policy {policy.name}: {summary.verdict.value}"),
         section(
-            f"*Job* `{slack_escape(job)}` (team {slack_escape(summary.get('team'))}, "
-            f"{slack_escape(summary.get('gpus'))} × {slack_escape(summary.get('gpu_model'))})\n{slack_escape(reason)}"
+            f"*Job* `{slack_escape(job)}` (team {slack_escape(summary.team)}, "
+            f"{slack_escape(summary.gpus)} × {slack_escape(summary.gpu_model)})\n{slack_escape(reason)}"
         ),
         fields(
             [
-                ("GPU util", pct(summary.get("gpu_util"))),
-                ("SM active", pct(summary.get("sm_active"))),
-                ("Tensor active", pct(summary.get("tensor_active"))),
-                (
-                    "Wasted GPU-h",
-                    summary.get("waste_gpu_hours") if summary.get("waste_gpu_hours") is not None else "n/a",
-                ),
+                ("GPU util", pct(summary.means.gpu_util)),
+                ("SM active", pct(summary.means.sm_active)),
+                ("Tensor active", pct(summary.means.tensor_active)),
+                ("Wasted GPU-h", summary.waste_gpu_hours if summary.waste_gpu_hours is not None else "n/a"),
             ]
         ),
     ]

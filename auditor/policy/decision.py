@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 
 @dataclass
@@ -38,8 +38,3 @@ class Decision:
             "results": self.results,
             "evidence": self.evidence,
         }
-
-
-def action_ref(summary: Mapping[str, Any]) -> dict:
-    """The parts of a summary an action needs later (stored with the decision, for resumes)."""
-    return {k: summary.get(k) for k in ("cluster", "namespace", "job", "uid", "team", "queue", "pods", "verdict")}

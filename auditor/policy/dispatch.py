@@ -4,10 +4,13 @@ runner's recovery (:mod:`auditor.policy.recovery`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable
 
+from auditor.core.action_target import ActionTarget
+from auditor.core.job_summary import JobSummary
 from auditor.core.lineage import lineage_of_summary
 from auditor.core.violations import DONE, FAILED, SKIPPED, WAITING, JobIdent
 from auditor.errors import AuditorError, RequeueRefused
@@ -44,12 +47,26 @@ class StepActions:
         self._unrouted: set[str] = set()
 
     def run(
-        self, action: ActionKind, key: str, policy: Policy, summary: dict, reason: str, evidence: dict, now: datetime
+        self,
+        action: ActionKind,
+        key: str,
+        policy: Policy,
+        target: ActionTarget,
+        reason: str,
+        evidence: dict,
+        now: datetime,
+        *,
+        summary: JobSummary | None = None,
     ) -> dict:
+        """Carry out ``action`` on ``target`` and record its outcome. ``summary`` is the job's
+        summary in a cycle; a resumed step has only the stored target (never a notify: an alert
+        is not resent), so its annotations carry no figures."""
         repo = self._record
         try:
             if action is ActionKind.NOTIFY:
-                result = self._notify(policy, summary, reason, evidence, key, now)
+                if summary is None:
+                    raise AssertionError("a notify step needs the job's summary")
+                result = self._notify(policy, summary, target, reason, evidence, key, now)
                 state = DONE if result.get("ok") else (SKIPPED if result.get("skipped") else FAILED)
                 repo.finish_action(key, state, now, result=result, error=result.get("error"))
                 return {"state": state, **result}
@@ -61,18 +78,18 @@ class StepActions:
                 repo.finish_action(key, SKIPPED, now, result={"why": why})
                 return {"state": SKIPPED, "why": why}
             if action is ActionKind.ANNOTATE:
-                result = self.kube.annotate(summary, job_annotations(policy, summary, reason, now))
+                result = self.kube.annotate(target, job_annotations(policy, target, summary, reason, now))
                 repo.finish_action(key, DONE, now, result=result)
                 return {"state": DONE, **result}
             if action is ActionKind.EVENT:
                 note = event_note(policy, reason)
                 result = self.kube.event(
-                    summary, key=key, reason="GpuPolicyViolation", note=note, action=f"policy/{policy.name}", now=now
+                    target, key=key, reason="GpuPolicyViolation", note=note, action=f"policy/{policy.name}", now=now
                 )
                 repo.finish_action(key, DONE, now, result=result)
                 return {"state": DONE, **result}
             if action is ActionKind.REQUEUE:
-                return self._requeue(key, policy, summary, reason, now)
+                return self._requeue(key, policy, target, reason, now)
         except AuditorError as exc:
             repo.finish_action(key, FAILED, now, error=str(exc))
             return {"state": FAILED, "error": str(exc)}
@@ -81,10 +98,19 @@ class StepActions:
     def _route(self, team: str | None) -> Route:
         return self.config.routes.get(team or "", self.config.default_route)
 
-    def _notify(self, policy: Policy, summary: dict, reason: str, evidence: dict, key: str, now: datetime) -> dict:
-        route = self._route(summary.get("team"))
+    def _notify(
+        self,
+        policy: Policy,
+        summary: JobSummary,
+        target: ActionTarget,
+        reason: str,
+        evidence: dict,
+        key: str,
+        now: datetime,
+    ) -> dict:
+        route = self._route(summary.team)
         if not route.slack_url and not route.webhook_url:
-            return self._unrouted_alert(str(summary.get("team") or ""), policy)
+            return self._unrouted_alert(summary.team, policy)
         kw: dict[str, Any] = {"retry": self.config.retry}
         if self._sleep is not None:
             kw["sleep"] = self._sleep
@@ -97,7 +123,7 @@ class StepActions:
             if not route.webhook_secret:
                 out["webhook"] = {"ok": False, "error": "webhook has no signing secret"}
             else:
-                payload = webhook_payload(policy, summary, reason, evidence, key, now, lineage=lineage, ack_url=ack_url)
+                payload = webhook_payload(policy, target, reason, evidence, key, now, lineage=lineage, ack_url=ack_url)
                 import hashlib
                 import uuid
 
@@ -113,15 +139,15 @@ class StepActions:
             out["error"] = "; ".join(errs)
         return out
 
-    def _ack_link(self, summary: Mapping[str, Any], now: datetime) -> tuple[str, str | None]:
+    def _ack_link(self, summary: JobSummary, now: datetime) -> tuple[str, str | None]:
         """The job's lineage (``namespace/lineage``) and, with a link key configured, a fresh
         single-use link acknowledging it (sent to the job's team)."""
-        key = lineage_of_summary(summary)
+        key = lineage_of_summary(summary.to_json())
         if self.config.ack_links is None:
             return str(key), None
         import secrets
 
-        to = f"team:{summary.get('team') or key.namespace}"
+        to = f"team:{summary.team or key.namespace}"
         return str(key), self.config.ack_links.issue(key, to, now, secrets.token_hex(12))
 
     def _unrouted_alert(self, team: str, policy: Policy) -> dict:
@@ -142,28 +168,28 @@ class StepActions:
             )
         return {"ok": False, "skipped": True, "reason": NO_DESTINATION, "team": team, "why": why}
 
-    def _requeue(self, key: str, policy: Policy, summary: dict, reason: str, now: datetime) -> dict:
+    def _requeue(self, key: str, policy: Policy, target: ActionTarget, reason: str, now: datetime) -> dict:
         repo = self._record
         assert self.kube is not None
         if policy.spec.mode is not Mode.ENFORCE:
             repo.finish_action(key, SKIPPED, now, result={"why": f"mode {policy.spec.mode.value} never requeues"})
             return {"state": SKIPPED, "why": f"mode {policy.spec.mode.value} never requeues"}
-        why = self.config.requeue.allows(summary)
+        why = self.config.requeue.allows(target.to_ref())
+        job = JobIdent(target.key.cluster, target.key.namespace, target.key.kind, target.key.name)
         if (
             why is None
-            and repo.count_job_actions(JobIdent.of(summary), "requeue", ("done", "waiting"))
-            >= policy.spec.requeue.max_per_job
+            and repo.count_job_actions(job, "requeue", ("done", "waiting")) >= policy.spec.requeue.max_per_job
         ):
             why = "requeue cap per job reached"
         if why:
             repo.finish_action(key, SKIPPED, now, result={"why": why})
             return {"state": SKIPPED, "why": why}
         try:
-            target = self.kube.requeue_target(summary)
+            patch = self.kube.requeue_target(target)
         except RequeueRefused as exc:
             repo.finish_action(key, SKIPPED, now, result={"why": str(exc)})
             return {"state": SKIPPED, "why": str(exc)}
-        result = self.kube.deactivate(target, lower_priority_by=policy.spec.requeue.lower_priority_by)
+        result = self.kube.deactivate(patch, lower_priority_by=policy.spec.requeue.lower_priority_by)
         due = now + policy.spec.requeue.backoff
         result["reactivate_at"] = due.isoformat()
         result["backoff_s"] = policy.spec.requeue.backoff.total_seconds()
@@ -172,7 +198,7 @@ class StepActions:
             result["quota_released_at"] = now.isoformat()
         repo.finish_action(key, WAITING, now, result=result, due_at=due)
         self.kube.annotate(
-            {**summary, "pods": []},
+            dataclasses.replace(target, pods=()),
             {
                 "gpu-auditor.io/requeued-at": now.isoformat().replace("+00:00", "Z"),
                 "gpu-auditor.io/requeue-reason": f"policy {policy.name}: {reason}",
@@ -180,7 +206,7 @@ class StepActions:
             },
         )
         self.kube.event(
-            summary,
+            target,
             key=key + "#stop",
             reason="GpuAuditorRequeue",
             action="requeue",

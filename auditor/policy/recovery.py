@@ -9,11 +9,12 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
+from auditor.core.action_target import ActionTarget
+from auditor.core.identity import JobKey
 from auditor.core.violations import DONE, FAILED, WAITING
 from auditor.errors import AuditorError
 from auditor.policy.decision import Decision
 from auditor.policy.dispatch import StepActions
-from auditor.policy.escalation import job_key
 from auditor.policy.record import EscalationRecord
 from auditor.policy.runner_config import RunnerConfig
 from auditor.policy.schema import ActionKind, Policy
@@ -82,7 +83,7 @@ class Recovery:
         assert self.kube is not None
         try:
             self.kube.annotate(
-                {"job": f"{row.job.kind}/{row.job.name}", "namespace": row.job.namespace, "pods": []},
+                ActionTarget(key=JobKey(row.job.cluster, row.job.namespace, row.job.kind, row.job.name)),
                 {"gpu-auditor.io/reactivate-at": at.isoformat().replace("+00:00", "Z")},
             )
         except AuditorError as exc:
@@ -141,18 +142,22 @@ class Recovery:
             if decision is None or policy is None:
                 repo.finish_action(row.dedup_key, FAILED, now, error="interrupted; policy gone")
                 continue
-            summary = dict(decision["evidence"].get("job_ref") or {})
             if row.action == ActionKind.NOTIFY.value:
                 # at most once for people: a maybe-sent alert is not sent again
                 repo.finish_action(
                     row.dedup_key, FAILED, now, error="interrupted before its result was recorded; not resent"
                 )
                 continue
+            try:
+                target = ActionTarget.of_ref(decision["evidence"].get("job_ref") or {})
+            except ValueError as exc:
+                repo.finish_action(row.dedup_key, FAILED, now, error=f"interrupted; stored job_ref unusable ({exc})")
+                continue
             d = Decision(
                 row.policy,
                 policy.spec.mode.value,
-                job_key(summary),
-                summary.get("verdict"),
+                str(target.key),
+                target.verdict,
                 "resumed after an interruption",
                 {},
                 dry_run=False,
@@ -160,7 +165,7 @@ class Recovery:
                 actions=[row.action],
             )
             d.results[row.action] = self._actions.run(
-                ActionKind(row.action), row.dedup_key, policy, summary, decision["reason"], decision["evidence"], now
+                ActionKind(row.action), row.dedup_key, policy, target, decision["reason"], decision["evidence"], now
             )
             out.append(d)
         return out

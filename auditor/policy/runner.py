@@ -19,13 +19,14 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from auditor.core.action_target import ActionTarget
 from auditor.core.job_summary import JobSummary
 from auditor.core.model import Verdict, Window
 from auditor.core.violations import JobIdent
 from auditor.errors import AuditorError, BadInput
 from auditor.policy.alerts import ack_button as ack_button  # re-exported
 from auditor.policy.alerts import slack_message as slack_message  # re-exported
-from auditor.policy.decision import Decision, action_ref
+from auditor.policy.decision import Decision
 from auditor.policy.dispatch import NO_DESTINATION as NO_DESTINATION  # re-exported
 from auditor.policy.dispatch import StepActions
 from auditor.policy.escalation import ViolationState, action_key, decision_key, due_step, job_key
@@ -134,7 +135,7 @@ class PolicyRunner:
         facts = JobFacts()
         # Kubernetes is asked only when some policy can fire on this verdict (two GETs per job)
         if self.kube is not None and any(not p.spec.verdicts or verdict in p.spec.verdicts for p in policies):
-            facts = self.kube.facts(summary)
+            facts = self.kube.facts(ActionTarget.of_summary(s))
         buckets = None
         if any(p.spec.sustained for p in policies):
             buckets = self._buckets(s, policies, now)
@@ -149,7 +150,7 @@ class PolicyRunner:
                     if self._repo.close_violation(job, policy.name, now):
                         log.info("%s: %s no longer fires; violation closed", job_key(summary), policy.name)
                 continue
-            decisions.append(self._step(policy, summary, ev, job, now=now, act=act))
+            decisions.append(self._step(policy, s, summary, ev, job, now=now, act=act))
         return decisions
 
     def _buckets(self, s: JobSummary, policies: list[Policy], now: datetime) -> list | None:
@@ -165,8 +166,11 @@ class PolicyRunner:
         last = min(now, s.end)
         return self.store.buckets(found[0], Window(last - longest - _READ_MARGIN, now + timedelta(seconds=1)))
 
-    def _step(self, policy: Policy, summary: dict, ev: Evaluation, job: Any, *, now: datetime, act: bool) -> Decision:
+    def _step(
+        self, policy: Policy, s: JobSummary, summary: dict, ev: Evaluation, job: Any, *, now: datetime, act: bool
+    ) -> Decision:
         mode = policy.spec.mode
+        target = ActionTarget.of_summary(s)
         d = Decision(
             policy.name,
             mode.value,
@@ -206,7 +210,7 @@ class PolicyRunner:
         if not act:
             return d
         keys = [action_key(d.dedup_key, a) for a in d.actions]
-        evidence = {**ev.evidence, "job_ref": action_ref(summary), "policy_mode": mode.value}
+        evidence = {**ev.evidence, "job_ref": target.to_ref(), "policy_mode": mode.value}
         did = repo.claim_step(  # type: ignore[union-attr]
             job,
             policy.name,
@@ -228,7 +232,9 @@ class PolicyRunner:
         if d.dry_run:
             return d
         for action, key in zip(step.actions, keys):
-            d.results[action.value] = self._actions.run(action, key, policy, summary, ev.reason, ev.evidence, now)
+            d.results[action.value] = self._actions.run(
+                action, key, policy, target, ev.reason, ev.evidence, now, summary=s
+            )
         return d
 
     def _requeue_blocked(self, policy: Policy, summary: dict, job: Any, now: datetime) -> str | None:

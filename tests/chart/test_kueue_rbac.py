@@ -30,6 +30,8 @@ from kueue_objects import (
 )
 
 from auditor.actions.kube import KUEUE_PRIORITY_BOOST, KubeActions
+from auditor.core.action_target import ActionTarget
+from auditor.core.identity import JobKey
 from auditor.errors import PermanentError
 from auditor.kube.client import KubeConfig, api_client, call_json, resource_path
 from auditor.kube.resolver import KubeResolver
@@ -152,7 +154,7 @@ def _check(chart: Chart, release: str, namespace: str, other: str, cq: str, admi
     finally:
         resolver.stop()
     kube = KubeActions(as_sa, "test")
-    target = kube.requeue_target({"namespace": other, "job": "Job/train"})
+    target = kube.requeue_target(ActionTarget(key=JobKey("default", other, "Job", "train")))
     assert (target["type"], target["name"], target["reserved"], target["priority_boost"]) == (
         "workload",
         wl_name,

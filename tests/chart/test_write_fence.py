@@ -19,6 +19,8 @@ import pytest
 from chartlib import CHART, Chart, Result, ServiceAccount, drop_release, find
 
 from auditor.actions.kube import KubeActions
+from auditor.core.action_target import ActionTarget
+from auditor.core.identity import JobKey
 from auditor.kube.client import KubeConfig, api_client, call_json, resource_path
 
 pytestmark = pytest.mark.testbed
@@ -346,9 +348,12 @@ def test_fence_denies_other_writes_and_passes_the_operators(chart: Chart, namesp
         # The operator's real writes, through its own code, as the ServiceAccount.
         kube = KubeActions(api_client(KubeConfig(kubeconfig=testbed.kubeconfig, impersonate=sa.user)))
         ann = {VERDICT: "low_sm_efficiency", "gpu-auditor.io/sm-active": "0.02"}
-        assert kube.annotate({"job": "Job/train", "namespace": other, "pods": ["gpu-pod"]}, ann)["missing"] == []
+        assert (
+            kube.annotate(ActionTarget(key=JobKey("default", other, "Job", "train"), pods=("gpu-pod",)), ann)["missing"]
+            == []
+        )
         for job in ("Deployment/web", "CronJob/nightly", "PyTorchJob/pt"):
-            assert kube.annotate({"job": job, "namespace": other, "pods": []}, ann)["annotated"] == [job]
+            assert kube.annotate(ActionTarget(key=JobKey.of("default", other, job)), ann)["annotated"] == [job]
         wl = {"type": "workload", "namespace": other, "name": "train-1", "priority": 100, "priority_boost": 0}
         assert kube.deactivate(wl, lower_priority_by=10)["effective_priority"] == 90
         kube.reactivate(wl)

@@ -34,6 +34,8 @@ from policy_receivers import Receiver
 from test_policy_testbed import FAST, POLICY, SECRET, T0, _store_job, _summary
 
 from auditor.actions import KubeActions
+from auditor.core.action_target import ActionTarget
+from auditor.core.identity import JobKey
 from auditor.kube.client import call_json, resource_path
 from auditor.policy.loader import parse_policies
 from auditor.policy.runner import PolicyRunner, RequeueSettings, Route, RunnerConfig
@@ -326,8 +328,7 @@ def test_a_demoted_job_is_admitted_after_a_competing_one(kube_admin, namespace, 
         for job in (older, newer):
             assert _workload_now(api, ns, job)["spec"]["priority"] == 100
         actions = KubeActions(api, "test")
-        summary = {"namespace": ns, "job": "Job/older"}
-        target = actions.requeue_target(summary)
+        target = actions.requeue_target(ActionTarget(key=JobKey("default", ns, "Job", "older")))
         demoted = actions.deactivate(target, lower_priority_by=10)
         assert (demoted["new_priority_boost"], demoted["effective_priority"]) == (-10, 90)
         actions.reactivate(target)

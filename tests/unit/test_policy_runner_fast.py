@@ -9,8 +9,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Mapping
 
-from auditor.core.job_summary import JobSummary
-from auditor.core.violations import CLAIMED, DONE, SKIPPED, WAITING, JobIdent, ViolationState
+import pytest
+
+from auditor.core.action_target import ActionTarget
+from auditor.core.job_summary import JobSummary, SummaryFormatError
+from auditor.core.violations import CLAIMED, DONE, FAILED, SKIPPED, WAITING, JobIdent, ViolationState
 from auditor.policy.evaluate import JobFacts
 from auditor.policy.loader import parse_policies
 from auditor.policy.record import EscalationRecord
@@ -204,18 +207,20 @@ class FakeCluster:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
+        self.annotated: list[tuple[ActionTarget, dict]] = []
         self.quota_held = False
 
-    def facts(self, summary: Mapping[str, Any]) -> JobFacts:
+    def facts(self, target: ActionTarget) -> JobFacts:
         return JobFacts(known=True)
 
-    def annotate(self, summary: Mapping[str, Any], annotations: Mapping[str, Any]) -> dict:
-        self.calls.append(("annotate", str(summary["job"])))
-        return {"annotated": [summary["job"]], "missing": []}
+    def annotate(self, target: ActionTarget, annotations: Mapping[str, Any]) -> dict:
+        self.calls.append(("annotate", target.job))
+        self.annotated.append((target, dict(annotations)))
+        return {"annotated": [target.job], "missing": []}
 
     def event(
         self,
-        summary: Mapping[str, Any],
+        target: ActionTarget,
         *,
         key: str,
         reason: str,
@@ -224,15 +229,14 @@ class FakeCluster:
         now: datetime,
         type_: str = "Warning",
     ) -> dict:
-        self.calls.append(("event", str(summary["job"])))
+        self.calls.append(("event", target.job))
         return {"event": key, "created": True}
 
-    def requeue_target(self, summary: Mapping[str, Any]) -> dict:
-        name = str(summary["job"]).partition("/")[2]
+    def requeue_target(self, target: ActionTarget) -> dict:
         return {
             "type": "workload",
-            "namespace": summary["namespace"],
-            "name": f"job-{name}",
+            "namespace": target.namespace,
+            "name": f"job-{target.key.name}",
             "priority": 0,
             "priority_boost": 0,
             "reserved": True,
@@ -374,3 +378,73 @@ def test_reactivation_waits_for_the_quota_release_plus_the_backoff_and_happens_o
     assert d.actions == ["reactivate"] and d.results["reactivate"]["state"] == DONE
     assert r.run_cycle([], now=released + timedelta(minutes=21), act=True) == []
     assert kube.calls.count(("reactivate", "job-a")) == 1
+
+
+def _interrupt(record: FakeRecord) -> Row:
+    """The cycle's one action row put back to claimed: a crash before its result was recorded."""
+    (row,) = record.rows.values()
+    record.rows[row.dedup_key] = replace(row, state=CLAIMED)
+    return row
+
+
+def test_an_interrupted_annotate_resumes_from_the_stored_job_ref_without_figures() -> None:
+    record, kube = FakeRecord(), FakeCluster()
+    r = runner(record, kube)
+    s = JobSummary.example(
+        cluster="east",
+        namespace="ml",
+        job="Job/a",
+        team="t",
+        verdict="idle",
+        pods=["a-0"],
+        gpu_util=0.5,
+        waste_gpu_hours=3.0,
+        uid="u-1",
+    )
+    r.run_cycle([s], now=NOW, act=True)
+    first, first_ann = kube.annotated[0]
+    assert first_ann["gpu-auditor.io/gpu-util"] == "50.0%"
+    assert first_ann["gpu-auditor.io/waste-gpu-hours"] == "3.00"
+    row = _interrupt(record)
+    (d,) = r.run_cycle([], now=NOW + timedelta(minutes=11), act=True)
+    assert (d.job, d.verdict, d.reason) == ("east/ml/Job/a", "idle", "resumed after an interruption")
+    target, ann = kube.annotated[1]
+    # the stored job_ref gives back the same target: the pods are annotated again
+    assert target == first == ActionTarget.of_summary(s)
+    # the figures are not stored with the decision: written as n/a, not made up
+    assert (ann["gpu-auditor.io/verdict"], ann["gpu-auditor.io/gpu-util"], ann["gpu-auditor.io/waste-gpu-hours"]) == (
+        "idle",
+        "n/a",
+        "n/a",
+    )
+    assert record.rows[row.dedup_key].state == DONE
+
+
+def test_an_interrupted_step_whose_job_ref_has_no_identity_fails_instead_of_stopping_the_cycle() -> None:
+    record, kube = FakeRecord(), FakeCluster()
+    r = runner(record, kube)
+    r.run_cycle([summary("a")], now=NOW, act=True)
+    row = _interrupt(record)
+    record.decision_rows[0]["evidence"] = {"job_ref": {"namespace": "ml"}}
+    assert r.run_cycle([], now=NOW + timedelta(minutes=11), act=True) == []
+    failed = record.rows[row.dedup_key]
+    assert failed.state == FAILED and "job_ref unusable" in (failed.error or "")
+    assert kube.calls == [("annotate", "Job/a")]
+
+
+def test_action_target_round_trips_through_the_stored_job_ref() -> None:
+    s = JobSummary.example(cluster="east", namespace="ml", job="Job/a", team="t", queue="q", pods=["a-0", "a-1"])
+    t = ActionTarget.of_summary(s)
+    assert t.to_ref() == {
+        "cluster": "east",
+        "namespace": "ml",
+        "job": "Job/a",
+        "uid": None,
+        "team": "t",
+        "queue": "q",
+        "pods": ["a-0", "a-1"],
+        "verdict": "healthy",
+    }
+    assert ActionTarget.of_ref(t.to_ref()) == t
+    with pytest.raises(SummaryFormatError, match="pods"):
+        ActionTarget.of_ref({**t.to_ref(), "pods": "a-0"})
