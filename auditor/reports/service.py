@@ -73,7 +73,10 @@ def lineage_briefs(store: Store, jobs: Sequence[Any], now: datetime) -> dict[int
     reader = LineageHistoryReader(store)
     out: dict[int, dict[str, Any]] = {}
     for j in jobs:
-        kind, name = split_job(str(j.job))
+        try:
+            kind, name = split_job(str(j.job))
+        except ValueError:  # a summary stored without its job (before 0005's columns): no lineage to look up
+            continue
         key = reader.lineage_of_job(j.namespace, kind, name, j.cluster)
         history = reader.history(key, now) if key is not None else None
         if history is not None and has_history(history):

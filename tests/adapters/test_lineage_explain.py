@@ -45,7 +45,9 @@ def fill(url: str) -> None:
             [("train-b4x2z", "low_sm_efficiency"), ("train-7f9c2", "healthy"), ("train-x2kq9", "low_sm_efficiency")]
         ):
             start = T0 + timedelta(days=i)
-            jid = store.upsert_job(JobRef("c1", "ml", "Job", name, f"u{i}", "vision"), start, start + timedelta(hours=2))
+            jid = store.upsert_job(
+                JobRef("c1", "ml", "Job", name, f"u{i}", "vision"), start, start + timedelta(hours=2)
+            )
             store.save_summary(jid, summary(name, verdict, start))
         jid = store.upsert_job(JobRef("c1", "ml", "Job", "eval-once", "u9", "vision"), T0, T0 + timedelta(hours=1))
         store.save_summary(jid, summary("eval-once", "healthy", T0))
