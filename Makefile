@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # the bed's node and image build need (containerd, runc, CNI plugins; buildah, mmdebstrap).
 SYSTEM_PACKAGES := prometheus postgresql chromium containerd runc containernetworking-plugins buildah mmdebstrap
 
-.PHONY: install system-deps demo lint test testbed-up testbed-down clean
+.PHONY: install system-deps demo lint test test-fast testbed-up testbed-down clean
 
 install: $(VENV)/.installed
 
@@ -36,6 +36,10 @@ lint: install
 
 test: install system-deps lint
 	$(BIN)/python -m pytest
+
+# Seconds, no servers: pure logic and adapter logic behind fakes of our ports (ARCHITECTURE.md, Tests).
+test-fast: install
+	$(BIN)/python -m pytest -m "not testbed and not slow" -q
 
 testbed-up: install system-deps
 	$(BIN)/python -m auditor.testbed up

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
@@ -28,10 +29,40 @@ SERVER_FIXTURES = {"testbed", "prometheus", "postgres_url", "kube_admin", "names
 _PREPARE_ERROR: list[BaseException] = []
 
 
+#: Modules that need no server but take seconds (real SQLite files, subprocesses, whole-trace
+#: replays, image builds): marked ``slow``, so ``make test-fast`` (``-m "not testbed and not slow"``)
+#: keeps to pure logic and adapter logic behind fakes of our ports. Measured with
+#: ``pytest -m "not testbed" --durations=0``; a module over ~1 s in total belongs here.
+SLOW_MODULES = {
+    "tests/audit/test_audit_traces.py",
+    "tests/audit/test_trace_verdicts.py",
+    "tests/chart/test_image.py",
+    "tests/cli/test_demo.py",
+    "tests/cli/test_thresholds_settings.py",
+    "tests/gate/test_ack_cli.py",
+    "tests/gate/test_lineage_explain.py",
+    "tests/operator/test_cycle_stability.py",
+    "tests/operator/test_retention_stage.py",
+    "tests/policy/test_gate_policies.py",
+    "tests/policy/test_policy_ranges.py",
+    "tests/policy/test_policy_units.py",
+    "tests/policy/test_yaml_bounds.py",
+    "tests/reports/test_demo_report.py",
+    "tests/reports/test_report_queue_wait.py",
+    "tests/reports/test_report_store.py",
+    "tests/reports/test_report_units.py",
+    "tests/reports/test_store_sources.py",
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(__file__).parent.parent
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.testbed)
+        rel = Path(str(item.fspath)).resolve().relative_to(root.resolve()).as_posix()
+        if rel in SLOW_MODULES or rel.startswith("tests/store/"):
+            item.add_marker(pytest.mark.slow)
 
 
 def _attach_shared() -> Testbed | None:
@@ -157,3 +188,11 @@ def namespace(kube_admin: kubernetes.client.ApiClient) -> Iterator[str]:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.testbed)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh store on SQLite, then on the test bed's PostgreSQL: every store test runs on both."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/store.db"
+    return request.getfixturevalue("postgres_url")

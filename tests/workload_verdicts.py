@@ -1,7 +1,7 @@
 """The verdict, and the first finding's reason, that each workload of the bundled
 ``h200-workloads`` trace (issue 15; auditor/data/README.md) must get: what its physics implies.
-Shared by the replay test (tests/unit/test_trace_verdicts.py) and the Prometheus end-to-end test
-(tests/e2e/test_audit_traces.py)."""
+Shared by the replay test (tests/audit/test_trace_verdicts.py) and the Prometheus end-to-end test
+(tests/audit/test_audit_traces.py)."""
 
 #: the verdict each workload's physics implies
 WORKLOADS = {

@@ -20,7 +20,7 @@ if [ -z "$lib" ]; then
 fi
 if [ $# -eq 0 ]; then
   set -- tests/operator/test_operator_as_chart_sa.py tests/operator/test_operator_e2e.py \
-    tests/operator/test_audit_kube.py tests/reports tests/policy tests/unit -q -p no:cacheprovider
+    tests/operator/test_audit_kube.py tests/reports tests/policy tests/audit tests/cli tests/gate tests/kube tests/doctor -q -p no:cacheprovider
 fi
 # The test bed runs at real time: start it (or reuse the running one) before any clock moves,
 # so that no certificate of it is made at a shifted time.

@@ -49,7 +49,7 @@ NOW = datetime(2026, 11, 25, 15, 0, 0, tzinfo=timezone.utc)
 #: the weekly report's send time: the Monday 08:00 after that week
 REPORT_AT = datetime(2026, 11, 30, 8, 0, 0, tzinfo=timezone.utc)
 WEEK = IsoWeek.parse("2026-W48")
-#: the per-phase trace audits end here (not bucket-aligned, like tests/unit/test_trace_verdicts.py)
+#: the per-phase trace audits end here (not bucket-aligned, like tests/audit/test_trace_verdicts.py)
 TRACE_END = datetime(2026, 11, 30, 12, 0, 7, tzinfo=timezone.utc)
 POLICY_SECRET = "golden-secret"
 #: the policy webhook's ``sent_at`` is the notifier's own wall clock (the runner has no clock to give it)
@@ -93,7 +93,7 @@ def audit_json(summaries: list[JobSummary]) -> str:
 
 def _trace_audit(trace_name: str) -> list[JobSummary]:
     """One ``--no-kube`` pod per workload phase, replayed for an hour (as the e2e test and
-    tests/unit/test_trace_verdicts.py build them)."""
+    tests/audit/test_trace_verdicts.py build them)."""
     trace = load_trace(trace_name)
     jobs = [
         TraceJob(PodRef("bench", p.replace("_", "-"), "main"), make_gpus(1, f"node-{p}"), p) for p in trace.phases()

@@ -1,5 +1,5 @@
 """doctor's checks one by one on a fixed Telemetry, no Prometheus: each is a small function of
-what one read saw (the full checklist against real Prometheus is tests/adapters/test_doctor.py)."""
+what one read saw (the full checklist against real Prometheus is tests/doctor/test_doctor.py)."""
 
 from __future__ import annotations
 
