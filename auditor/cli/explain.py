@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence, SupportsFloat
 
@@ -128,7 +128,10 @@ def run(args: argparse.Namespace) -> int:
         summary = JobSummary.from_json(doc, f"the stored summary of {job.key}") if doc is not None else None
         buckets = store.buckets(job_id)
         admission = AdmissionStore(store).facts(job_id)
-        lineage = _lineage_history(store, job)
+        from auditor import compose
+
+        now = compose.clock().now()
+        lineage = _lineage_history(store, job, now)
     finally:
         store.close()
     if summary is None:
@@ -139,20 +142,20 @@ def run(args: argparse.Namespace) -> int:
         if admission is not None:  # only jobs that went through a Kueue queue have them
             out["admission"] = admission.to_json()
         if lineage is not None:  # only a lineage with other runs or acknowledgements has a history
-            out["lineage"] = lineage_json(lineage, datetime.now(timezone.utc))
+            out["lineage"] = lineage_json(lineage, now)
         out["buckets"] = [_bucket_json(b) for b in buckets]
         print(json.dumps(out, indent=2, default=str))
     else:
         print(render(summary, buckets, admission))
         if lineage is not None:
-            print("\n" + "\n".join(lineage_lines(lineage, job.job, datetime.now(timezone.utc))))
+            print("\n" + "\n".join(lineage_lines(lineage, job.job, now)))
     if args.png:
         draw_png(summary, buckets, args.png)
         print(f"wrote {args.png}", file=sys.stderr)
     return 0
 
 
-def _lineage_history(store: "Store", job: JobRef) -> "LineageHistory | None":
+def _lineage_history(store: "Store", job: JobRef, now: datetime) -> "LineageHistory | None":
     """The history of the job's lineage when it has one beyond the job (other runs, acknowledgements)."""
     from auditor.render.lineage import has_history
     from auditor.store.lineage import LineageHistoryReader
@@ -161,7 +164,7 @@ def _lineage_history(store: "Store", job: JobRef) -> "LineageHistory | None":
     key = reader.lineage_of_job(job.namespace, job.kind, job.name, job.cluster)
     if key is None:
         return None
-    history = reader.history(key, datetime.now(timezone.utc))
+    history = reader.history(key, now)
     return history if has_history(history) else None
 
 
