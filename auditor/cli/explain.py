@@ -160,12 +160,8 @@ def _lineage_history(store: "Store", job: JobRef, now: datetime) -> "LineageHist
     from auditor.render.lineage import has_history
     from auditor.store.lineage import LineageHistoryReader
 
-    reader = LineageHistoryReader(store)
-    key = reader.lineage_of_job(job.namespace, job.kind, job.name, job.cluster)
-    if key is None:
-        return None
-    history = reader.history(key, now)
-    return history if has_history(history) else None
+    history = LineageHistoryReader(store).history_of_job(job.namespace, job.kind, job.name, job.cluster, now)
+    return history if history is not None and has_history(history) else None
 
 
 # -- text --------------------------------------------------------------------------------------------

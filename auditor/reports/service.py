@@ -77,8 +77,7 @@ def lineage_briefs(store: Store, jobs: Sequence[Any], now: datetime) -> dict[int
             kind, name = split_job(str(j.job))
         except ValueError:  # a summary stored without its job (before 0005's columns): no lineage to look up
             continue
-        key = reader.lineage_of_job(j.namespace, kind, name, j.cluster)
-        history = reader.history(key, now) if key is not None else None
+        history = reader.history_of_job(j.namespace, kind, name, j.cluster, now)
         if history is not None and has_history(history):
             out[j.job_id] = lineage_brief(history, now)
     return out

@@ -109,6 +109,14 @@ class LineageHistoryReader:
             row = conn.execute(q.order_by(lineage_runs.c.recorded_at.desc()).limit(1)).first()
         return None if row is None else _key(row)
 
+    def history_of_job(
+        self, namespace: str, kind: str, name: str, cluster: str | None, now: datetime
+    ) -> LineageHistory | None:
+        """The history, as of ``now``, of the lineage a stored job was recorded under, or None
+        (``explain`` and the weekly report's top jobs)."""
+        key = self.lineage_of_job(namespace, kind, name, cluster)
+        return None if key is None else self.history(key, now)
+
     def lineages(self, *, cluster: str | None = None, namespace: str | None = None) -> list[LineageSummary]:
         """Known lineages with their run counts, most recently seen first."""
         n = sa.func.count(lineage_runs.c.job_name)
