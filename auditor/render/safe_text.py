@@ -10,7 +10,9 @@ the values exactly (their encoders escape), so nothing is lost for a program rea
 
 from __future__ import annotations
 
+import csv
 import unicodedata
+from typing import Iterable, TextIO
 
 #: the visible stand-ins for the control characters people recognise; every other control or
 #: format character (ESC, DEL, C1, bidi overrides, zero-width marks) becomes U+FFFD
@@ -58,9 +60,27 @@ def csv_safe(value: object) -> object:
     return "'" + value
 
 
-def csv_row(values: list[object] | tuple[object, ...]) -> list[object]:
-    """:func:`csv_safe` on every cell of a row, for ``csv.writer.writerow``."""
+def csv_row(values: Iterable[object]) -> list[object]:
+    """:func:`csv_safe` on every cell of a row."""
     return [csv_safe(v) for v in values]
+
+
+class CsvWriter:
+    """The one CSV writer of the product: rows through :func:`csv_row`, ``\\n`` line ends.
+
+    The standard writer quotes a cell holding the line terminator but not a lone carriage
+    return, which every reader takes as the end of a row: a ``\\r`` inside a label would
+    forge a row. A row with one is written with every cell quoted (still the same values).
+    """
+
+    def __init__(self, out: TextIO) -> None:
+        self._minimal = csv.writer(out, lineterminator="\n")
+        self._quoted = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
+
+    def writerow(self, values: Iterable[object]) -> None:
+        row = csv_row(values)
+        carriage = any(isinstance(v, str) and "\r" in v for v in row)
+        (self._quoted if carriage else self._minimal).writerow(row)
 
 
 def _is_number(text: str) -> bool:

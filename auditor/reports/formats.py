@@ -1,17 +1,19 @@
 """The report document as JSON, CSV (per team, per job) and Markdown.
 
 CSV cells hold the document's values as they are (ratios 0–1, hours, money; empty for null),
-so a spreadsheet sums exactly what the JSON says; Markdown uses the same human formatting as
+so a spreadsheet sums exactly what the JSON says, except that a text cell a spreadsheet would run
+as a formula (a team label ``=HYPERLINK(...)``) is written with a leading ``'``
+(:class:`auditor.render.safe_text.CsvWriter`); Markdown uses the same human formatting as
 the HTML page. The team CSV ends with the total row (``row`` = ``total``).
 """
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 from typing import Any, Iterable, Mapping, TextIO
 
+from auditor.render.safe_text import CsvWriter
 from auditor.reports.aggregate import FIGURES, VERDICTS, fmt, lineage_note
 
 TEAM_COLUMNS: tuple[str, ...] = (
@@ -73,7 +75,7 @@ def _team_row(kind: str, week: str, t: Mapping[str, Any]) -> list[Any]:
 def teams_csv(report: Mapping[str, Any]) -> str:
     """One row per team, then the total row."""
     buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
+    w = CsvWriter(buf)
     w.writerow(TEAM_COLUMNS)
     if report["scope"] == "cluster":
         for t in report["teams"]:
@@ -84,7 +86,7 @@ def teams_csv(report: Mapping[str, Any]) -> str:
 
 def write_jobs_csv(out: TextIO, week: str, jobs: Iterable[Mapping[str, Any]]) -> int:
     """Stream per-job rows (from :func:`auditor.reports.service.iter_jobs`); returns the count."""
-    w = csv.writer(out, lineterminator="\n")
+    w = CsvWriter(out)
     w.writerow(JOB_COLUMNS)
     n = 0
     for j in jobs:
