@@ -5,8 +5,9 @@ weekly reports use them alike. Neither raises on a failed delivery: the caller r
 """
 
 from auditor.notify.http import Delivery
-from auditor.notify.slack import SlackNotifier, slack_escape
+from auditor.notify.slack import SlackNotifier
 from auditor.notify.webhook import WEBHOOK_BODY_VERSION, WebhookNotifier, sign, verify_signature
+from auditor.render.slack_blocks import slack_escape
 
 __all__ = [
     "Delivery",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from auditor.notify.slack import context, fields, header, section, slack_escape, truncate
+from auditor.render.slack_blocks import context, fields, header, section, slack_escape, truncate
 from auditor.reports.aggregate import fmt
 
 TOP_IN_SLACK = 3
