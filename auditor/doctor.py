@@ -19,7 +19,6 @@ from typing import Any, Callable
 from auditor.core.metrics import SPECS, Metric, Naming, name_for
 from auditor.core.model import Window
 from auditor.errors import AuditorError
-from auditor.sources import promql
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
 
@@ -379,15 +378,8 @@ def check_kube_state_metrics(t: Telemetry) -> list[Check]:
     """kube-state-metrics' pod series (optional: owners and GPU requests in Prometheus)."""
     now, lookback = t.now, t.lookback
     try:
-        ksm = t.source.client.label_values(
-            "__name__",
-            [
-                promql.selector(
-                    "",
-                    t.source.matchers,
-                    {"__name__": "kube_pod_owner|kube_pod_info|kube_pod_container_resource_requests"},
-                )
-            ],
+        ksm = t.source.names_present(
+            ["kube_pod_owner", "kube_pod_info", "kube_pod_container_resource_requests"],
             int((now - lookback).timestamp() * 1000),
             int(now.timestamp() * 1000),
         )

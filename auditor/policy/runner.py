@@ -78,9 +78,7 @@ class PolicyRunner:
         self.kube = kube
         self.config = config or RunnerConfig()
         if record is None and store is not None:
-            from auditor.store.decisions import DecisionStore
-
-            record = DecisionStore(store)
+            record = store.decision_log()
         self._repo = record
         if record is not None:
             self._actions = StepActions(record, kube, self.config, sleep)

@@ -29,7 +29,7 @@ from array import array
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Iterable, Mapping, cast
+from typing import Any, Callable, Iterable, Mapping, Sequence, cast
 
 from auditor.core.metrics import BY_NAME, SPECS, UTIL_RATIO, Metric, Naming, detect_naming, scale_of
 from auditor.core.model import Bucket, GpuId, PodRef, Window
@@ -300,10 +300,14 @@ class PrometheusSource:
         return self._major
 
     def _present_names(self, start_ms: int, end_ms: int) -> list[str]:
-        known = [n for m in self.metrics for n in SPECS[m].names]
-        match = promql.selector("", self.matchers, {"__name__": promql.regex_alternation(known)})
+        return self.names_present([n for m in self.metrics for n in SPECS[m].names], start_ms, end_ms)
+
+    def names_present(self, names: Sequence[str], start_ms: int, end_ms: int) -> list[str]:
+        """Which of the metric ``names`` have series under this source's matchers in ``[start, end]``
+        (one label-values call; ``doctor`` asks it of kube-state-metrics' series too)."""
+        match = promql.selector("", self.matchers, {"__name__": promql.regex_alternation(list(names))})
         found = self.client.label_values("__name__", [match], start_ms, end_ms)
-        return sorted(n for n in found if n in set(known))
+        return sorted(set(found) & set(names))
 
     def _read_aggregates(
         self, names: list[str], first_end: int, last_end: int, width_ms: int, rng: int

@@ -185,6 +185,13 @@ class Store:
         """The latest audit runs, newest first (:meth:`AuditRuns.runs`)."""
         return self._runs.runs(limit=limit)
 
+    def decision_log(self) -> Any:
+        """The policies' escalation record on this store (:class:`auditor.store.decisions.DecisionStore`):
+        how the policy runner gets its default record without importing the store."""
+        from auditor.store.decisions import DecisionStore  # decisions imports this module
+
+        return DecisionStore(self)
+
     def apply_retention(
         self, now: datetime, *, bucket_retention: timedelta, summary_retention: timedelta, cluster: str | None = None
     ) -> int:
