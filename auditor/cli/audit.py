@@ -7,12 +7,12 @@ source, store and resolver come from the composition root (:mod:`auditor.compose
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from auditor.cli.output import add_output_flag, print_jobs
 from auditor.cli.promopts import add_prometheus_flags, command_source, prometheus_overrides
 from auditor.cli.storeopts import add_store_flags
 from auditor.errors import BadInput
@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--policies", metavar="DIR", help="evaluate the policies in DIR and report their decisions (dry run)"
     )
     p.add_argument("--act", action="store_true", help="with --policies: carry out the decided actions")
-    p.add_argument("--output", choices=("table", "json"), default="table", help="table (default) or the audit JSON")
+    add_output_flag(p, "the jobs as a verdict table or as the audit JSON (json; yaml: the same as YAML)")
     p.add_argument(
         "--cluster", metavar="NAME", default="default", help="cluster name recorded on each job (default: default)"
     )
@@ -158,18 +158,13 @@ def run(args: argparse.Namespace) -> int:
             stop()
 
     report = result.report
-    if args.output == "json":
-        if policies is not None:
-            by_job: dict[str, list] = {}
-            for d in decisions:
-                by_job.setdefault(d.job, []).append(d.as_dict())
-            for s, doc in zip(result.summaries, docs):
-                doc["policy_decisions"] = by_job.get(str(s.key), [])
-        print(json.dumps(docs, indent=2, sort_keys=False, default=str))
-    else:
-        from auditor.render.table import format_table
-
-        print(format_table(result.summaries))
+    if args.output in ("json", "yaml") and policies is not None:
+        by_job: dict[str, list] = {}
+        for d in decisions:
+            by_job.setdefault(d.job, []).append(d.as_dict())
+        for s, doc in zip(result.summaries, docs):
+            doc["policy_decisions"] = by_job.get(str(s.key), [])
+    print_jobs(result.summaries, docs, args.output, sys.stdout)
     if policies is not None:
         from auditor.cli.policy import print_decisions
 

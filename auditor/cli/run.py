@@ -11,12 +11,12 @@ to the cluster (no Lease, annotation, Event or requeue) and sends no notificatio
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import sys
 from typing import Any
 
+from auditor.cli.output import add_output_flag, print_jobs
 from auditor.cli.promopts import add_prometheus_flags, prometheus_auth, prometheus_overrides
 from auditor.cli.storeopts import CONFIG_HELP
 from auditor.core.identity import JobKey
@@ -53,12 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="namespace of the Lease (settings: leader_election.namespace; default: $POD_NAMESPACE "
         "in a pod, else the kubeconfig context's namespace)",
     )
-    p.add_argument(
-        "--output",
-        choices=("table", "json"),
-        default="table",
-        help="with --once: print the touched jobs as a table (default) or as audit JSON",
-    )
+    add_output_flag(p, "with --once: the touched jobs as a verdict table or as the audit JSON")
     add_prometheus_flags(p)
     kube = p.add_mutually_exclusive_group()
     kube.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
@@ -108,16 +103,11 @@ def run(args: argparse.Namespace) -> int:
     op = compose.operator(settings, auth=prometheus_auth(args), dry_run=args.dry_run)
     if args.once:
         result = op.run_once()
-        if args.output == "json":
-            # the stored documents (with the operator's final/ended and kube)
-            docs = [s.to_json() for s in result.summaries]
-            if args.dry_run:
-                _attach_decisions(docs, result.decisions)
-            print(json.dumps(docs, indent=2, default=str))
-        else:
-            from auditor.render.table import format_table
-
-            print(format_table(result.summaries))
+        # the stored documents (with the operator's final/ended and kube)
+        docs = [s.to_json() for s in result.summaries]
+        if args.dry_run:
+            _attach_decisions(docs, result.decisions)
+        print_jobs(result.summaries, docs, args.output, sys.stdout)
         w = result.window
         print(
             f"cycle {w.start.isoformat()} → {w.end.isoformat()}: {len(result.summaries)} job(s) summarized, "

@@ -1,8 +1,14 @@
-"""The verdict table ``audit`` and ``demo`` print: one line per job, most waste first.
+"""The verdict table ``audit``, ``run --once`` and ``demo`` print: one line per job, most waste first.
 
-Plain text, fixed-width columns; missing metrics print as ``-`` (never as 0). The first finding
-of each job (the verdict's reason) is shortened into a ``WHY`` column so the table alone tells an
-admin what to look at; ``explain`` shows the rest.
+Plain text, fixed-width columns; missing metrics print as ``-`` (never as 0). The notable
+findings of each job are shortened into a ``NOTES`` column so the table alone tells an admin
+what to look at; ``explain`` shows the rest.
+
+Two layouts, as kubectl has: the default fits :data:`WIDTH` (120) columns, so it reads in a
+120-column terminal without wrapping: the columns that decide what to look at (GPUs, hours,
+utilization against SM and tensor activity, waste, verdict), with the namespace, job and notes
+cut with an ellipsis (a job name in its middle) when they would not fit. ``wide`` adds team, DRAM, MFU~ and coverage and
+cuts nothing. Text from the cluster (names, teams) passes through :func:`terminal_safe`.
 """
 
 from __future__ import annotations
@@ -10,22 +16,34 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from auditor.core.job_summary import JobSummary
+from auditor.render.safe_text import ELLIPSIS, terminal_safe
 
-_COLUMNS = (
-    ("NAMESPACE", "namespace", "<"),
-    ("JOB", "job", "<"),
-    ("TEAM", "team", "<"),
-    ("GPUS", "gpus", ">"),
-    ("GPU-H", "gpu_hours", ">"),
-    ("UTIL", "gpu_util", ">"),
-    ("SM", "sm_active", ">"),
-    ("TENSOR", "tensor_active", ">"),
-    ("DRAM", "dram_active", ">"),
-    ("MFU~", "mfu_estimate", ">"),
-    ("COV", "coverage", ">"),
-    ("WASTE-H", "waste_gpu_hours", ">"),
-    ("VERDICT", "verdict", "<"),
-)
+#: the default table's width limit, in characters
+WIDTH = 120
+
+#: (header, audit-JSON key, alignment) of every column; NOTES is the last, from the findings
+_COLUMNS = {
+    "NAMESPACE": ("namespace", "<"),
+    "JOB": ("job", "<"),
+    "TEAM": ("team", "<"),
+    "GPUS": ("gpus", ">"),
+    "GPU-H": ("gpu_hours", ">"),
+    "UTIL": ("gpu_util", ">"),
+    "SM": ("sm_active", ">"),
+    "TENSOR": ("tensor_active", ">"),
+    "DRAM": ("dram_active", ">"),
+    "MFU~": ("mfu_estimate", ">"),
+    "COV": ("coverage", ">"),
+    "WASTE-H": ("waste_gpu_hours", ">"),
+    "VERDICT": ("verdict", "<"),
+    "NOTES": ("", "<"),
+}
+DEFAULT = ("NAMESPACE", "JOB", "GPUS", "GPU-H", "UTIL", "SM", "TENSOR", "WASTE-H", "VERDICT", "NOTES")
+WIDE = tuple(_COLUMNS)
+#: the columns cut to fit, in the order they give up width, each with the narrowest it gets
+_FLEX = {"JOB": 28, "NOTES": 9, "NAMESPACE": 9}
+_GAP = 2
+
 _PERCENT = {"gpu_util", "sm_active", "tensor_active", "dram_active", "mfu_estimate", "coverage"}
 _NOTES = {
     "collective_wait_straggler": "straggler",
@@ -40,6 +58,8 @@ _NOTES = {
 
 
 def _cell(summary: JobSummary, key: str) -> str:
+    if key == "team":
+        return terminal_safe(summary.team or "-")
     v = summary.value_of(key)
     if key == "gpu_util" and v is None and summary.means.gr_engine_active is not None:
         return f"{summary.means.gr_engine_active * 100:.0f}%*"  # MIG: the busy signal is GR_ENGINE_ACTIVE
@@ -53,7 +73,7 @@ def _cell(summary: JobSummary, key: str) -> str:
         return f"{g:g}" if g == int(g) else f"{g:.2f}"
     if key in ("gpu_hours", "waste_gpu_hours"):
         return f"{float(str(v)):.2f}"
-    return str(v)
+    return terminal_safe(str(v))
 
 
 def notes(codes: Iterable[str]) -> str:
@@ -62,27 +82,64 @@ def notes(codes: Iterable[str]) -> str:
     return ", ".join(_NOTES[c] for c in codes if c in _NOTES)
 
 
-def format_table(summaries: Sequence[JobSummary]) -> str:
-    """The verdict table as text (ends with a newline); an empty list gives a one-line note."""
+def _fit(columns: Sequence[str], widths: list[int], limit: int) -> list[int]:
+    """``widths`` narrowed, flexible columns first and widest first, until the line fits ``limit``."""
+    widths = list(widths)
+    flex = [i for i, c in enumerate(columns) if c in _FLEX]
+    while sum(widths) + _GAP * (len(widths) - 1) > limit:
+        room = [i for i in flex if widths[i] > _FLEX[columns[i]]]
+        if not room:
+            break  # the fixed columns alone are wider than the limit: print them whole
+        widest = max(room, key=lambda i: (widths[i], -list(_FLEX).index(columns[i])))
+        widths[widest] -= 1
+    return widths
+
+
+def _cut(text: str, width: int, *, middle: bool) -> str:
+    """``text`` in ``width`` characters: a job name loses the middle of its name
+    (``Pod/transfor…batch4-stall``: the kind and the distinguishing suffix stay), anything else
+    its end."""
+    text = terminal_safe(text)
+    if len(text) <= width or not middle or width < 5:
+        return terminal_safe(text, width)
+    kind, slash, name = text.partition("/")
+    prefix = kind + slash if slash and len(kind) + 1 + 8 <= width else ""
+    room = width - len(prefix) - 1
+    rest = text[len(prefix) :]
+    return prefix + rest[: room // 2] + ELLIPSIS + rest[len(rest) - (room - room // 2) :]
+
+
+def format_table(summaries: Sequence[JobSummary], *, wide: bool = False, width: int = WIDTH) -> str:
+    """The verdict table as text (ends with a newline); an empty list gives a one-line note.
+
+    The default layout fits ``width`` columns (header, rows and footer); ``wide`` has every
+    column and cuts nothing.
+    """
     if not summaries:
         return "no GPU jobs found in the window\n"
-    header = [c[0] for c in _COLUMNS] + ["NOTES"]
-    rows = [[_cell(s, key) for _, key, _ in _COLUMNS] + [notes(f.code for f in s.findings)] for s in summaries]
-    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
-    aligns = [c[2] for c in _COLUMNS] + ["<"]
+    columns = WIDE if wide else DEFAULT
+    rows = [
+        [notes(f.code for f in s.findings) if c == "NOTES" else _cell(s, _COLUMNS[c][0]) for c in columns]
+        for s in summaries
+    ]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+    if not wide:
+        widths = _fit(columns, widths, width)
+    aligns = [_COLUMNS[c][1] for c in columns]
 
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(f"{c:{a}{w}}" for c, a, w in zip(cells, aligns, widths)).rstrip()
+        cut = [_cut(c, w, middle=col == "JOB") for c, w, col in zip(cells, widths, columns)]
+        return "  ".join(f"{c:{a}{w}}" for c, a, w in zip(cut, aligns, widths)).rstrip()
 
-    out = [line(header)] + [line(r) for r in rows]
+    out = [line(columns)] + [line(r) for r in rows]
     total_h = sum(s.gpu_hours or 0.0 for s in summaries)
     wastes = [s.waste_gpu_hours for s in summaries if s.waste_gpu_hours is not None]
     footer = f"{len(summaries)} jobs, {total_h:.2f} GPU-hours"
     if wastes:
         footer += f", {sum(wastes):.2f} GPU-hours without SM activity (jobs with SM data)"
-    if any(s.means.gpu_util is None and s.means.gr_engine_active is not None for s in summaries):
-        footer += "; * = MIG, utilization from GR_ENGINE_ACTIVE"
-    if any(s.mfu_estimate is not None for s in summaries):
-        footer += "; MFU~ = share of the dense tensor peak of the precision in use (bf16, FP8 or TF32)"
     out.append(footer)
+    if any(s.means.gpu_util is None and s.means.gr_engine_active is not None for s in summaries):
+        out.append("* = MIG, utilization from GR_ENGINE_ACTIVE")
+    if wide and any(s.mfu_estimate is not None for s in summaries):
+        out.append("MFU~ = share of the dense tensor peak of the precision in use (bf16, FP8 or TF32)")
     return "\n".join(out) + "\n"

@@ -51,7 +51,7 @@ def test_table_columns_and_missing_values():
         ]
     )
     lines = out.splitlines()
-    assert lines[0].split()[:3] == ["NAMESPACE", "JOB", "TEAM"] and "VERDICT" in lines[0]
+    assert lines[0].split()[:3] == ["NAMESPACE", "JOB", "GPUS"] and "VERDICT" in lines[0]
     assert "low_sm_efficiency" in lines[1] and "3.0%" in lines[1] and "100%" in lines[1]
     assert " - " in lines[2] and "no FP32 series" in lines[2]  # missing is '-', never 0
     assert lines[-1].startswith("2 jobs, 4.00 GPU-hours")
@@ -68,7 +68,57 @@ def test_empty():
 
 
 def test_mfu_is_said_relative_to_the_precision_peak_and_copies_are_noted():
-    out = format_table([row(mfu_estimate=0.4, findings=("copy_only",))])
+    out = format_table([row(mfu_estimate=0.4, findings=("copy_only",))], wide=True)
     assert "dense tensor peak of the precision in use" in out.splitlines()[-1]
     assert "copies only" in out
-    assert "precision" not in format_table([row()])  # no estimate, no note
+    assert "precision" not in format_table([row()], wide=True)  # no estimate, no note
+
+
+def _long_rows() -> list[JobSummary]:
+    """Names as long as Kubernetes allows them to get in practice, and every note at once."""
+    return [
+        row(
+            job=f"PyTorchJob/{'transformer-sdpa-bf16-s1024-batch4-' * 2}{i}",
+            gpus=64.0,
+            gpu_hours=12345.67,
+            waste_gpu_hours=11975.3,
+            verdict=Verdict.INSUFFICIENT_DATA,
+            findings=("collective_wait_straggler", "idle_gpus_in_job", "gpu_imbalance", "profiling_zero_suspect"),
+        )
+        for i in range(3)
+    ] + [replace(row(), key=JobKey.of("c", "a-namespace-with-a-long-team-name", "Job/x"))]
+
+
+def test_default_table_fits_120_columns_and_keeps_long_job_names_apart():
+    lines = format_table(_long_rows()).splitlines()
+    assert max(len(line) for line in lines) <= 120, "\n".join(lines)
+    jobs = [line.split()[1] for line in lines[1:4]]
+    assert len(set(jobs)) == 3 and all("…" in j and j.startswith("PyTorchJob/") for j in jobs)
+    assert jobs[0].endswith("-0") and jobs[2].endswith("-2")  # the distinguishing suffix stays
+
+
+def test_demo_table_fits_120_columns():
+    summaries = [
+        JobSummary.from_json(d) for d in json.loads((Path(__file__).parents[1] / "golden/audit/demo.json").read_text())
+    ]
+    out = format_table(summaries)
+    assert max(len(line) for line in out.splitlines()) <= 120
+    assert "TEAM" not in out.splitlines()[0] and "TEAM" in format_table(summaries, wide=True).splitlines()[0]
+
+
+def test_wide_has_every_column_and_cuts_nothing():
+    out = format_table(_long_rows(), wide=True)
+    header = out.splitlines()[0].split()
+    assert header == ["NAMESPACE", "JOB", "TEAM", "GPUS", "GPU-H", "UTIL", "SM", "TENSOR", "DRAM", "MFU~", "COV"] + [
+        "WASTE-H",
+        "VERDICT",
+        "NOTES",
+    ]
+    assert "…" not in out and "straggler, idle GPUs, imbalanced, suspect zeros" in out
+
+
+def test_hostile_label_text_cannot_forge_a_row_or_repaint_the_terminal():
+    evil = replace(row(), key=JobKey.of("c", "ns", "Pod/x\n\x1b[31mfake  row"), team="t\x1b]0;title\x07")
+    out = format_table([evil], wide=True)
+    assert "\x1b" not in out and "\x07" not in out
+    assert len(out.splitlines()) == 3  # header, one row, footer

@@ -108,6 +108,7 @@ def test_audit_json_of_each_trace_phase(trace_name: str) -> None:
     summaries = _trace_audit(trace_name)
     check(f"audit/{trace_name}.json", audit_json(summaries))
     check(f"table/{trace_name}.txt", format_table(summaries))
+    check(f"table/{trace_name}-wide.txt", format_table(summaries, wide=True))
 
 
 @dataclass
@@ -134,6 +135,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
 def test_demo_audit_json_table_and_page(demo: Demo) -> None:
     check("audit/demo.json", audit_json(demo.summaries))
     check("table/demo.txt", format_table(demo.summaries))
+    check("table/demo-wide.txt", format_table(demo.summaries, wide=True))
     sc = scenario(NOW)
     page = render_page(
         [s.to_json() for s in demo.summaries],
