@@ -45,6 +45,11 @@ class JobKey:
     def __str__(self) -> str:
         return f"{self.cluster}/{self.namespace}/{self.kind}/{self.name}"
 
+    def columns(self) -> dict[str, str]:
+        """The identity as table columns (``cluster``, ``namespace``, ``kind``, ``name``): how the
+        policy tables key a job."""
+        return {"cluster": self.cluster, "namespace": self.namespace, "kind": self.kind, "name": self.name}
+
     def fields(self) -> dict[str, str]:
         """The audit JSON's identity fields (``cluster``, ``namespace``, ``job``), in its order;
         :meth:`of_document` reads them back."""

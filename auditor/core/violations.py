@@ -8,9 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Mapping
-
-from auditor.core.identity import JobKey
 
 
 @dataclass(frozen=True)
@@ -27,21 +24,3 @@ class ViolationState:
 #: States of one recorded action: claimed before it runs, then done, failed, skipped, or
 #: waiting (a requeue's reactivation is due later).
 CLAIMED, DONE, FAILED, SKIPPED, WAITING = "claimed", "done", "failed", "skipped", "waiting"
-
-
-@dataclass(frozen=True)
-class JobIdent:
-    """A job as the escalation record keys it: cluster, namespace, kind and name."""
-
-    cluster: str
-    namespace: str
-    kind: str
-    name: str
-
-    @classmethod
-    def of(cls, summary: Mapping[str, Any]) -> "JobIdent":
-        key = JobKey.of_document(summary)
-        return cls(key.cluster, key.namespace, key.kind, key.name)
-
-    def cols(self) -> dict[str, str]:
-        return {"cluster": self.cluster, "namespace": self.namespace, "kind": self.kind, "name": self.name}

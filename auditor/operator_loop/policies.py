@@ -97,14 +97,13 @@ class PolicyStage:
         return decisions
 
     def _record_would_do(self, decisions: list[Decision], now: datetime) -> None:
-        from auditor.store.decisions import JobIdent
 
         for d in decisions:
             if d.step is None or d.dedup_key is None:
                 continue  # waiting (cooldown, snooze): nothing would happen this cycle
             job = JobKey.parse(d.job)
             self.repo.record_would_do(
-                JobIdent(job.cluster, job.namespace, job.kind, job.name),
+                JobKey(job.cluster, job.namespace, job.kind, job.name),
                 d.policy,
                 dedup_key=DRY_RUN_KEY + d.dedup_key,
                 mode=d.mode,

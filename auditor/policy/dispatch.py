@@ -10,9 +10,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable
 
 from auditor.core.action_target import ActionTarget
+from auditor.core.identity import JobKey
 from auditor.core.job_summary import JobSummary
 from auditor.core.lineage import lineage_of_summary
-from auditor.core.violations import DONE, FAILED, SKIPPED, WAITING, JobIdent
+from auditor.core.violations import DONE, FAILED, SKIPPED, WAITING
 from auditor.errors import AuditorError, RequeueRefused
 from auditor.notify import SlackNotifier, WebhookNotifier
 from auditor.policy.alerts import event_note, job_annotations, slack_message, webhook_payload
@@ -175,7 +176,7 @@ class StepActions:
             repo.finish_action(key, SKIPPED, now, result={"why": f"mode {policy.spec.mode.value} never requeues"})
             return {"state": SKIPPED, "why": f"mode {policy.spec.mode.value} never requeues"}
         why = self.config.requeue.allows(target.to_ref())
-        job = JobIdent(target.key.cluster, target.key.namespace, target.key.kind, target.key.name)
+        job = JobKey(target.key.cluster, target.key.namespace, target.key.kind, target.key.name)
         if (
             why is None
             and repo.count_job_actions(job, "requeue", ("done", "waiting")) >= policy.spec.requeue.max_per_job

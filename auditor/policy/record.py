@@ -1,7 +1,7 @@
 """The escalation record the policy runner keeps: its port onto the decision log.
 
 The store implements it (:class:`auditor.store.decisions.DecisionStore`); the fast tests run the
-runner on an in-memory fake. ``job`` is a :class:`~auditor.core.violations.JobIdent`; rows of
+runner on an in-memory fake. ``job`` is a :class:`~auditor.core.identity.JobKey`; rows of
 actions have the fields of :class:`auditor.store.decisions.ActionRow`.
 """
 
@@ -10,25 +10,26 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Protocol
 
-from auditor.core.violations import JobIdent, ViolationState
+from auditor.core.identity import JobKey
+from auditor.core.violations import ViolationState
 
 
 class EscalationRecord(Protocol):
     """Violations, the decisions that climbed their ladders, and each decision's actions."""
 
     def open_violation(
-        self, job: JobIdent, policy: str, now: datetime, evidence: dict, uid: str | None = None
+        self, job: JobKey, policy: str, now: datetime, evidence: dict, uid: str | None = None
     ) -> ViolationState: ...
 
     def open_violations(
-        self, job: JobIdent | None = None, policy: str | None = None
-    ) -> list[tuple[JobIdent, str, ViolationState]]: ...
+        self, job: JobKey | None = None, policy: str | None = None
+    ) -> list[tuple[JobKey, str, ViolationState]]: ...
 
-    def close_violation(self, job: JobIdent, policy: str, now: datetime) -> bool: ...
+    def close_violation(self, job: JobKey, policy: str, now: datetime) -> bool: ...
 
     def claim_step(
         self,
-        job: JobIdent,
+        job: JobKey,
         policy: str,
         violation: ViolationState,
         step: int,
@@ -65,10 +66,10 @@ class EscalationRecord(Protocol):
         self, action: str, *, since: datetime, cluster: str | None = None, states: Iterable[str] = ...
     ) -> int: ...
 
-    def count_job_actions(self, job: JobIdent, action: str, states: Iterable[str] = ...) -> int: ...
+    def count_job_actions(self, job: JobKey, action: str, states: Iterable[str] = ...) -> int: ...
 
     def decisions(
-        self, *, since: datetime | None = None, until: datetime | None = None, job: JobIdent | None = None
+        self, *, since: datetime | None = None, until: datetime | None = None, job: JobKey | None = None
     ) -> list[dict]: ...
 
     def stale_claims(self, now: datetime, older_than: timedelta, *, cluster: str) -> list[Any]: ...

@@ -20,9 +20,9 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from auditor.core.action_target import ActionTarget
+from auditor.core.identity import JobKey
 from auditor.core.job_summary import JobSummary
 from auditor.core.model import Verdict, Window
-from auditor.core.violations import JobIdent
 from auditor.errors import AuditorError, BadInput
 from auditor.policy.alerts import ack_button as ack_button  # re-exported
 from auditor.policy.alerts import slack_message as slack_message  # re-exported
@@ -137,7 +137,7 @@ class PolicyRunner:
         buckets = None
         if any(p.spec.sustained for p in policies):
             buckets = self._buckets(s, policies, now)
-        job = JobIdent.of(summary)
+        job = JobKey.of_document(summary)
         decisions: list[Decision] = []
         for policy in policies:
             ev = evaluate(policy, s, now=now, facts=facts, buckets=buckets)

@@ -14,19 +14,19 @@ from typing import Any, Iterable
 
 import sqlalchemy as sa
 
+from auditor.core.identity import JobKey
 from auditor.core.violations import CLAIMED as CLAIMED  # re-exported
 from auditor.core.violations import DONE as DONE  # re-exported
 from auditor.core.violations import FAILED as FAILED  # re-exported
 from auditor.core.violations import SKIPPED as SKIPPED  # re-exported
 from auditor.core.violations import WAITING as WAITING  # re-exported
-from auditor.core.violations import JobIdent as JobIdent  # re-exported
 from auditor.core.violations import ViolationState
 from auditor.errors import StoreError
 from auditor.store.policy_tables import actions, decisions, violations
 from auditor.store.store import Store
 
 
-def _where(job: JobIdent, table: sa.Table) -> sa.ColumnElement[bool]:
+def _where(job: JobKey, table: sa.Table) -> sa.ColumnElement[bool]:
     """The rows of ``table`` about ``job``."""
     return sa.and_(
         table.c.cluster == job.cluster,
@@ -41,7 +41,7 @@ class ActionRow:
     id: int
     dedup_key: str
     decision_id: int | None
-    job: JobIdent
+    job: JobKey
     policy: str
     action: str
     state: str
@@ -58,7 +58,7 @@ def _action(r: Any) -> ActionRow:
         r.id,
         r.dedup_key,
         r.decision_id,
-        JobIdent(r.cluster, r.namespace, r.kind, r.name),
+        JobKey(r.cluster, r.namespace, r.kind, r.name),
         r.policy,
         r.action,
         r.state,
@@ -92,7 +92,7 @@ class DecisionStore:
     # ------------------------------------------------------------------ violations
 
     def open_violation(
-        self, job: JobIdent, policy: str, now: datetime, evidence: dict, uid: str | None = None
+        self, job: JobKey, policy: str, now: datetime, evidence: dict, uid: str | None = None
     ) -> ViolationState:
         """The job's open violation of ``policy``, opened now if there is none."""
         for _ in range(3):
@@ -115,7 +115,7 @@ class DecisionStore:
                         vid = _new_id(
                             conn.execute(
                                 violations.insert().values(
-                                    **job.cols(),
+                                    **job.columns(),
                                     uid=uid,
                                     policy=policy,
                                     episode=(last or 0) + 1,
@@ -133,8 +133,8 @@ class DecisionStore:
         raise RuntimeError("could not open a violation")  # pragma: no cover
 
     def open_violations(
-        self, job: JobIdent | None = None, policy: str | None = None
-    ) -> list[tuple[JobIdent, str, ViolationState]]:
+        self, job: JobKey | None = None, policy: str | None = None
+    ) -> list[tuple[JobKey, str, ViolationState]]:
         q = sa.select(violations).where(violations.c.state == "open")
         if job is not None:
             q = q.where(_where(job, violations))
@@ -142,11 +142,11 @@ class DecisionStore:
             q = q.where(violations.c.policy == policy)
         with self.store.reading("read violations") as conn:
             return [
-                (JobIdent(r.cluster, r.namespace, r.kind, r.name), r.policy, _state(r))
+                (JobKey(r.cluster, r.namespace, r.kind, r.name), r.policy, _state(r))
                 for r in conn.execute(q.order_by(violations.c.id))
             ]
 
-    def close_violation(self, job: JobIdent, policy: str, now: datetime) -> bool:
+    def close_violation(self, job: JobKey, policy: str, now: datetime) -> bool:
         """Close the open violation (the policy stopped firing): a later one starts a new ladder."""
         with self.store.writing("close a violation", own=True) as conn:
             n = conn.execute(
@@ -160,7 +160,7 @@ class DecisionStore:
 
     def claim_step(
         self,
-        job: JobIdent,
+        job: JobKey,
         policy: str,
         violation: ViolationState,
         step: int,
@@ -196,7 +196,7 @@ class DecisionStore:
                         decisions.insert().values(
                             dedup_key=dedup_key,
                             violation_id=violation.id,
-                            **job.cols(),
+                            **job.columns(),
                             policy=policy,
                             mode=mode,
                             step=step,
@@ -214,7 +214,7 @@ class DecisionStore:
                         actions.insert().values(
                             dedup_key=key,
                             decision_id=did,
-                            **job.cols(),
+                            **job.columns(),
                             policy=policy,
                             action=name,
                             state=SKIPPED if dry_run else CLAIMED,
@@ -296,7 +296,7 @@ class DecisionStore:
         with self.store.reading("count actions") as conn:
             return int(conn.execute(q).scalar_one())
 
-    def count_job_actions(self, job: JobIdent, action: str, states: Iterable[str] = (CLAIMED, DONE, WAITING)) -> int:
+    def count_job_actions(self, job: JobKey, action: str, states: Iterable[str] = (CLAIMED, DONE, WAITING)) -> int:
         q = (
             sa.select(sa.func.count())
             .select_from(actions)
@@ -306,7 +306,7 @@ class DecisionStore:
             return int(conn.execute(q).scalar_one())
 
     def decisions(
-        self, *, since: datetime | None = None, until: datetime | None = None, job: JobIdent | None = None
+        self, *, since: datetime | None = None, until: datetime | None = None, job: JobKey | None = None
     ) -> list[dict]:
         q = sa.select(decisions)
         if since is not None:
@@ -321,7 +321,7 @@ class DecisionStore:
     def actions(
         self,
         *,
-        job: JobIdent | None = None,
+        job: JobKey | None = None,
         since: datetime | None = None,
         states: Iterable[str] | None = None,
         cluster: str | None = None,
@@ -351,7 +351,7 @@ class DecisionStore:
 
     def record_would_do(
         self,
-        job: JobIdent,
+        job: JobKey,
         policy: str,
         *,
         dedup_key: str,
@@ -376,7 +376,7 @@ class DecisionStore:
                     decisions.insert().values(
                         dedup_key=dedup_key,
                         violation_id=None,
-                        **job.cols(),
+                        **job.columns(),
                         policy=policy,
                         mode=mode,
                         step=step,

@@ -40,7 +40,7 @@ from auditor.kube.client import call_json, resource_path
 from auditor.policy.loader import parse_policies
 from auditor.policy.runner import PolicyRunner, RequeueSettings, Route, RunnerConfig
 from auditor.store import Store
-from auditor.store.decisions import DecisionStore, JobIdent
+from auditor.store.decisions import DecisionStore
 
 pytestmark = [
     pytest.mark.testbed,
@@ -133,9 +133,7 @@ def quota(kube_admin, namespace):
 
 
 def _requeue_row(store: Store, ns: str) -> Any:
-    (row,) = [
-        a for a in DecisionStore(store).actions(job=JobIdent("default", ns, "Job", "bad")) if a.action == "requeue"
-    ]
+    (row,) = [a for a in DecisionStore(store).actions(job=JobKey("default", ns, "Job", "bad")) if a.action == "requeue"]
     return row
 
 

@@ -16,11 +16,12 @@ import yaml
 from kubernetes import client as k8s
 
 from auditor.actions import KubeActions
+from auditor.core.identity import JobKey
 from auditor.core.job_summary import JobSummary
 from auditor.policy.loader import parse_policies
 from auditor.policy.runner import PolicyRunner, RunnerConfig
 from auditor.store import Store
-from auditor.store.decisions import CLAIMED, DONE, DecisionStore, JobIdent
+from auditor.store.decisions import CLAIMED, DONE, DecisionStore
 
 pytestmark = pytest.mark.testbed
 
@@ -100,7 +101,7 @@ def test_an_interrupted_action_is_resumed_only_by_its_own_cluster(kube_admin, na
         with pytest.raises(Crash):
             east.run_cycle([_summary("east", ns, "bad", uid)], now=T0, act=True)
         repo = DecisionStore(store)
-        job = JobIdent("east", ns, "Job", "bad")
+        job = JobKey("east", ns, "Job", "bad")
         assert [(a.action, a.state) for a in repo.actions(job=job)] == [("annotate", CLAIMED)]
 
         later = T0 + timedelta(minutes=11)  # past stale_claim_after (10 min): a resume is due

@@ -12,8 +12,9 @@ from typing import Any, Iterable, Mapping
 import pytest
 
 from auditor.core.action_target import ActionTarget
+from auditor.core.identity import JobKey
 from auditor.core.job_summary import JobSummary, SummaryFormatError
-from auditor.core.violations import CLAIMED, DONE, FAILED, SKIPPED, WAITING, JobIdent, ViolationState
+from auditor.core.violations import CLAIMED, DONE, FAILED, SKIPPED, WAITING, ViolationState
 from auditor.policy.evaluate import JobFacts
 from auditor.policy.loader import parse_policies
 from auditor.policy.record import EscalationRecord
@@ -53,7 +54,7 @@ class Row:
     id: int
     dedup_key: str
     decision_id: int
-    job: JobIdent
+    job: JobKey
     policy: str
     action: str
     state: str
@@ -71,13 +72,13 @@ class FakeRecord:
     position), compare-and-set on an action's state."""
 
     def __init__(self) -> None:
-        self.violations: dict[tuple[JobIdent, str], dict] = {}
-        self.episodes: dict[tuple[JobIdent, str], int] = {}
+        self.violations: dict[tuple[JobKey, str], dict] = {}
+        self.episodes: dict[tuple[JobKey, str], int] = {}
         self.decision_rows: list[dict] = []
         self.rows: dict[str, Row] = {}
 
     def open_violation(
-        self, job: JobIdent, policy: str, now: datetime, evidence: dict, uid: str | None = None
+        self, job: JobKey, policy: str, now: datetime, evidence: dict, uid: str | None = None
     ) -> ViolationState:
         v = self.violations.get((job, policy))
         if v is None:
@@ -97,20 +98,20 @@ class FakeRecord:
         return ViolationState(v["id"], v["episode"], v["opened_at"], v["next"], v["last"])
 
     def open_violations(
-        self, job: JobIdent | None = None, policy: str | None = None
-    ) -> list[tuple[JobIdent, str, ViolationState]]:
+        self, job: JobKey | None = None, policy: str | None = None
+    ) -> list[tuple[JobKey, str, ViolationState]]:
         return [
             (j, p, self._state(v))
             for (j, p), v in self.violations.items()
             if (job is None or j == job) and (policy is None or p == policy)
         ]
 
-    def close_violation(self, job: JobIdent, policy: str, now: datetime) -> bool:
+    def close_violation(self, job: JobKey, policy: str, now: datetime) -> bool:
         return self.violations.pop((job, policy), None) is not None
 
     def claim_step(
         self,
-        job: JobIdent,
+        job: JobKey,
         policy: str,
         violation: ViolationState,
         step: int,
@@ -190,11 +191,11 @@ class FakeRecord:
     ) -> int:
         return len([r for r in self.actions_in(states, cluster=cluster, action=action) if r.created_at >= since])
 
-    def count_job_actions(self, job: JobIdent, action: str, states: Iterable[str] = (CLAIMED, DONE, WAITING)) -> int:
+    def count_job_actions(self, job: JobKey, action: str, states: Iterable[str] = (CLAIMED, DONE, WAITING)) -> int:
         return len([r for r in self.actions_in(states, action=action) if r.job == job])
 
     def decisions(
-        self, *, since: datetime | None = None, until: datetime | None = None, job: JobIdent | None = None
+        self, *, since: datetime | None = None, until: datetime | None = None, job: JobKey | None = None
     ) -> list[dict]:
         return [d for d in self.decision_rows if job is None or d["job"] == job]
 
@@ -316,7 +317,7 @@ def test_requeue_rate_limit_defers_without_claiming_and_the_step_runs_when_the_h
     assert first["a"].results["requeue"]["state"] == WAITING
     assert first["b"].blocked == "rate limit: 1 requeues per hour in the cluster"
     # not claimed: b's ladder still stands at its requeue step
-    assert record.open_violations(JobIdent.of(summary("b").to_json()))[0][2].next_step == 2
+    assert record.open_violations(JobKey.of_document(summary("b").to_json()))[0][2].next_step == 2
     later = {d.job.rpartition("/")[2]: d for d in r.run_cycle(jobs, now=due + timedelta(minutes=61), act=True)}
     assert later["b"].results["requeue"]["state"] == WAITING
     assert [c for c in kube.calls if c[0] == "deactivate"] == [("deactivate", "job-a"), ("deactivate", "job-b")]

@@ -19,6 +19,7 @@ from policy_receivers import Receiver
 from auditor import traces
 from auditor.actions import KubeActions
 from auditor.cli.main import main
+from auditor.core.identity import JobKey
 from auditor.core.job_summary import JobSummary
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, GpuId, JobRef, PodRef
@@ -27,7 +28,7 @@ from auditor.notify.http import RetryPolicy
 from auditor.policy.loader import PolicyRegistry, parse_policies
 from auditor.policy.runner import PolicyRunner, RequeueSettings, Route, RunnerConfig
 from auditor.store import Store
-from auditor.store.decisions import DecisionStore, JobIdent
+from auditor.store.decisions import DecisionStore
 
 pytestmark = pytest.mark.testbed
 
@@ -236,8 +237,8 @@ def test_low_sm_job_escalates_once_and_requeues_through_kueue(
             assert not any(k.startswith("gpu-auditor.io/verdict") for k in _annotations(kube_admin, ns, name))
             assert _events(kube_admin, ns, name) == []
         repo = DecisionStore(store)
-        assert [d["step"] for d in repo.decisions(job=JobIdent("default", ns, "Job", "bad"))] == [0, 1, 2]
-        assert repo.decisions(job=JobIdent("default", ns, "Job", "exempt")) == []
+        assert [d["step"] for d in repo.decisions(job=JobKey("default", ns, "Job", "bad"))] == [0, 1, 2]
+        assert repo.decisions(job=JobKey("default", ns, "Job", "exempt")) == []
     finally:
         store.close()
 
@@ -288,14 +289,14 @@ def test_restart_between_steps_neither_repeats_nor_skips(kube_admin, namespace, 
         runner.run_cycle([s], now=T0 + timedelta(minutes=2), act=True)
         store.close()
     store = Store.open(postgres_url)
-    assert [d["step"] for d in DecisionStore(store).decisions(job=JobIdent("default", ns, "Job", "bad"))] == [0, 1]
+    assert [d["step"] for d in DecisionStore(store).decisions(job=JobKey("default", ns, "Job", "bad"))] == [0, 1]
     PolicyRunner(policies, store, KubeActions(kube_admin), config).run_cycle(
         [s], now=T0 + timedelta(minutes=4), act=True
     )
     try:
-        steps = [d["step"] for d in DecisionStore(store).decisions(job=JobIdent("default", ns, "Job", "bad"))]
+        steps = [d["step"] for d in DecisionStore(store).decisions(job=JobKey("default", ns, "Job", "bad"))]
         assert steps == [0, 1, 2]  # annotate+event, notify, requeue (skipped: mode warn); each once
-        acts = {a.action: a.state for a in DecisionStore(store).actions(job=JobIdent("default", ns, "Job", "bad"))}
+        acts = {a.action: a.state for a in DecisionStore(store).actions(job=JobKey("default", ns, "Job", "bad"))}
         assert acts == {"annotate": "done", "event": "done", "notify": "done", "requeue": "skipped"}
         assert len(slack.accepted) == 1 and len(hook.accepted) == 1
         assert len([e for e in _events(kube_admin, ns, "bad") if e.reason == "GpuPolicyViolation"]) == 1

@@ -16,11 +16,12 @@ import sqlalchemy as sa
 
 from auditor.cli.main import main
 from auditor.core.accumulate import JobAggregate
+from auditor.core.identity import JobKey
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, GpuId, JobRef, PodRef, Window
 from auditor.errors import BadInput
 from auditor.store import Store
-from auditor.store.decisions import DONE, WAITING, DecisionStore, JobIdent
+from auditor.store.decisions import DONE, WAITING, DecisionStore
 from auditor.store.reports import ReportStore
 from auditor.store.retention import DELIVERY_FLOOR, FINAL_STATES, OPERATOR_ORIGIN, TABLE_ORDER, Retention, prune
 
@@ -106,7 +107,7 @@ def _episode(
     """One violation of ``name`` opened at ``at`` with its first step decided and its action in
     ``state``; closed at ``at``, or still firing at ``seen``."""
     repo = DecisionStore(store)
-    job = JobIdent(cluster, "ml", "Job", name)
+    job = JobKey(cluster, "ml", "Job", name)
     v = repo.open_violation(job, "low-sm", at, {})
     key = f"{cluster}/ml/Job/{name}#low-sm#v{v.episode}#s0"
     assert (
