@@ -434,6 +434,26 @@ def kueue_priority_boost_check(state: str, detail: str) -> Check:
     return Check(name, INFO, f"unknown: {detail}")
 
 
+def ack_link_key_check(key_file: str, base_url: str | None, read_key: Callable[[str], bytes]) -> Check:
+    """The gate's signed-link key (``gate.ack_link_key_file``, the chart's ``gate.ackLinks.keySecret``
+    mounted as a file): the operator runs on without it, so only doctor says that links are off."""
+    name = "gate: acknowledgement-link key"
+    try:
+        key = read_key(key_file)
+    except AuditorError as exc:
+        return Check(
+            name,
+            WARN,
+            f"{exc}: the operator runs, but alerts carry no acknowledgement link and /gate/ack answers 503",
+            "create the Secret that gate.ackLinks.keySecret names in the release namespace, with at least 16 random "
+            "bytes (`kubectl create secret generic NAME --from-literal=key=$(openssl rand -hex 32)`), then restart "
+            "the operator (`kubectl rollout restart deployment/...`): the key is read when it starts",
+        )
+    if not base_url:
+        return Check(name, INFO, f"{len(key)} bytes; gate.ack_link_base_url unset: alerts carry no link")
+    return Check(name, OK, f"{len(key)} bytes; alerts link to {base_url.rstrip('/')}/gate/ack")
+
+
 def _csv(metric: Metric, naming: Naming = Naming.CLASSIC) -> str:
     """The counters-CSV line that enables ``metric``, spelled as ``naming``'s exporter spells it."""
     line = CSV_LINES[metric]

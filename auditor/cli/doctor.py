@@ -56,6 +56,13 @@ def run(args: argparse.Namespace) -> int:
         source.close()
     if args.kubeconfig or args.in_cluster:
         checks.append(_kueue_check(settings))
+    if settings.gate.ack_link_key_file:
+        from auditor.doctor import ack_link_key_check
+        from auditor.policy.config import read_link_key
+
+        checks.append(
+            ack_link_key_check(settings.gate.ack_link_key_file, settings.gate.ack_link_base_url, read_link_key)
+        )
     if args.output == "json":
         print(json.dumps(as_json(checks), indent=2))
     else:

@@ -105,6 +105,21 @@ class AckEndpoint:
         )
 
 
+def without_key(why: str) -> Callable[[str, str, bytes], Response]:
+    """The endpoint when the link key cannot be read (a Secret missing or too short): every link is
+    answered 503 with why, instead of the operator failing to start over an optional feature."""
+
+    def handle(method: str, query: str, body: bytes) -> Response:
+        return _page(
+            503,
+            "Links unavailable",
+            f"Acknowledgement links are not available on this operator: {why}. "
+            "Acknowledge with `gpu-auditor ack NAMESPACE/LINEAGE` instead.",
+        )
+
+    return handle
+
+
 def _params(text: str) -> dict[str, str]:
     return {k: v[0] for k, v in parse_qs(text, keep_blank_values=False, max_num_fields=32).items()}
 

@@ -148,12 +148,17 @@ class Operator:
 
     def _ack_routes(self) -> dict[str, Any]:
         """``/gate/ack`` (signed acknowledgement links) when ``gate.ack_link_key_file`` is set."""
-        from auditor.operator_loop.ack_endpoint import PATH, AckEndpoint, read_link_key
+        from auditor.errors import BadInput
+        from auditor.operator_loop.ack_endpoint import PATH, AckEndpoint, read_link_key, without_key
         from auditor.store.lineage import AckLog
 
         if not self.settings.gate.ack_link_key_file:
             return {}
-        key = read_link_key(self.settings.gate.ack_link_key_file)
+        try:
+            key = read_link_key(self.settings.gate.ack_link_key_file)
+        except BadInput as exc:  # an optional feature: the operator runs on without it
+            log.error("signed acknowledgement links are off: %s", exc)
+            return {PATH: without_key(str(exc))}
         endpoint = AckEndpoint(AckLog(self.store), key, cluster=self.settings.cluster, clock=self.clock)
         return {PATH: endpoint.handle}
 

@@ -7,6 +7,7 @@ the variable names the Helm chart sets, so both read the same names.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Mapping
@@ -16,6 +17,8 @@ from auditor.errors import BadInput
 from auditor.policy.runner import RequeueSettings, Route, RunnerConfig
 from auditor.policy.schema import ActionKind
 from auditor.settings import NotificationsSettings, Settings
+
+log = logging.getLogger(__name__)
 
 #: The variables the chart fills from its notification Secrets (charts/gpu-auditor/templates/_helpers.tpl,
 #: configmap-settings.yaml): the contract users deploy with.
@@ -79,11 +82,17 @@ def runner_config(settings: Settings, environ: Mapping[str, str] | None = None) 
 
 def link_issuer(settings: Settings) -> LinkIssuer | None:
     """The signed acknowledgement links alerts carry: with both ``gate.ack_link_key_file`` and
-    ``gate.ack_link_base_url`` set, else None (BadInput when the key file is unusable)."""
+    ``gate.ack_link_base_url`` set, else None (also when the key file is unusable: logged, since a
+    missing Secret must not stop the alerts themselves; ``doctor --config`` reports it)."""
     g = settings.gate
     if not g.ack_link_key_file or not g.ack_link_base_url:
         return None
-    return LinkIssuer(read_link_key(g.ack_link_key_file), g.ack_link_base_url, g.ack_link_ttl, g.ack_link_until)
+    try:
+        key = read_link_key(g.ack_link_key_file)
+    except BadInput as exc:  # links are optional: alerts go out without one, and say nothing false
+        log.error("alerts carry no acknowledgement link: %s", exc)
+        return None
+    return LinkIssuer(key, g.ack_link_base_url, g.ack_link_ttl, g.ack_link_until)
 
 
 def read_link_key(path: str) -> bytes:

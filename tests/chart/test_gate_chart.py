@@ -98,6 +98,32 @@ def test_gate_off_renders_nothing_of_it_and_on_renders_the_contract(chart: Chart
     assert bad.rc != 0 and "mode" in bad.err
 
 
+def test_the_ack_link_key_secret_is_mounted_and_named_in_the_settings(chart: Chart):
+    sets = ["gate.enabled=true", "gate.ackLinks.keySecret.name=ack-key", "gate.ackLinks.keySecret.key=hmac"]
+    objs = chart.render(sets=[*sets, "gate.ackLinks.baseUrl=https://auditor.example.com"])
+    gate = _settings(objs)["gate"]
+    assert gate["ack_link_key_file"] == "/etc/gpu-auditor/ack-link/key"
+    assert (gate["ack_link_base_url"], gate["ack_link_ttl"]) == ("https://auditor.example.com", "7d")
+    (pod,) = [o["spec"]["template"]["spec"] for o in find(objs, "Deployment")]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "ack-link-key"]
+    # optional: a missing Secret must not keep the operator (and so the audit) from starting
+    assert volume["secret"] == {
+        "secretName": "ack-key",
+        "optional": True,
+        "defaultMode": 0o444,
+        "items": [{"key": "hmac", "path": "key"}],
+    }
+    (mount,) = [m for c in pod["containers"] for m in c["volumeMounts"] if m["name"] == "ack-link-key"]
+    assert mount == {"name": "ack-link-key", "mountPath": "/etc/gpu-auditor/ack-link", "readOnly": True}
+    # no base URL: the endpoint still redeems links, alerts carry none
+    assert "ack_link_base_url" not in _settings(chart.render(sets=sets))["gate"]
+    # the gate off: neither the volume nor the settings, whatever the Secret
+    off = chart.render(sets=["gate.ackLinks.keySecret.name=ack-key"])
+    assert not [v for o in find(off, "Deployment") for v in o["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    bad = chart.template_text(sets=["gate.enabled=true", "gate.ackLinks.baseUrl=ftp://x"], check=False)
+    assert bad.rc != 0 and "baseUrl" in bad.err
+
+
 def _settings(objs: list[dict]) -> dict:
     import yaml
 

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -25,15 +26,23 @@ pytestmark = [
 ]
 
 
-def _metrics(log: Path) -> str:
+def _get(log: Path, path: str) -> tuple[int, str]:
+    """GET ``path`` on the running operator's HTTP port (0, "" before it serves)."""
     m = re.search(r"on port (\d+)", log.read_text(errors="replace"))
     if not m:
-        return ""
+        return 0, ""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{m.group(1)}/metrics", timeout=5) as r:
-            return r.read().decode()
+        with urllib.request.urlopen(f"http://127.0.0.1:{m.group(1)}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
     except OSError:
-        return ""
+        return 0, ""
+
+
+def _metrics(log: Path) -> str:
+    code, text = _get(log, "/metrics")
+    return text if code == 200 else ""
 
 
 def test_run_answers_the_check_as_leader(kube_admin, namespace, testbed, tmp_path):
@@ -46,7 +55,13 @@ def test_run_answers_the_check_as_leader(kube_admin, namespace, testbed, tmp_pat
                 "http": {"port": 0, "host": "127.0.0.1"},
                 "policies": {"builtin": False},
                 "leader_election": {"namespace": ns, "lease_name": "gpu-auditor"},
-                "gate": {"enabled": True, "timeout": "1s", "sweep_interval": "1s"},
+                # the chart's optional key Secret not created: the operator runs, links are off
+                "gate": {
+                    "enabled": True,
+                    "timeout": "1s",
+                    "sweep_interval": "1s",
+                    "ack_link_key_file": str(tmp_path / "no-such-key"),
+                },
             }
         )
     )
@@ -93,6 +108,9 @@ def test_run_answers_the_check_as_leader(kube_admin, namespace, testbed, tmp_pat
                 "metrics",
             )
             assert 'gpu_auditor_gate_decision_seconds_count{state="Ready"}' in text
+            code, page = _get(log, "/gate/ack?action=ack")
+            assert code == 503 and "no-such-key: cannot read" in page, page
+            assert "signed acknowledgement links are off: gate.ack_link_key_file" in log.read_text()
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             assert proc.wait(30) == 0, log.read_text()
