@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -31,7 +32,10 @@ from auditor.errors import BadInput
 if TYPE_CHECKING:  # each adapter is imported where it is built: `--help` loads none of them
     from kubernetes.client import ApiClient
 
+    from datetime import datetime
+
     from auditor.actions.kube import KubeActions
+    from auditor.console.app import ConsoleApp
     from auditor.kube.lease import LeaderElector, LeaseUnavailable
     from auditor.kube.resolver import KubeResolver
     from auditor.operator_loop.service import Operator
@@ -39,6 +43,7 @@ if TYPE_CHECKING:  # each adapter is imported where it is built: `--help` loads 
     from auditor.reports import Destinations
     from auditor.settings import Settings
     from auditor.sources.prometheus import PrometheusSource
+    from auditor.sources.replay import ReplaySource
     from auditor.store import Store
 
 #: the command line's own variables for Prometheus credentials (never settings: they are secrets)
@@ -215,6 +220,20 @@ def store(settings: "Settings") -> "Store":
     return Store.open(settings.database_url())
 
 
+def store_at(url: str) -> "Store":
+    """The store at an explicit URL, migrated on open (the demo's own SQLite file)."""
+    from auditor.store import Store
+
+    return Store.open(url)
+
+
+def replay_source(feeds: Any, *, end: datetime, duration: timedelta, interval: timedelta) -> "ReplaySource":
+    """A metric source replaying recorded traces (the demo's bundled H200 traces)."""
+    from auditor.sources.replay import ReplaySource
+
+    return ReplaySource(feeds, end=end, duration=duration, interval=interval)
+
+
 def clock() -> "Clock":
     """The process's clock (the wall clock and the monotonic one)."""
     return SYSTEM_CLOCK
@@ -234,3 +253,35 @@ def operator(
     if "source" not in given:
         given["source"] = prometheus_source(settings, auth)
     return Operator(settings, dry_run=dry_run, **given)
+
+
+def console(
+    settings: "Settings", store: "Store", clock: Callable[[], Any], *, writes: bool, base: str = "/console"
+) -> Any:
+    """The web console on ``store`` (:class:`auditor.console.app.ConsoleApp`): its reader, the
+    acknowledgement log when ``writes``, prices from ``reports:``, and the escalation ladders and
+    gate rules of the settings' policy files (read once, as ``ack`` reads them)."""
+    from auditor.console.app import ConsoleApp, ConsoleConfig
+    from auditor.console.pages import Step
+    from auditor.core.gate import GateMode
+    from auditor.operator_loop.policies import policy_files
+    from auditor.policy.loader import PolicyRegistry
+    from auditor.store.console_queries import ConsoleQueries
+    from auditor.store.lineage import AckLog
+
+    registry = PolicyRegistry()
+    registry.update(policy_files(settings))
+    ladders = {
+        p.name: [Step(tuple(str(a.value) for a in s.actions), s.after, s.cooldown) for s in p.spec.escalation]
+        for p in registry.policies
+    }
+    config = ConsoleConfig(
+        base=base,
+        writes=writes,
+        prices=dict(settings.reports.prices),
+        currency=settings.reports.currency,
+        ladders=ladders,
+        gate_rules=[g.rule() for g in registry.gate_policies],
+        gate_mode=GateMode(settings.gate.mode),
+    )
+    return ConsoleApp(ConsoleQueries(store), clock, config, acks=AckLog(store) if writes else None)

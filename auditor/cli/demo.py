@@ -191,19 +191,17 @@ def run_demo(
     be tried on the bundled traces before it reaches the operator."""
     from auditor import compose
     from auditor.engine import run_audit
-    from auditor.sources.replay import ReplaySource
-    from auditor.store import Store
 
     say = progress or (lambda _m: None)
     now = (now or compose.clock().now()).replace(microsecond=0)
     out_dir.mkdir(parents=True, exist_ok=True)
     sc = scenario(now)
-    source = ReplaySource(sc.feeds, end=now, duration=sc.duration, interval=sc.interval)
+    source = compose.replay_source(sc.feeds, end=now, duration=sc.duration, interval=sc.interval)
     db = out_dir / "demo.sqlite"
     for stale in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
         stale.unlink(missing_ok=True)
     say(f"store: {db}")
-    store = Store.open(f"sqlite:///{db.resolve()}")
+    store = compose.store_at(f"sqlite:///{db.resolve()}")
     try:
         result = run_audit(source, sc.resolver, store, sc.window, now=now, progress=say, thresholds=thresholds)
     finally:
@@ -231,7 +229,7 @@ def run_demo(
         from auditor.reports.weeks import zone
 
         say("rendering the weekly team report")
-        store = Store.open(f"sqlite:///{db.resolve()}")
+        store = compose.store_at(f"sqlite:///{db.resolve()}")
         try:
             middle = sc.window.start + (sc.window.end - sc.window.start) / 2
             report = generate(store, IsoWeek.containing(middle, zone("UTC")), now=now)
