@@ -32,8 +32,6 @@ from auditor.errors import BadInput
 if TYPE_CHECKING:  # each adapter is imported where it is built: `--help` loads none of them
     from kubernetes.client import ApiClient
 
-    from datetime import datetime
-
     from auditor.actions.kube import KubeActions
     from auditor.console.app import ConsoleApp
     from auditor.kube.lease import LeaderElector, LeaseUnavailable
@@ -256,8 +254,8 @@ def operator(
 
 
 def console(
-    settings: "Settings", store: "Store", clock: Callable[[], Any], *, writes: bool, base: str = "/console"
-) -> Any:
+    settings: "Settings", store: "Store", clock: Callable[[], datetime], *, writes: bool, base: str = "/console"
+) -> "ConsoleApp":
     """The web console on ``store`` (:class:`auditor.console.app.ConsoleApp`): its reader, the
     acknowledgement log when ``writes``, prices from ``reports:``, and the escalation ladders and
     gate rules of the settings' policy files (read once, as ``ack`` reads them)."""

@@ -256,6 +256,15 @@ class HttpSettings(_Section):
     host: str = "0.0.0.0"
 
 
+class ConsoleSettings(_Section):
+    """The web console on the operator's HTTP server (docs/console.md)."""
+
+    #: serve the pages under ``/console/``
+    enabled: bool = True
+    #: offer acknowledging and snoozing from the job page (recorded like ``gpu-auditor ack``)
+    writes: bool = False
+
+
 _TEAM_SOURCE = re.compile(
     r"^(podLabel|jobLabel|namespaceLabel):[A-Za-z0-9._/-]+$|^(kueueQueue|kueueLocalQueue|kueueClusterQueue|namespace)$"
 )
@@ -291,6 +300,7 @@ class Settings(_Section):
     notifications: NotificationsSettings = Field(default_factory=NotificationsSettings)
     reports: ReportsSettings = Field(default_factory=ReportsSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     gate: GateSettings = Field(default_factory=GateSettings)
     #: the verdict thresholds (auditor/core/thresholds.py, docs/verdicts.md "Tuning")
     thresholds: ThresholdSection = Field(default_factory=Thresholds)

@@ -213,7 +213,7 @@ def run_demo(
 
         say("rendering the HTML page")
         page = render_html(
-            docs,
+            result.summaries,
             title="gpu-auditor demo: a small H200 cluster",
             generated_at=now,
             window_start=sc.window.start.isoformat(),

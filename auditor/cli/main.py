@@ -27,6 +27,7 @@ SUBCOMMANDS = (
     "policy",
     "ack",
     "actions",
+    "console",
     "store",
     "agent",
     "traces",

@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 #: a route served besides the three endpoints (e.g. ``/gate/ack``): (method, query, body) →
 #: (status, content type, body)
 Route = Callable[[str, str, bytes], tuple[int, str, bytes]]
+#: an application mounted under a path prefix (e.g. the console under ``/console``): (method,
+#: path below the prefix, query, request headers, body) → (status, content type, body, headers)
+Mount = Callable[[str, str, str, Mapping[str, str], bytes], tuple[int, str, bytes, Mapping[str, str]]]
 #: request bodies are forms of a few fields
 MAX_BODY = 64 * 1024
 
@@ -78,34 +81,52 @@ class HealthServer:
         healthy: Callable[[], tuple[bool, str]],
         ready: Callable[[], tuple[bool, str]],
         routes: Mapping[str, Route] | None = None,
+        mounts: Mapping[str, Mount] | None = None,
     ) -> None:
         owner = self
         extra = dict(routes or {})
+        mounted = dict(mounts or {})
 
         class Handler(BaseHTTPRequestHandler):
-            def _reply(self, code: int, ctype: str, body: bytes) -> None:
+            def _reply(self, code: int, ctype: str, body: bytes, headers: Mapping[str, str] | None = None) -> None:
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
-                self.send_header("Cache-Control", "no-store")
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                if not headers or "Cache-Control" not in headers:
+                    self.send_header("Cache-Control", "no-store")
                 self.end_headers()
                 self.wfile.write(body)
+
+            def _mounted(self, method: str, path: str, query: str, body: bytes | None) -> bool:
+                """Serve ``path`` from the mount whose prefix it is under; False when none is."""
+                for prefix, app in mounted.items():
+                    if path == prefix or path.startswith(prefix + "/"):
+                        sub = path[len(prefix) :] or "/"
+                        self._reply(*app(method, sub, query, dict(self.headers.items()), body or b""))
+                        return True
+                return False
 
             def do_POST(self) -> None:
                 path, _, query = self.path.partition("?")
                 route = extra.get(path)
                 length = int(self.headers.get("Content-Length") or 0)
-                if route is None:
-                    self._reply(404, "text/plain; charset=utf-8", b"not found\n")
-                elif length < 0 or length > MAX_BODY:
+                if length < 0 or length > MAX_BODY:
                     self._reply(413, "text/plain; charset=utf-8", b"request body too large\n")
-                else:
+                elif route is not None:
                     self._reply(*route("POST", query, self.rfile.read(length)))
+                elif not any(path == p or path.startswith(p + "/") for p in mounted):
+                    self._reply(404, "text/plain; charset=utf-8", b"not found\n")
+                else:
+                    self._mounted("POST", path, query, self.rfile.read(length))
 
             def do_GET(self) -> None:
                 path, _, query = self.path.partition("?")
                 if path in extra:
                     self._reply(*extra[path]("GET", query, b""))
+                    return
+                if self._mounted("GET", path, query, b""):
                     return
                 if path == "/metrics":
                     body, ctype, code = generate_latest(owner.metrics.registry), CONTENT_TYPE_LATEST, 200

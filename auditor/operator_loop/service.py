@@ -146,6 +146,16 @@ class Operator:
             return False, "informers not synced"
         return True, "leader" if self.is_leader() else "standby"
 
+    def _console_mounts(self) -> dict[str, Any]:
+        """The web console under ``/console`` (docs/console.md) unless ``console.enabled`` is off."""
+        from auditor import compose
+
+        if not self.settings.console.enabled:
+            return {}
+        app = compose.console(self.settings, self.store, self.clock, writes=self.settings.console.writes)
+        log.info("serving the web console under /console/ (%s)", "writes enabled" if app.config.writes else "read-only")
+        return {app.config.base: app.mount}
+
     def _ack_routes(self) -> dict[str, Any]:
         """``/gate/ack`` (signed acknowledgement links) when ``gate.ack_link_key_file`` is set."""
         from auditor.errors import BadInput
@@ -221,6 +231,7 @@ class Operator:
                 healthy=self._healthy,
                 ready=self._ready,
                 routes=self._ack_routes(),
+                mounts=self._console_mounts(),
             ).start()
             log.info("serving /healthz, /readyz, /metrics on port %d", self.health.port)
         self.resolver.start()

@@ -15,6 +15,8 @@ from typing import Sequence
 
 import jinja2
 
+from auditor.core.job_summary import JobSummary
+from auditor.core.model import Verdict
 from auditor.render import VERDICT_COLORS
 from auditor.render.table import notes
 
@@ -91,7 +93,12 @@ def _png(fig: object) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def charts(summaries: Sequence[dict]) -> list[dict[str, str]]:
+def _busy(s: JobSummary) -> float | None:
+    """Utilization as the page shows it: GPU_UTIL, else the profiling engine-active ratio."""
+    return s.means.gpu_util if s.means.gpu_util is not None else s.means.gr_engine_active
+
+
+def charts(summaries: Sequence[JobSummary]) -> list[dict[str, str]]:
     """The page's charts as base64 PNGs: utilization vs SM activity per job, waste per team."""
     import matplotlib
 
@@ -101,12 +108,11 @@ def charts(summaries: Sequence[dict]) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     if not summaries:
         return out
-    labels = [f"{s['namespace']}/{s['job']}" for s in summaries]
-    util = [(s.get("gpu_util") if s.get("gpu_util") is not None else s.get("gr_engine_active")) for s in summaries]
+    labels = [f"{s.namespace}/{s.job}" for s in summaries]
     series = [
-        ("GPU utilization", util, "#90a4ae"),
-        ("SM activity", [s.get("sm_active") for s in summaries], "#1565c0"),
-        ("tensor activity", [s.get("tensor_active") for s in summaries], "#2e7d32"),
+        ("GPU utilization", [_busy(s) for s in summaries], "#90a4ae"),
+        ("SM activity", [s.means.sm_active for s in summaries], "#1565c0"),
+        ("tensor activity", [s.means.tensor_active for s in summaries], "#2e7d32"),
     ]
     n = len(summaries)
     fig, ax = plt.subplots(figsize=(10, 0.45 * n + 1.2))
@@ -136,8 +142,8 @@ def charts(summaries: Sequence[dict]) -> list[dict[str, str]]:
 
     by_team: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for s in summaries:
-        if s.get("waste_gpu_hours") is not None:
-            by_team[str(s.get("team") or s.get("namespace"))][str(s["verdict"])] += float(s["waste_gpu_hours"])
+        if s.waste_gpu_hours is not None:
+            by_team[s.team or s.namespace][s.verdict.value] += s.waste_gpu_hours
     if by_team:
         teams = sorted(by_team, key=lambda t: -sum(by_team[t].values()))
         fig, ax = plt.subplots(figsize=(8, 0.5 * len(teams) + 1.2))
@@ -164,12 +170,12 @@ def charts(summaries: Sequence[dict]) -> list[dict[str, str]]:
     return out
 
 
-def _notes(summary: dict) -> str:
-    return notes(str(f.get("code")) for f in summary.get("findings") or [] if isinstance(f, dict))
+def _notes(doc: dict) -> str:
+    return notes(str(f.get("code")) for f in doc.get("findings") or [] if isinstance(f, dict))
 
 
 def render_html(
-    summaries: Sequence[dict],
+    summaries: Sequence[JobSummary],
     *,
     title: str,
     generated_at: datetime,
@@ -178,16 +184,17 @@ def render_html(
     source: str = "",
     with_charts: bool = True,
 ) -> str:
-    """The whole page as one string."""
+    """The whole page as one string: the figures are read from the typed summaries, the
+    tables render each summary's audit JSON (the documented shape the page shows)."""
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     env.globals.update(pct=_pct, num=_num, ev=_ev, note=_notes, color=lambda v: VERDICT_COLORS.get(v, "#999"))
     tpl = env.from_string(_TEMPLATE)
-    total = sum(float(s.get("gpu_hours") or 0.0) for s in summaries)
-    waste = sum(float(s["waste_gpu_hours"]) for s in summaries if s.get("waste_gpu_hours") is not None)
-    flagged = sum(1 for s in summaries if s.get("verdict") not in ("healthy", "insufficient_data"))
+    total = sum(s.gpu_hours or 0.0 for s in summaries)
+    waste = sum(s.waste_gpu_hours for s in summaries if s.waste_gpu_hours is not None)
+    flagged = sum(1 for s in summaries if s.verdict not in (Verdict.HEALTHY, Verdict.INSUFFICIENT_DATA))
     return tpl.render(
         title=title,
-        summaries=list(summaries),
+        summaries=[s.to_json() for s in summaries],
         generated=generated_at.isoformat(timespec="seconds"),
         window_start=window_start,
         window_end=window_end,

@@ -138,7 +138,7 @@ def test_demo_audit_json_table_and_page(demo: Demo) -> None:
     check("table/demo-wide.txt", format_table(demo.summaries, wide=True))
     sc = scenario(NOW)
     page = render_page(
-        [s.to_json() for s in demo.summaries],
+        demo.summaries,
         title="gpu-auditor demo: a small H200 cluster",
         generated_at=NOW,
         window_start=sc.window.start.isoformat(),

@@ -1,0 +1,227 @@
+"""What the console needs from outside: a reader of the store's facts and, when writes are on,
+the acknowledgement log. Plain values cross the port, so pages are rendered without SQL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol, Sequence
+
+from auditor.core.admission import AdmissionFacts
+from auditor.core.gate import AckKind, Acknowledgement, LineageHistory
+from auditor.core.lineage import LineageKey
+from auditor.core.model import Bucket
+
+#: the columns the job list sorts on (server-side, over every job of the filter)
+SORT_KEYS = (
+    "job",
+    "namespace",
+    "team",
+    "verdict",
+    "gpu_hours",
+    "waste_gpu_hours",
+    "sm_active",
+    "tensor_active",
+    "start",
+    "end",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """The job list's filter, sort and page (every field from the query string, checked)."""
+
+    team: str = ""
+    namespace: str = ""
+    verdict: str = ""
+    text: str = ""
+    state: str = ""  # "" all, "running", "ended"
+    sort: str = "waste_gpu_hours"
+    descending: bool = True
+    offset: int = 0
+    limit: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """One job of the list: identity and the indexed columns of its latest summary."""
+
+    id: int
+    cluster: str
+    namespace: str
+    kind: str
+    name: str
+    team: str
+    verdict: str
+    gpu_hours: float | None
+    waste_gpu_hours: float | None
+    sm_active: float | None
+    tensor_active: float | None
+    start: datetime | None
+    end: datetime | None
+    running: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    """One page of the job list, the total that matched, and the values the filters offer."""
+
+    rows: Sequence[JobRow]
+    total: int
+    teams: Sequence[str]
+    namespaces: Sequence[str]
+    verdicts: Sequence[str]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterNow:
+    """The cluster as the store has it now: running jobs and their GPUs, the recent verdicts."""
+
+    running_jobs: int
+    gpus_allocated: float
+    #: distinct GPUs with samples in the recent window (those with a job)
+    gpus_seen: int
+    #: GPUs that reported samples in the last day but have none in the recent window
+    gpus_idle_seen: int
+    gpu_hours_by_verdict: dict[str, float]
+    waste_gpu_hours: float
+    jobs_by_verdict: dict[str, int]
+    last_cycle: datetime | None
+    since: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class TeamWeek:
+    """One team's sums over one ISO week (the weekly report's figures)."""
+
+    team: str
+    week: str
+    gpu_hours: float
+    waste_gpu_hours: float
+    jobs: int
+    cost: float | None = None
+
+    @property
+    def efficiency(self) -> float | None:
+        return 1.0 - self.waste_gpu_hours / self.gpu_hours if self.gpu_hours > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRow:
+    """A policy decision on a job with the actions it started and their outcomes."""
+
+    id: int
+    policy: str
+    mode: str
+    step: int
+    decided_at: datetime
+    dry_run: bool
+    verdict: str
+    reason: str
+    actions: Sequence["ActionRow"] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRow:
+    """One action (notify, annotate, requeue, ...) and where it stands."""
+
+    id: int
+    job: str  # namespace/Kind/name
+    cluster: str
+    policy: str
+    action: str
+    state: str
+    attempts: int
+    created_at: datetime
+    updated_at: datetime
+    due_at: datetime | None
+    error: str | None
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ViolationRow:
+    """An open violation: which job broke which policy since when, and how far up the ladder."""
+
+    id: int
+    cluster: str
+    job: str  # namespace/Kind/name
+    job_id: int | None
+    policy: str
+    episode: int
+    opened_at: datetime
+    last_seen_at: datetime
+    next_step: int
+    last_step_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryRow:
+    """A weekly report delivery (team, week, channel) and its state in the ledger."""
+
+    cluster: str
+    week: str
+    team: str
+    channel: str
+    status: str
+    attempts: int
+    claimed_at: datetime
+    sent_at: datetime | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobDetail:
+    """Everything the job page shows of one job."""
+
+    row: JobRow
+    uid: str | None
+    queue: str | None
+    first_seen: datetime
+    last_seen: datetime
+    ended_at: datetime | None
+    summary: dict[str, Any]
+    buckets: Sequence[Bucket]
+    lineage: LineageHistory | None
+    admission: AdmissionFacts | None
+    decisions: Sequence[DecisionRow]
+    violations: Sequence[ViolationRow]
+
+
+class ConsoleReader(Protocol):
+    """The store's facts the pages show (one read transaction each)."""
+
+    def cluster_now(self, now: datetime, *, recent: float, since: datetime) -> ClusterNow: ...
+
+    def team_weeks(
+        self, weeks: Sequence[tuple[str, datetime, datetime]], prices: dict[str, float]
+    ) -> Sequence[TeamWeek]: ...
+
+    def jobs(self, f: JobFilter) -> JobPage: ...
+
+    def job(self, job_id: int, now: datetime) -> JobDetail | None: ...
+
+    def open_violations(self) -> Sequence[ViolationRow]: ...
+
+    def lineages(self, since: datetime) -> Sequence[LineageHistory]: ...
+
+    def actions(self, since: datetime) -> Sequence[ActionRow]: ...
+
+    def deliveries(self, since_week: str) -> Sequence[DeliveryRow]: ...
+
+
+class AckWriter(Protocol):
+    """The path ``gpu-auditor ack`` takes (:class:`auditor.store.lineage.AckLog`)."""
+
+    def acknowledge(
+        self,
+        key: LineageKey,
+        by: str,
+        until: datetime | None,
+        reason: str,
+        now: datetime,
+        *,
+        via: str = "cli",
+        link_id: str | None = None,
+        kind: AckKind = AckKind.ACK,
+    ) -> Acknowledgement: ...

@@ -1,0 +1,153 @@
+"""Charts as inline SVG text, drawn on the server: no script, no CDN, no image files.
+
+Each function returns one ``<svg>`` element sized by its ``viewBox`` (it scales with the page,
+a phone gets the same chart narrower). Every label passes through :func:`esc`: team and job
+names come from the cluster and may hold markup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from html import escape
+
+#: a colour per timeline metric (distinct from the verdict colours)
+METRIC_COLORS = {
+    "gpu_util": "#1565c0",
+    "sm_active": "#c62828",
+    "tensor_active": "#2e7d32",
+    "dram_active": "#ef6c00",
+}
+METRIC_LABELS = {"gpu_util": "util", "sm_active": "SM", "tensor_active": "tensor", "dram_active": "DRAM"}
+#: line colours for several series (teams)
+PALETTE = ("#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#5d4037", "#546e7a")
+
+
+def esc(text: object) -> str:
+    """Text safe in element content and in quoted attributes."""
+    return escape(str(text), quote=True)
+
+
+def _f(x: float) -> str:
+    return f"{x:.1f}"
+
+
+def timeline(
+    series: Mapping[str, Sequence[tuple[datetime, float]]],
+    start: datetime,
+    end: datetime,
+    *,
+    title: str,
+    width: int = 640,
+    height: int = 200,
+) -> str:
+    """Lines of fractions (0..1) over ``[start, end]``, one per metric, with a legend."""
+    left, right, top, bottom = 36, 8, 38, 22
+    w, h = width - left - right, height - top - bottom
+    span = max((end - start).total_seconds(), 1.0)
+
+    def x(t: datetime) -> float:
+        return left + w * min(max((t - start).total_seconds() / span, 0.0), 1.0)
+
+    def y(v: float) -> float:
+        return top + h * (1.0 - min(max(v, 0.0), 1.0))
+
+    parts = [
+        f'<svg class="chart timeline" viewBox="0 0 {width} {height}" role="img" aria-label="{esc(title)}">',
+        f"<title>{esc(title)}</title>",
+        f'<text x="{left}" y="14" class="ctitle">{esc(title)}</text>',
+    ]
+    for frac in (0.0, 0.5, 1.0):
+        parts.append(f'<line x1="{left}" x2="{left + w}" y1="{_f(y(frac))}" y2="{_f(y(frac))}" class="grid"/>')
+        parts.append(
+            f'<text x="{left - 4}" y="{_f(y(frac) + 4)}" class="axis" text-anchor="end">{int(frac * 100)}%</text>'
+        )
+    parts.append(f'<text x="{left}" y="{height - 6}" class="axis">{esc(start.strftime("%m-%d %H:%M"))}</text>')
+    parts.append(
+        f'<text x="{left + w}" y="{height - 6}" class="axis" text-anchor="end">{esc(end.strftime("%m-%d %H:%M"))}</text>'
+    )
+    lx = left
+    for metric, points in series.items():
+        color = METRIC_COLORS.get(metric, "#333")
+        if points:
+            path = " ".join(f"{_f(x(t))},{_f(y(v))}" for t, v in points)
+            parts.append(
+                f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="1.5" data-metric="{esc(metric)}"/>'
+            )
+        parts.append(f'<rect x="{lx}" y="20" width="10" height="10" fill="{color}"/>')
+        parts.append(f'<text x="{lx + 13}" y="29" class="legend">{esc(METRIC_LABELS.get(metric, metric))}</text>')
+        lx += 70
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def hbars(items: Sequence[tuple[str, float, str]], *, title: str, unit: str = "", width: int = 640) -> str:
+    """Horizontal bars: (label, value, colour), longest bar the largest value."""
+    row, left, top = 22, 150, 22
+    height = top + row * max(len(items), 1) + 6
+    top_value = max((v for _, v, _ in items), default=0.0) or 1.0
+    w = width - left - 80
+    parts = [
+        f'<svg class="chart bars" viewBox="0 0 {width} {height}" role="img" aria-label="{esc(title)}">',
+        f"<title>{esc(title)}</title>",
+        f'<text x="4" y="14" class="ctitle">{esc(title)}</text>',
+    ]
+    if not items:
+        parts.append(f'<text x="4" y="{top + 14}" class="axis">no data</text>')
+    for i, (label, value, color) in enumerate(items):
+        yy = top + i * row
+        bw = max(w * value / top_value, 0.0)
+        parts.append(f'<text x="{left - 6}" y="{yy + 14}" class="axis" text-anchor="end">{esc(label)}</text>')
+        parts.append(f'<rect x="{left}" y="{yy + 3}" width="{_f(bw)}" height="{row - 6}" fill="{esc(color)}"/>')
+        parts.append(f'<text x="{_f(left + bw + 4)}" y="{yy + 14}" class="axis">{value:,.1f}{esc(unit)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def lines(
+    labels: Sequence[str],
+    series: Mapping[str, Sequence[float | None]],
+    *,
+    title: str,
+    unit: str = "",
+    width: int = 640,
+    height: int = 200,
+) -> str:
+    """Lines over categories (weeks), one per series (team), with a legend below."""
+    left, right, top = 48, 12, 22
+    legend_rows = (len(series) + 3) // 4
+    bottom = 22 + 16 * legend_rows
+    w, h = width - left - right, height - top - bottom
+    values = [v for vs in series.values() for v in vs if v is not None]
+    top_value = max(values, default=0.0) or 1.0
+    n = max(len(labels), 1)
+
+    def x(i: int) -> float:
+        return left + (w * i / (n - 1) if n > 1 else w / 2)
+
+    def y(v: float) -> float:
+        return top + h * (1.0 - v / top_value)
+
+    parts = [
+        f'<svg class="chart lines" viewBox="0 0 {width} {height}" role="img" aria-label="{esc(title)}">',
+        f"<title>{esc(title)}</title>",
+        f'<text x="{left}" y="14" class="ctitle">{esc(title)}</text>',
+        f'<line x1="{left}" x2="{left + w}" y1="{_f(y(0))}" y2="{_f(y(0))}" class="grid"/>',
+        f'<text x="{left - 4}" y="{_f(y(top_value) + 4)}" class="axis" text-anchor="end">{top_value:,.0f}{esc(unit)}</text>',
+        f'<text x="{left - 4}" y="{_f(y(0) + 4)}" class="axis" text-anchor="end">0</text>',
+    ]
+    for i, label in enumerate(labels):
+        parts.append(f'<text x="{_f(x(i))}" y="{top + h + 14}" class="axis" text-anchor="middle">{esc(label)}</text>')
+    for k, (name, vs) in enumerate(series.items()):
+        color = PALETTE[k % len(PALETTE)]
+        pts = [(x(i), y(v)) for i, v in enumerate(vs) if v is not None]
+        if len(pts) > 1:
+            path = " ".join(f"{_f(a)},{_f(b)}" for a, b in pts)
+            parts.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
+        for a, b in pts:
+            parts.append(f'<circle cx="{_f(a)}" cy="{_f(b)}" r="3" fill="{color}"/>')
+        lx, ly = left + (k % 4) * (w / 4), top + h + 30 + 16 * (k // 4)
+        parts.append(f'<rect x="{_f(lx)}" y="{_f(ly - 9)}" width="10" height="10" fill="{color}"/>')
+        parts.append(f'<text x="{_f(lx + 13)}" y="{_f(ly)}" class="legend">{esc(name)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
