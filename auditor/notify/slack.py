@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -34,7 +35,9 @@ class SlackNotifier:
         if not url.startswith(("https://", "http://")):
             raise ValueError("a Slack webhook URL must be http(s)")
         self.url = url
-        self.retry = retry or RetryPolicy()
+        # Slack's incoming webhooks take no idempotency key: a POST that got no answer may have
+        # posted the message, and sending it again would post it twice
+        self.retry = dataclasses.replace(retry or RetryPolicy(), retry_unanswered=False)
         self._session = session
         self._sleep = sleep
 
@@ -42,7 +45,8 @@ class SlackNotifier:
         return "SlackNotifier(<webhook url>)"
 
     def send(self, text: str, blocks: list[dict] | None = None) -> Delivery:
-        """Deliver one message; retries 5xx/429/network errors, never raises for delivery failures."""
+        """Deliver one message; retries 5xx/429 and requests that never left, never one that got
+        no answer (it is *unconfirmed*); never raises for delivery failures."""
         payload: dict = {"text": truncate(text, 3000), "unfurl_links": False, "unfurl_media": False}
         if blocks:
             payload["blocks"] = blocks[:MAX_BLOCKS]

@@ -6,9 +6,10 @@ Body (``version`` 1; documented in docs/policies.md)::
      "data": {...}}
 
 Header ``X-Gpu-Auditor-Signature: sha256=<hex HMAC-SHA256 of the exact body bytes, keyed by the
-shared secret>``; also ``X-Gpu-Auditor-Delivery`` (the id, equal across retries) and
-``X-Gpu-Auditor-Kind``. A receiver verifies with :func:`verify_signature` (constant-time compare)
-and may reject old ``sent_at`` values to stop replays.
+shared secret>``; also ``X-Gpu-Auditor-Delivery`` and ``Idempotency-Key`` (the id, equal across
+retries and resends: a receiver drops a second delivery of one id) and ``X-Gpu-Auditor-Kind``.
+A receiver verifies with :func:`verify_signature` (constant-time compare) and may reject old
+``sent_at`` values to stop replays.
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ class WebhookNotifier:
             "Content-Type": "application/json; charset=utf-8",
             SIGNATURE_HEADER: sign(self._secret, body),
             "X-Gpu-Auditor-Delivery": did,
+            # the same id under the name of the IETF draft (draft-ietf-httpapi-idempotency-key-header)
+            "Idempotency-Key": did,
             "X-Gpu-Auditor-Kind": kind,
             "User-Agent": "gpu-auditor",
         }

@@ -173,16 +173,15 @@ class Operator:
         return {PATH: endpoint.handle}
 
     def _gate_stage(self) -> Any:
-        from auditor.gate.stage import GateStage
+        from auditor.gate.stage import GateRules, GateStage
         from auditor.operator_loop.policies import policy_files
-        from auditor.policy.loader import PolicyRegistry
 
-        # the gate rules (kind GatePolicy) of the operator's policy files, read once when the gate
-        # is built; a bad file is logged and skipped, like the policies of the cycle
-        registry = PolicyRegistry()
-        registry.update(policy_files(self.settings))
-        rules = [g.rule() for g in registry.gate_policies]
-        log.info("efficiency gate: %d rule(s): %s", len(rules), ", ".join(r.name for r in rules) or "none")
+        # the gate rules (kind GatePolicy) of the operator's policy files, re-read every sweep
+        # interval while leading; a bad file keeps its last good rules, like the cycle's policies
+        rules = GateRules(lambda: policy_files(self.settings))
+        rules.refresh()
+        names = ", ".join(r.name for r in rules.rules) or "none"
+        log.info("efficiency gate: %d rule(s): %s", len(rules.rules), names)
         return GateStage(
             self.settings,
             self.api,
