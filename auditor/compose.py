@@ -34,7 +34,8 @@ if TYPE_CHECKING:  # each adapter is imported where it is built: `--help` loads 
 
     from auditor.actions.kube import KubeActions
     from auditor.console.app import ConsoleApp
-    from auditor.kube.lease import LeaderElector, LeaseUnavailable
+    from auditor.errors import LeaseUnavailable
+    from auditor.kube.lease import LeaderElector
     from auditor.kube.resolver import KubeResolver
     from auditor.operator_loop.service import Operator
     from auditor.ports import Clock
@@ -146,6 +147,36 @@ def kube_api(settings: "Settings", *, dry_run: bool = False) -> "ApiClient":
         KubeConfig(kubeconfig=k.kubeconfig, in_cluster=k.in_cluster, context=k.context, impersonate=k.impersonate)
     )
     return read_only(api) if dry_run else api
+
+
+def read_only(api: "ApiClient") -> "ApiClient":
+    """``api`` with every write refused (an operator dry run handed a client of its own)."""
+    from auditor.kube.client import read_only as refuse_writes
+
+    return refuse_writes(api)
+
+
+def kube_username(settings: "Settings") -> str:
+    """Who the Kubernetes API says the configured credentials are (``ack --by`` left out)."""
+    from auditor.kube.whoami import username
+
+    api = kube_api(settings)
+    try:
+        return username(api)
+    finally:
+        api.close()
+
+
+def kueue_priority_boost(settings: "Settings") -> tuple[str, str]:
+    """Kueue's PriorityBoost feature as the cluster shows it (a dry-run patch): (state, detail)."""
+    from auditor.kube.kueue_features import probe_priority_boost
+
+    api = kube_api(settings)
+    try:
+        probe = probe_priority_boost(api)
+    finally:
+        api.close()
+    return probe.state, probe.detail
 
 
 def kube_resolver(settings: "Settings", api: "ApiClient") -> "KubeResolver":

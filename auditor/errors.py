@@ -45,3 +45,11 @@ class StoreError(AuditorError):
 
 class RequeueRefused(PermanentError):
     """The job cannot be requeued safely (a bare Pod, an unknown kind, a finished Workload)."""
+
+
+class LeaseUnavailable(PermanentError):
+    """The Lease cannot be taken, and waiting will not change that (e.g. 403 Forbidden)."""
+
+
+class LeaseNamespaceMissing(LeaseUnavailable, BadInput):
+    """The Lease's namespace does not exist: a setting to fix (exit 2), never "someone holds it"."""

@@ -28,6 +28,7 @@ __all__ = [
     "Displacement",
     "EventNotifier",
     "JobResolver",
+    "LeaderElection",
     "MetricSource",
     "SourceResult",
     "SummaryStore",
@@ -173,3 +174,24 @@ class EventNotifier(Protocol):
     """A machine destination (:class:`auditor.notify.webhook.WebhookNotifier`): a typed, signed event."""
 
     def send(self, kind: str, payload: dict, *, delivery_id: str | None = None) -> Any: ...
+
+
+class LeaderElection(Protocol):
+    """One Lease held (or waited for) by this replica (:class:`auditor.kube.lease.LeaderElector`):
+    what the operator's loop asks of it."""
+
+    namespace: str
+    name: str
+    #: why the last attempt to take or renew the Lease failed (None: it did not)
+    last_error: str | None
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    def holder(self) -> str | None: ...
+
+    def start(self) -> Any: ...
+
+    def acquire(self, timeout: float) -> bool: ...
+
+    def stop(self, release: bool = True) -> None: ...

@@ -65,9 +65,8 @@ def who(args: argparse.Namespace, settings: "Settings") -> str:
         return str(args.by).strip()
     if args.kubeconfig or args.in_cluster:
         from auditor import compose
-        from auditor.kube.whoami import username
 
-        return f"kube:{username(compose.kube_api(settings))}"
+        return f"kube:{compose.kube_username(settings)}"
     return f"os:{getpass.getuser()}"
 
 

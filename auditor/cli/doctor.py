@@ -73,11 +73,5 @@ def run(args: argparse.Namespace) -> int:
 def _kueue_check(settings: "Settings") -> "Check":
     from auditor import compose
     from auditor.doctor import kueue_priority_boost_check
-    from auditor.kube.kueue_features import probe_priority_boost
 
-    api = compose.kube_api(settings)
-    try:
-        probe = probe_priority_boost(api)
-    finally:
-        api.close()
-    return kueue_priority_boost_check(probe.state, probe.detail)
+    return kueue_priority_boost_check(*compose.kueue_priority_boost(settings))

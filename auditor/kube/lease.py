@@ -35,7 +35,8 @@ from kubernetes import config as kube_config
 from kubernetes.client.rest import ApiException
 
 from auditor.clock import SYSTEM_CLOCK
-from auditor.errors import BadInput, PermanentError
+from auditor.errors import LeaseNamespaceMissing as LeaseNamespaceMissing  # re-exported
+from auditor.errors import LeaseUnavailable as LeaseUnavailable  # re-exported
 from auditor.kube.client import call_json
 
 if TYPE_CHECKING:
@@ -47,14 +48,6 @@ log = logging.getLogger(__name__)
 SERVICE_ACCOUNT_NAMESPACE = os.path.join(
     os.path.dirname(kube_config.incluster_config.SERVICE_TOKEN_FILENAME), "namespace"
 )
-
-
-class LeaseUnavailable(PermanentError):
-    """The Lease cannot be taken, and waiting will not change that (e.g. 403 Forbidden)."""
-
-
-class LeaseNamespaceMissing(LeaseUnavailable, BadInput):
-    """The Lease's namespace does not exist: a setting to fix (exit 2), never "someone holds it"."""
 
 
 def lease_namespace(

@@ -23,15 +23,13 @@ from typing import Any, Callable
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from auditor.clock import SYSTEM_CLOCK, NowOnly
-from auditor.errors import AuditorError, SourceUnavailable
-from auditor.kube.client import read_only
-from auditor.kube.lease import LeaderElector, LeaseUnavailable
+from auditor.errors import AuditorError, LeaseUnavailable, SourceUnavailable
 from auditor.operator_loop.cycle import ORIGIN, CycleResult, CycleRunner, LostLeadership
 from auditor.operator_loop.health import HealthServer, OperatorMetrics
 from auditor.operator_loop.policies import PolicyStage
 from auditor.operator_loop.reports import ReportStage
 from auditor.operator_loop.retention import RetentionStage
-from auditor.ports import Clock
+from auditor.ports import Clock, LeaderElection
 from auditor.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -74,13 +72,13 @@ class Operator:
         if api is None:
             api = compose.kube_api(settings, dry_run=dry_run)
         elif dry_run:
-            read_only(api)
+            compose.read_only(api)
         self.api = api
         self.store = store or compose.store(settings)
         self.source = source or compose.prometheus_source(settings)
         self.resolver = compose.kube_resolver(settings, self.api)
         le = settings.leader_election
-        self.elector: LeaderElector | None = None
+        self.elector: LeaderElection | None = None
         #: why the elector gave up (e.g. the Lease's namespace is missing): ``run_forever`` raises it
         self.fatal: LeaseUnavailable | None = None
         if le.enabled and not dry_run:
