@@ -48,6 +48,7 @@ from auditor.testbed.state import State
 #: plugins (``DEVICE_PLUGIN_DIR``).
 NODE_SWITCH = "GPU_AUDITOR_TESTBED_NODE"
 TAINT_KEY = "gpu-auditor.io/testbed-node"
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 FAKE_GPUS = 4
 #: Fixed in the kubelet (pkg/kubelet/cm/devicemanager/manager.go: pluginapi.KubeletSocket), not
 #: under --root-dir: one node per machine can serve device plugins.
@@ -142,6 +143,10 @@ state = "{root / "state"}"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{sandbox_image}"
   disable_apparmor = true
+  # This machine withholds CAP_SYS_RESOURCE even from root, so no process may lower its
+  # oom_score_adj; the kubelet asks -998 for every sandbox (runc: "failed to update
+  # /proc/self/oom_score_adj: Permission denied"). Clamped to containerd's own value instead.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
@@ -328,6 +333,7 @@ def _wait_node(state: State, pki: Pki, name: str, timeout: float = 120) -> None:
             ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or [])
             gpus = (status.get("allocatable") or {}).get("nvidia.com/gpu", "0")
             if ready and gpus == str(FAKE_GPUS):
+                _untaint_not_ready(session, url, resp.json())
                 _say(f"node {name} Ready with {gpus} x nvidia.com/gpu")
                 return
             last = f"Ready={ready}, nvidia.com/gpu allocatable {gpus}"
@@ -335,6 +341,26 @@ def _wait_node(state: State, pki: Pki, name: str, timeout: float = 120) -> None:
     raise TestbedError(
         "node", f"node {name} not Ready with GPUs after {timeout:.0f} s: {last}", log_path(state, "kubelet")
     )
+
+
+def _untaint_not_ready(session: requests.Session, url: str, node_obj: dict) -> None:
+    """Remove the ``node.kubernetes.io/not-ready`` taint the kubelet registers with.
+
+    The node lifecycle controller removes it once the node is Ready; the bed does not run that
+    controller (it would taint and evict the pods tests bind to nodes without a kubelet), so the
+    bed does its one step for its one real node. The kubelet adds the taint only at registration.
+    """
+    taints = (node_obj.get("spec") or {}).get("taints") or []
+    keep = [t for t in taints if t.get("key") != NOT_READY_TAINT]
+    if keep == taints:
+        return
+    patch = [
+        {"op": "test", "path": "/spec/taints", "value": taints},
+        {"op": "replace", "path": "/spec/taints", "value": keep},
+    ]
+    resp = session.patch(url, json=patch, headers={"Content-Type": "application/json-patch+json"}, timeout=10)
+    if resp.status_code != 200:
+        raise TestbedError("node", f"removing the {NOT_READY_TAINT} taint: HTTP {resp.status_code} {resp.text[:300]}")
 
 
 def clean(state: State) -> None:

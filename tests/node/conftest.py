@@ -1,0 +1,116 @@
+"""Fixtures of the node tests: the bed's real node, the current tree's image in its containerd,
+and, for the module only, the controllers and scheduler that turn the chart's objects into pods.
+
+The bed runs no Deployment/ReplicaSet/DaemonSet controller and no scheduler (docs/testbed.md:
+they would fight the pods other tests make themselves). These tests start a second
+kube-controller-manager with exactly those three controllers and a kube-scheduler whose only
+profile is ``gpu-auditor-testbed`` (the post-renderer names it in the chart's pods), and stop
+them when the module ends: other tests' pods (default scheduler name) are never scheduled.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import yaml
+from nodelib import SCHEDULER
+
+from auditor.testbed import config, node, process
+from auditor.testbed.state import State
+
+WORKLOAD_CONTROLLERS = ("deployment-controller", "replicaset-controller", "daemonset-controller")
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    image_repository: str
+    image_tag: str
+    pod_resources_dir: Path
+    pod_logs_dir: Path
+    state: State
+
+
+@pytest.fixture(scope="module")
+def bed_node(testbed) -> Node:
+    if not node.enabled(Path(testbed.state_dir)):
+        pytest.skip(f"no node in this bed ({node.NODE_SWITCH}=0, or a private bed without {node.NODE_SWITCH}=1)")
+    state = State.load(Path(testbed.state_dir))
+    assert state is not None
+    if not testbed.node_name:
+        why = state.values.get("node_error") or "the running bed was started without a node (restart it)"
+        pytest.fail(f"the test bed has no node: {why}", pytrace=False)
+    # The image the bed built when it started (GPU_AUDITOR_IMAGE): rebuilding for every change of
+    # the tree would cost minutes per session; a bed restart builds the current tree.
+    repository, tag = testbed.image.rsplit(":", 1)
+    return Node(
+        name=testbed.node_name,
+        image_repository=repository,
+        image_tag=tag,
+        pod_resources_dir=node.pod_resources_socket(state).parent,
+        pod_logs_dir=Path(state.values["pki_dir"]).parent / "node" / "pod-logs",
+        state=state,
+    )
+
+
+@pytest.fixture(scope="module")
+def workload_controllers(testbed, bed_node, tmp_path_factory) -> Iterator[None]:
+    work = tmp_path_factory.mktemp("workload-controllers")
+    sched_cfg = work / "scheduler.yaml"
+    sched_cfg.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kubescheduler.config.k8s.io/v1",
+                "kind": "KubeSchedulerConfiguration",
+                "clientConnection": {"kubeconfig": testbed.kubeconfig},
+                "leaderElection": {"leaderElect": False},
+                "profiles": [{"schedulerName": SCHEDULER}],
+            }
+        )
+    )
+    bins = config.bin_dir()
+    argvs = {
+        "kube-controller-manager": [
+            str(bins / "kube-controller-manager"),
+            f"--kubeconfig={testbed.kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={process.free_port()}",
+            f"--cert-dir={work / 'kcm-certs'}",
+            f"--controllers={','.join(WORKLOAD_CONTROLLERS)}",
+            "--concurrent-deployment-syncs=2",
+            "--v=1",
+        ],
+        "kube-scheduler": [
+            str(bins / "kube-scheduler"),
+            f"--config={sched_cfg}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={process.free_port()}",
+            "--v=1",
+        ],
+    }
+    procs = []
+    for name, argv in argvs.items():
+        log = open(work / f"{name}.log", "wb")
+        procs.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))
+    try:
+        yield
+    finally:
+        for p, log in procs:
+            p.terminate()
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            log.close()
+
+
+@pytest.fixture
+def release() -> str:
+    return f"ga-{uuid.uuid4().hex[:6]}"
