@@ -15,6 +15,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from auditor.operator_loop.fleet_metrics import FleetMetrics
+
 log = logging.getLogger(__name__)
 
 #: a route served besides the three endpoints (e.g. ``/gate/ack``): (method, query, body) →
@@ -60,6 +62,8 @@ class OperatorMetrics:
             ["team", "reason"],
             registry=r,
         )
+        #: per-team and cluster series (team, verdict, cluster: never a job or pod)
+        self.fleet = FleetMetrics(r)
 
     def count_undelivered(self, decisions: Iterable[Any]) -> None:
         """Count the cycle's alerts that went nowhere (a team label: teams are few, unlike jobs)."""

@@ -17,7 +17,7 @@ import os
 import socket
 import threading
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -114,6 +114,7 @@ class Operator:
         self.retention = RetentionStage(settings, self.store)
         #: the efficiency gate's AdmissionCheck controller (``gate.enabled``), run while leading
         self.gate = self._gate_stage() if settings.gate.enabled and not dry_run else None
+        self.metrics.fleet.snapshot.held = self._held_jobs
         self.scheduler: BackgroundScheduler | None = None
         self.health: HealthServer | None = None
         self._stop = threading.Event()
@@ -255,6 +256,11 @@ class Operator:
             pass
         self.store.close()
 
+    def _held_jobs(self) -> int | None:
+        """The gate's held Jobs now (its controller's cache), None while no gate answers."""
+        ctl = self.gate.controller if self.gate is not None else None
+        return len(ctl.held_jobs()) if ctl is not None else None
+
     # ------------------------------------------------------------------ cycles
 
     def cycle(self) -> CycleResult | None:
@@ -296,6 +302,8 @@ class Operator:
         m.gpu_jobs.set(result.jobs_seen)
         m.prometheus_queries.inc(result.queries)
         m.count_undelivered(result.decisions)
+        m.fleet.observe_cycle(self.settings.cluster, result.window, result.summaries, result.decisions)
+        m.fleet.observe_store(self.store, self.settings.cluster, self.clock(), since=self.clock() - timedelta(days=7))
         m.window_seconds.set(result.window.seconds if result.window else 0)
         finished = self.clock().timestamp()
         m.last_cycle.set(finished)
