@@ -21,6 +21,8 @@ class ViolationState:
     last_step_at: datetime | None
 
 
-#: States of one recorded action: claimed before it runs, then done, failed, skipped, or
-#: waiting (a requeue's reactivation is due later).
+#: States of one recorded action: claimed before it runs, then done, failed, skipped,
+#: waiting (a requeue's reactivation is due later), or queued (an alert the operator's delivery
+#: queue sends off the cycle: ``due_at`` is its next try).
 CLAIMED, DONE, FAILED, SKIPPED, WAITING = "claimed", "done", "failed", "skipped", "waiting"
+QUEUED = "queued"

@@ -5,17 +5,19 @@ runner's recovery (:mod:`auditor.policy.recovery`)."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
-from datetime import datetime
+import uuid
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
 from auditor.core.action_target import ActionTarget
 from auditor.core.identity import JobKey
 from auditor.core.job_summary import JobSummary
 from auditor.core.lineage import lineage_of_summary
-from auditor.core.violations import DONE, FAILED, SKIPPED, WAITING
+from auditor.core.violations import DONE, FAILED, QUEUED, SKIPPED, WAITING
 from auditor.errors import AuditorError, RequeueRefused
-from auditor.notify import SlackNotifier, WebhookNotifier
+from auditor.notify import Delivery, RetryPolicy, SlackNotifier, WebhookNotifier
 from auditor.policy.alerts import event_note, job_annotations, slack_message, webhook_payload
 from auditor.policy.record import EscalationRecord
 from auditor.policy.runner_config import Route, RunnerConfig
@@ -28,6 +30,70 @@ log = logging.getLogger("auditor.policy.runner")
 
 #: ``reason`` of a notification recorded as skipped because its team has no destination
 NO_DESTINATION = "no_destination"
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+#: the channels an alert goes to, as keys of its result
+CHANNELS = ("slack", "webhook")
+
+
+def delivery_id(key: str) -> str:
+    """A stable UUID from the action's dedup key: the same alert carries the same id on every
+    try and resend, so a webhook receiver can drop the copies."""
+    return str(uuid.UUID(hashlib.sha256(key.encode()).hexdigest()[:32]))
+
+
+def send_alert(
+    route: Route,
+    channel: str,
+    message: dict,
+    *,
+    retry: RetryPolicy,
+    sleep: Callable[[float], None] | None = None,
+) -> Delivery:
+    """Send one rendered alert (a ``message`` of :meth:`StepActions._notify`) to one channel."""
+    kw: dict[str, Any] = {"retry": retry}
+    if sleep is not None:
+        kw["sleep"] = sleep
+    if channel == "slack" and route.slack_url:
+        return SlackNotifier(route.slack_url, **kw).send(message["text"], message.get("blocks"))
+    if channel == "webhook" and route.webhook_url:
+        if not route.webhook_secret:
+            return Delivery(False, None, 0, error="webhook has no signing secret")
+        return WebhookNotifier(route.webhook_url, route.webhook_secret, **kw).send(
+            message["kind"], message["payload"], delivery_id=message["delivery_id"]
+        )
+    return Delivery(False, None, 0, error=f"no {channel} destination for this team any more")
+
+
+def summarize_channels(out: dict) -> dict:
+    """``ok``, ``pending`` and ``error`` of an alert's result from its channels' entries."""
+    entries = [out[c] for c in CHANNELS if isinstance(out.get(c), dict)]
+    out["ok"] = bool(entries) and all(e.get("ok") for e in entries)
+    out["pending"] = any(e.get("pending") for e in entries)
+    errs = [f"{c}: {out[c]['error']}" for c in CHANNELS if isinstance(out.get(c), dict) and out[c].get("error")]
+    out.pop("error", None)
+    if errs:
+        out["error"] = "; ".join(errs)
+    return out
+
+
+def notify_state(result: dict) -> str:
+    """The action state of an alert's result: done, queued (a channel still to send), skipped
+    (no destination) or failed."""
+    if result.get("skipped"):
+        return SKIPPED
+    if result.get("pending"):
+        return QUEUED
+    return DONE if result.get("ok") else FAILED
+
+
+def maybe_delivered(result: dict) -> bool:
+    """True when a failed alert may have arrived all the same (a channel sent it but got no
+    answer, or the process died while sending): it is not sent again."""
+    return bool(result.get("maybe_delivered")) or any(
+        isinstance(result.get(c), dict) and result[c].get("unconfirmed") for c in CHANNELS
+    )
 
 
 class StepActions:
@@ -58,18 +124,21 @@ class StepActions:
         now: datetime,
         *,
         summary: JobSummary | None = None,
+        before: dict | None = None,
     ) -> dict:
         """Carry out ``action`` on ``target`` and record its outcome. ``summary`` is the job's
         summary in a cycle; a resumed step has only the stored target (never a notify: an alert
-        is not resent), so its annotations carry no figures."""
+        is not resent), so its annotations carry no figures. ``before``: the stored result of
+        an alert sent again (its channels that delivered, or may have, are not sent twice)."""
         repo = self._record
         try:
             if action is ActionKind.NOTIFY:
                 if summary is None:
                     raise AssertionError("a notify step needs the job's summary")
-                result = self._notify(policy, summary, target, reason, evidence, key, now)
-                state = DONE if result.get("ok") else (SKIPPED if result.get("skipped") else FAILED)
-                repo.finish_action(key, state, now, result=result, error=result.get("error"))
+                result = self._notify(policy, summary, target, reason, evidence, key, now, before=before)
+                state = notify_state(result)
+                due = now if state == QUEUED else None
+                repo.finish_action(key, state, now, result=result, error=result.get("error"), due_at=due)
                 return {"state": state, **result}
             if self.kube is None:
                 repo.finish_action(key, SKIPPED, now, result={"why": "no Kubernetes access"})
@@ -108,37 +177,53 @@ class StepActions:
         evidence: dict,
         key: str,
         now: datetime,
+        *,
+        before: dict | None = None,
     ) -> dict:
+        """Send the alert to the team's channels (or queue it, ``config.queue_alerts``); a
+        channel that delivered before, or may have, is kept as it was."""
         route = self._route(summary.team)
         if not route.slack_url and not route.webhook_url:
             return self._unrouted_alert(summary.team, policy)
-        kw: dict[str, Any] = {"retry": self.config.retry}
-        if self._sleep is not None:
-            kw["sleep"] = self._sleep
-        out: dict[str, Any] = {}
+        prev = before or {}
         lineage, ack_url = self._ack_link(summary, now)
+        messages: dict[str, dict] = {}
         if route.slack_url:
             text, blocks = slack_message(policy, summary, reason, ack_url=ack_url, lineage=lineage)
-            out["slack"] = SlackNotifier(route.slack_url, **kw).send(text, blocks).as_dict()
+            messages["slack"] = {"text": text, "blocks": blocks}
         if route.webhook_url:
-            if not route.webhook_secret:
-                out["webhook"] = {"ok": False, "error": "webhook has no signing secret"}
+            payload = webhook_payload(policy, target, reason, evidence, key, now, lineage=lineage, ack_url=ack_url)
+            messages["webhook"] = {"kind": "policy.violation", "payload": payload, "delivery_id": delivery_id(key)}
+        out: dict[str, Any] = {"team": summary.team}
+        for channel, message in messages.items():
+            earlier = prev.get(channel)
+            if isinstance(earlier, dict) and (earlier.get("ok") or earlier.get("unconfirmed")):
+                out[channel] = earlier
+            elif self.config.queue_alerts:
+                out[channel] = {
+                    "ok": False,
+                    "pending": True,
+                    "attempts": int((earlier or {}).get("attempts") or 0),
+                    "delivery_id": message.get("delivery_id", ""),
+                    "error": None,
+                    "message": message,
+                    "deadline": (now + self.config.queue_deadline).isoformat(),
+                }
             else:
-                payload = webhook_payload(policy, target, reason, evidence, key, now, lineage=lineage, ack_url=ack_url)
-                import hashlib
-                import uuid
+                out[channel] = send_alert(route, channel, message, retry=self.config.retry, sleep=self._sleep).as_dict()
+        if self.config.queue_alerts and self._queue_full(now):
+            for channel, entry in out.items():
+                if isinstance(entry, dict) and entry.get("pending"):
+                    out[channel] = {
+                        "ok": False,
+                        "attempts": entry["attempts"],
+                        "error": f"the delivery queue is full ({self.config.queue_limit} alerts waiting)",
+                    }
+        return summarize_channels(out)
 
-                did = str(uuid.UUID(hashlib.sha256(key.encode()).hexdigest()[:32]))  # same id on a resume
-                out["webhook"] = (
-                    WebhookNotifier(route.webhook_url, route.webhook_secret, **kw)
-                    .send("policy.violation", payload, delivery_id=did)
-                    .as_dict()
-                )
-        out["ok"] = all(v.get("ok") for v in out.values() if isinstance(v, dict))
-        errs = [str(v["error"]) for v in out.values() if isinstance(v, dict) and v.get("error")]
-        if errs:
-            out["error"] = "; ".join(errs)
-        return out
+    def _queue_full(self, now: datetime) -> bool:
+        waiting = self._record.count_actions("notify", since=_EPOCH, states=(QUEUED,), cluster=self.config.cluster)
+        return waiting >= self.config.queue_limit
 
     def _ack_link(self, summary: JobSummary, now: datetime) -> tuple[str, str | None]:
         """The job's lineage (``namespace/lineage``) and, with a link key configured, a fresh

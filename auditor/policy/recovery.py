@@ -145,7 +145,11 @@ class Recovery:
             if row.action == ActionKind.NOTIFY.value:
                 # at most once for people: a maybe-sent alert is not sent again
                 repo.finish_action(
-                    row.dedup_key, FAILED, now, error="interrupted before its result was recorded; not resent"
+                    row.dedup_key,
+                    FAILED,
+                    now,
+                    result={**row.result, "maybe_delivered": True},
+                    error="interrupted before its result was recorded; not resent",
                 )
                 continue
             try:

@@ -23,12 +23,13 @@ from auditor.core.action_target import ActionTarget
 from auditor.core.identity import JobKey
 from auditor.core.job_summary import JobSummary
 from auditor.core.model import Verdict, Window
+from auditor.core.violations import CLAIMED, DONE, QUEUED, SKIPPED
 from auditor.errors import AuditorError, BadInput
 from auditor.policy.alerts import ack_button as ack_button  # re-exported
 from auditor.policy.alerts import slack_message as slack_message  # re-exported
 from auditor.policy.decision import Decision
 from auditor.policy.dispatch import NO_DESTINATION as NO_DESTINATION  # re-exported
-from auditor.policy.dispatch import StepActions
+from auditor.policy.dispatch import StepActions, maybe_delivered
 from auditor.policy.escalation import ViolationState, action_key, decision_key, due_step, job_key
 from auditor.policy.evaluate import Evaluation, JobFacts, evaluate
 from auditor.policy.loader import PolicyRegistry
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
     from auditor.ports import ClusterActions
 
 log = logging.getLogger(__name__)
+
+#: the actions that tell the user; one must have succeeded before the ladder moves on
+_TELLS = (ActionKind.NOTIFY, ActionKind.EVENT)
 
 #: read this much before a sustained window, so its first bucket is whole whatever the width
 _READ_MARGIN = timedelta(hours=1)
@@ -83,6 +87,11 @@ class PolicyRunner:
         if record is not None:
             self._actions = StepActions(record, kube, self.config, sleep)
             self._recovery = Recovery(record, kube, self.config, self._actions, lambda: self.policies)
+
+    @property
+    def record(self) -> EscalationRecord | None:
+        """The escalation record (the delivery queue of alerts lives in it)."""
+        return self._repo
 
     @property
     def policies(self) -> list[Policy]:
@@ -198,6 +207,11 @@ class PolicyRunner:
         d.step, d.actions = idx, [a.value for a in step.actions]
         d.dedup_key = decision_key(summary, policy.name, state.episode, idx)
         d.dry_run = not act or mode is Mode.AUDIT
+        if act and not d.dry_run and idx > 0:
+            untold = self._owner_not_told(policy, s, state, idx, target, ev, now)
+            if untold:
+                d.blocked = untold
+                return d  # not claimed: the ladder stays on this step until the alert is delivered
         if ActionKind.REQUEUE in step.actions and mode is Mode.ENFORCE and act:
             why = self._requeue_blocked(policy, summary, job, now)
             if why:
@@ -234,6 +248,63 @@ class PolicyRunner:
                 action, key, policy, target, ev.reason, ev.evidence, now, summary=s
             )
         return d
+
+    def _owner_not_told(
+        self,
+        policy: Policy,
+        s: JobSummary,
+        state: ViolationState,
+        idx: int,
+        target: ActionTarget,
+        ev: Evaluation,
+        now: datetime,
+    ) -> str | None:
+        """Why step ``idx`` must wait for an earlier step that tells the user (an alert, an
+        Event) of this violation, or None: the schema puts one before every requeue, and it
+        must have succeeded before the ladder moves on.
+
+        An alert not yet delivered (queued) holds the ladder; a failed alert or Event is tried
+        again now (an alert's channels that delivered are not) and holds it until it succeeds.
+        An alert that may have arrived (a receiver without an idempotency key gave no answer)
+        is not sent again: it lets later steps run, except one that stops the job, which needs
+        a confirmed alert. An alert with no destination (recorded skipped, and counted) holds
+        nothing.
+        """
+        assert self._repo is not None
+        steps = policy.spec.escalation
+        stops = policy.spec.mode is Mode.ENFORCE and ActionKind.REQUEUE in steps[idx].actions
+        summary = s.to_json()
+        keys = {
+            action_key(decision_key(summary, policy.name, state.episode, j), a.value): (j, a)
+            for j in range(idx)
+            for a in steps[j].actions
+            if a in _TELLS
+        }
+        rows = self._repo.action_rows(keys) if keys else {}
+        for key, (j, action) in keys.items():
+            row = rows.get(key)
+            what = "alert" if action is ActionKind.NOTIFY else "Event"
+            if row is None or row.state in (DONE, SKIPPED):
+                continue
+            if row.state in (CLAIMED, QUEUED):
+                return f"waiting: the {what} of step {j} is not delivered yet"
+            if maybe_delivered(row.result):
+                if stops:
+                    return (
+                        f"waiting: the {what} of step {j} may not have arrived ({row.error}); "
+                        "a step that stops the job needs a confirmed alert"
+                    )
+                continue
+            again = self._actions.run(
+                action, key, policy, target, ev.reason, ev.evidence, now, summary=s, before=row.result
+            )
+            if again["state"] == DONE:
+                log.info("%s: the %s of step %d succeeded on a new try", target.key, what, j)
+                continue
+            if again["state"] == QUEUED:
+                return f"waiting: the {what} of step {j} failed and is queued again"
+            return f"waiting: the {what} of step {j} failed again ({again.get('error') or again.get('why')})"
+        return None
 
     def _requeue_blocked(self, policy: Policy, summary: dict, job: Any, now: datetime) -> str | None:
         why = self.config.requeue.allows(summary)

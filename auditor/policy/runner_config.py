@@ -54,3 +54,10 @@ class RunnerConfig:
     disabled_actions: frozenset[ActionKind] = frozenset()
     #: signed acknowledgement links for the alerts (settings gate.ack_link_*); None: alerts carry none
     ack_links: LinkIssuer | None = None
+    #: alerts go to the persisted delivery queue (the operator: sent off the cycle by
+    #: :class:`~auditor.policy.outbox.AlertOutbox`) instead of being sent within the cycle
+    queue_alerts: bool = False
+    #: at most this many alerts wait in the queue; a further one fails at once (and is retried later)
+    queue_limit: int = 1000
+    #: a queued alert is retried for this long, then recorded failed (and retried by the next step due)
+    queue_deadline: timedelta = timedelta(hours=1)

@@ -339,6 +339,15 @@ class DecisionStore:
         with self.store.reading("read actions") as conn:
             return [_action(r) for r in conn.execute(q.order_by(actions.c.id))]
 
+    def action_rows(self, keys: Iterable[str]) -> dict[str, ActionRow]:
+        """The actions of these dedup keys (a violation's earlier alerts), by key."""
+        wanted = list(keys)
+        if not wanted:
+            return {}
+        with self.store.reading("read actions") as conn:
+            rows = conn.execute(sa.select(actions).where(actions.c.dedup_key.in_(wanted)))
+            return {r.dedup_key: _action(r) for r in rows}
+
     def stale_claims(self, now: datetime, older_than: timedelta, *, cluster: str) -> list[ActionRow]:
         """Actions of ``cluster`` claimed but never finished (the process died in between): to
         resume. Only that cluster's: its operator resumes them against its own API server, so

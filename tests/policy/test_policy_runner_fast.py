@@ -199,6 +199,9 @@ class FakeRecord:
     ) -> list[dict]:
         return [d for d in self.decision_rows if job is None or d["job"] == job]
 
+    def action_rows(self, keys: Iterable[str]) -> dict[str, Any]:
+        return {k: self.rows[k] for k in keys if k in self.rows}
+
     def stale_claims(self, now: datetime, older_than: timedelta, *, cluster: str) -> list[Any]:
         return [r for r in self.actions_in([CLAIMED], cluster=cluster) if r.updated_at < now - older_than]
 
