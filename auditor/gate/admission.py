@@ -135,17 +135,22 @@ class AdmissionGate:
         seconds = time.monotonic() - t0
         if decision is None:
             assert failure is not None
-            if self.settings.fail_closed:
-                state = REJECTED
-                msg = (
-                    f"gpu-auditor: not admitted, {failure}; the gate is fail-closed: the job is re-admitted "
-                    "when the store answers again"
-                )
-            else:
-                state = READY
-                msg = f"gpu-auditor: admitted without a decision, {failure} (fail-open)"
-            return Verdict(key, state, msg[:MESSAGE_MAX], None, failure, seconds)
+            return self.undecided(key, failure, seconds)
         return Verdict(key, *self._word(key, decision), decision, None, seconds)
+
+    def undecided(self, key: Key, failure: str, seconds: float = 0.0) -> Verdict:
+        """The answer when no decision was made in time (``failure`` says why): admitted with a
+        message (fail-open), or rejected, freeing the quota, with ``fail_closed``."""
+        if self.settings.fail_closed:
+            state = REJECTED
+            msg = (
+                f"gpu-auditor: not admitted, {failure}; the gate is fail-closed: the job is re-admitted "
+                "when the store answers again"
+            )
+        else:
+            state = READY
+            msg = f"gpu-auditor: admitted without a decision, {failure} (fail-open)"
+        return Verdict(key, state, msg[:MESSAGE_MAX], None, failure, seconds)
 
     def _word(self, key: Key, d: Decision) -> tuple[str, str]:
         enforce = self.settings.mode == "enforce"

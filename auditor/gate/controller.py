@@ -21,13 +21,14 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping
 
 from kubernetes import client
 
 from auditor.core.action_target import ActionTarget
 from auditor.core.lineage import LineageKey, lineage_of_object
+from auditor.core.rfc3339 import parse_rfc3339
 from auditor.errors import AuditorError
 from auditor.gate.admission import READY, REJECTED, RETRY, AdmissionGate, Verdict, ack_hint, lineage_name
 from auditor.gate.holds import HOLD, PROBATION, HoldList
@@ -80,6 +81,12 @@ class Decided:
     seconds: float
     #: the server-side apply of the check state alone
     write_seconds: float = 0.0
+
+
+#: Kueue writes a condition's lastTransitionTime in whole seconds, and its clock is not ours
+_CLOCK_SLACK = timedelta(seconds=1)
+#: a Workload whose answer failed (the API refused the write) is tried again, at most this far apart
+_RETRY_MAX = 10.0
 
 
 def _gates(job: Mapping[str, Any]) -> list[str]:
@@ -144,6 +151,9 @@ class GateController:
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        #: when this controller started answering: a check that was due before it was missed
+        self.started_at: datetime | None = None
+        self._attempts: dict[str, int] = {}
         self._checks_informer = Informer(api, KV, "admissionchecks", self._on_check, name="gate-admissionchecks")
         self._workloads: Informer[None] = Informer(api, KV, "workloads", self._on_workload, name="gate-workloads")
         #: Kueue-queued batch Jobs, slimmed: the owner of a Workload is read here, not from the API
@@ -156,6 +166,7 @@ class GateController:
 
     def start(self, sync_timeout: float = 30.0) -> "GateController":
         self._stop.clear()
+        self.started_at = self.clock()
         self._tell = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gate-tell")
         self._checks_informer.start()
         if not self._checks_informer.wait_synced(sync_timeout):
@@ -236,8 +247,40 @@ class GateController:
                 continue
             try:
                 self.reconcile(obj, seen=seen)
+                self._attempts.pop(key, None)
             except Exception as exc:
                 log.warning("gate: Workload %s: %s", key, exc, exc_info=not isinstance(exc, AuditorError))
+                self._retry_later(key, seen)
+
+    def _retry_later(self, key: str, seen: float) -> None:
+        """A check left Pending holds quota, and no watch event may come to answer it again: try the
+        Workload again (read fresh), backing off up to ``_RETRY_MAX`` seconds, until it is answered
+        or gone."""
+        n = self._attempts.get(key, 0) + 1
+        self._attempts[key] = n
+        timer = threading.Timer(min(0.5 * 2 ** (n - 1), _RETRY_MAX), self._retry, (key, seen))
+        timer.daemon = True
+        timer.start()
+
+    def _retry(self, key: str, seen: float) -> None:
+        if self._stop.is_set():
+            return
+        namespace, _, name = key.partition("/")
+        try:
+            obj = self.kube.workload(namespace, name)
+        except AuditorError as exc:
+            log.warning("gate: Workload %s: %s", key, exc)
+            self._retry_later(key, seen)
+            return
+        if obj is None:
+            self._attempts.pop(key, None)
+            return
+        with self._lock:
+            fresh = key not in self._latest
+            if fresh:
+                self._latest[key] = (obj, seen)
+        if fresh:
+            self._queue.put(key)
 
     def reconcile(self, obj: Mapping[str, Any], *, seen: float | None = None) -> Verdict | None:
         """Answer our pending checks on one Workload (None when there is nothing to answer)."""
@@ -257,7 +300,8 @@ class GateController:
             return None
         key = lineage_of_object(owner, cluster=self.config.cluster)
         self._owner_acknowledged(owner, key, now)
-        verdict = self.gate.verdict(key, now)
+        missed = None if self.gate.settings.fail_closed else self._missed(view, now)
+        verdict = self.gate.undecided(key, missed) if missed else self.gate.verdict(key, now)
         ltt = rfc3339(now)
         states = {n: {"state": verdict.state, "message": verdict.message, "lastTransitionTime": ltt} for n in pending}
         t_write = time.monotonic()
@@ -281,6 +325,26 @@ class GateController:
             return verdict
         self._tell.submit(self._after, view, key, verdict, now)
         return verdict
+
+    def _missed(self, view: WorkloadView, now: datetime) -> str | None:
+        """Why the deadline passed without us, when it did: the Workload reserved quota while no
+        gate was running (the operator down, or between leaders) more than ``gate.timeout`` ago.
+        Kueue has no deadline of its own for a Pending check, so the gate applies its own on its
+        return, as a timeout would have: fail-open admits at once, without a decision. (Fail-closed
+        decides as usual: rejecting now would only delay a decision the store can give.)"""
+        try:
+            reserved = parse_rfc3339(view.quota_reserved_at)
+        except ValueError:
+            return None
+        if self.started_at is None or reserved + _CLOCK_SLACK >= self.started_at:
+            return None  # reserved while we ran: decided, however late the watch delivered it
+        waited = (now - reserved).total_seconds()
+        if waited <= self.gate.settings.timeout:
+            return None
+        return (
+            f"the gate was not running when the Workload reserved quota ({rfc3339(reserved)}, {waited:.0f} s before "
+            f"this answer; gate.timeout {self.gate.settings.timeout:g} s)"
+        )
 
     def _after(self, view: WorkloadView, key: LineageKey, verdict: Verdict, now: datetime) -> None:
         self._tell_owner(view, key, verdict, now)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Iterator
 
 import pytest
@@ -340,3 +340,113 @@ def test_removing_the_gate_from_a_held_job_is_the_owners_acknowledgement(kube_ad
         (ack,) = AckLog(store).acks(key)
         assert (ack.via, ack.until) == ("annotation", None)
         assert ack.reason == f"removed {GATED_BY} from Job {ns}/train-k7w2p"
+
+
+def test_a_check_left_pending_while_no_gate_ran_is_answered_on_its_return(kube_admin, namespace, store):
+    """Kueue has no deadline for a Pending check: while no gate runs the Workload waits holding its
+    quota. The returning gate applies ``gate.timeout`` to what it missed: fail-open admits at once
+    without a decision (even a lineage enforce would hold), fail-closed decides as usual."""
+    api, ns = kube_admin, namespace
+    record_runs(store, LineageKey("default", ns, "train"), FLAGGED, _now())
+    later = lambda: _now() + timedelta(hours=1)  # noqa: E731 - the gate returns an hour after the reservation
+
+    def pending(name: str) -> str:
+        wl = workload_of(api, ns, gpu_job(api, ns, name, lineage="train"))["metadata"]["name"]
+        until(
+            lambda: (w := _wl(api, ns, wl)) and is_true(w, "QuotaReserved") and check_state(w, q.check),
+            "quota reserved, our check Pending with no gate running",
+        )
+        assert check_state(_wl(api, ns, wl), q.check)["state"] == "Pending"
+        return wl
+
+    with gate_queue(api, ns) as q:
+        with running_gate(api, store):
+            until(lambda: is_true(cluster_queue(api, q.cluster_queue), "Active"), "the ClusterQueue Active")
+        first = pending("train-w6k2p")
+        with running_gate(api, store, mode="enforce", timeout=2.0, clock=later) as ctl:
+            wl = until(lambda: (w := _wl(api, ns, first)) and is_true(w, "Admitted") and w, "admitted fail-open")
+            msg = check_state(wl, q.check)["message"]
+            assert msg.startswith(
+                "gpu-auditor: admitted without a decision, the gate was not running when the Workload"
+            )
+            assert "gate.timeout 2 s) (fail-open)" in msg, msg
+            (d,) = [d for d in ctl.decided if d.workload == first]
+            assert d.failure and d.decide_seconds == 0.0  # no store read
+            until(lambda: "EfficiencyGateFailOpen" in _reasons(api, ns, "train-w6k2p"), "the fail-open Event")
+        call_json(
+            api,
+            resource_path("batch/v1", "jobs", ns, "train-w6k2p"),
+            method="DELETE",
+            query=[("propagationPolicy", "Background")],
+        )
+        second = pending("train-x4m8q")
+        with running_gate(api, store, mode="enforce", timeout=2.0, fail_closed=True, clock=later):
+            until(lambda: _wl(api, ns, second)["spec"].get("active") is False, "decided: held (enforce)")
+            rejected = json.loads(job(api, ns, "train-x4m8q")["metadata"]["annotations"][GATE_REJECTED])
+            assert rejected["reason"].startswith("gpu-auditor: held, hold until acknowledged"), rejected
+
+
+def _rbac(api, verb_path: str, body: dict) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        call_json(api, f"/apis/rbac.authorization.k8s.io/v1/{verb_path}", method="POST", body=body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+def test_an_answer_the_api_refused_is_tried_again_until_it_is_written(kube_admin, namespace, store, testbed):
+    """A refused status write leaves the check Pending (quota held) and no watch event may follow:
+    the controller tries that Workload again with backoff. Proven by a gate whose account may not
+    yet write Workload status: once the permission is granted, the check is answered without
+    any change to the Workload."""
+    from auditor.kube.client import KubeConfig, api_client
+
+    api, ns = kube_admin, namespace
+    user = f"system:serviceaccount:{ns}:gate-retry"
+    rules = [
+        {
+            "apiGroups": ["kueue.x-k8s.io"],
+            "resources": ["admissionchecks", "workloads"],
+            "verbs": ["get", "list", "watch"],
+        },
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["admissionchecks/status"], "verbs": ["patch"]},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "get"]},
+    ]
+    roles = {
+        f"{ns}-gate-read": rules,
+        f"{ns}-gate-status": [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads/status"], "verbs": ["patch"]}],
+    }
+    for name, r in roles.items():
+        _rbac(api, "clusterroles", {"metadata": {"name": name}, "rules": r})
+    binding = {"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}
+
+    def bind(role: str) -> None:
+        body = {
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [binding],
+        }
+        _rbac(api, "clusterrolebindings", body)
+
+    as_gate = api_client(KubeConfig(kubeconfig=testbed.kubeconfig, impersonate=user))
+    try:
+        bind(f"{ns}-gate-read")
+        with gate_queue(api, ns) as q, running_gate(as_gate, store) as ctl:
+            until(lambda: is_true(cluster_queue(api, q.cluster_queue), "Active"), "the ClusterQueue Active")
+            wl = workload_of(api, ns, gpu_job(api, ns, "clean-h3v9b"))["metadata"]["name"]
+            until(lambda: ctl._attempts.get(f"{ns}/{wl}", 0) >= 2, "the refused write tried again")
+            assert check_state(_wl(api, ns, wl), q.check)["state"] == "Pending"
+            bind(f"{ns}-gate-status")
+            admitted = until(lambda: (w := _wl(api, ns, wl)) and is_true(w, "Admitted") and w, "answered on a retry")
+            assert check_state(admitted, q.check)["message"].startswith("gpu-auditor: admitted, lineage")
+    finally:
+        as_gate.close()
+        for name in roles:
+            for plural in ("clusterrolebindings", "clusterroles"):
+                try:
+                    call_json(api, f"/apis/rbac.authorization.k8s.io/v1/{plural}/{name}", method="DELETE")
+                except Exception:  # noqa: BLE001 - the binding may never have been made
+                    pass
