@@ -350,7 +350,7 @@ class Settings(_Section):
 
     def masked(self) -> dict[str, Any]:
         """The effective settings as plain data, passwords in URLs masked (for the log)."""
-        from auditor.store.urls import display_url
+        from auditor.redact import mask_url
 
         data = self.model_dump(mode="python")
 
@@ -365,8 +365,8 @@ class Settings(_Section):
                 return {k: walk(v) for k, v in node.items()}
             if isinstance(node, list):
                 return [walk(v) for v in node]
-            if isinstance(node, str) and "://" in node and "@" in node:
-                return display_url(node)
+            if isinstance(node, str) and "://" in node:
+                return mask_url(node)
             return node
 
         return walk(data)

@@ -13,7 +13,7 @@ import logging
 import sys
 from typing import Sequence
 
-from auditor import __version__
+from auditor import __version__, redact
 from auditor.errors import AuditorError, BadInput
 
 #: subcommand modules, in the order ``--help`` lists them
@@ -61,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    redact.install()  # every record, ours or a library's (urllib3 logs request paths at -vv)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)
@@ -68,15 +69,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(handler(args) or 0)
     except BadInput as exc:
-        print(f"gpu-auditor: error: {exc}", file=sys.stderr)
+        print(f"gpu-auditor: error: {error_text(exc)}", file=sys.stderr)
         return 2
     except AuditorError as exc:
         hint = " (retryable)" if exc.retryable else ""
-        print(f"gpu-auditor: failed{hint}: {exc}", file=sys.stderr)
+        print(f"gpu-auditor: failed{hint}: {error_text(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("gpu-auditor: interrupted", file=sys.stderr)
         return 1
+
+
+def error_text(exc: BaseException) -> str:
+    """An error's message as the terminal gets it: credentials masked, and each line's control
+    characters neutralised (a message may quote a label; its own line breaks stay)."""
+    from auditor.render.safe_text import terminal_safe
+
+    return "\n".join(terminal_safe(line) for line in redact.mask_text(str(exc)).split("\n"))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,6 +13,7 @@ import logging
 import re
 import threading
 from typing import Any, Callable, Iterable, Mapping
+from urllib.parse import unquote
 
 import requests
 import urllib3
@@ -20,6 +21,7 @@ from prometheus_api_client import PrometheusConnect
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
+from auditor import redact
 from auditor.errors import BadInput, QueryRefused, SourceUnavailable
 from auditor.sources import promql
 
@@ -61,8 +63,15 @@ class PrometheusClient:
     ) -> None:
         if not re.match(r"^https?://[^/]+", url or ""):
             raise BadInput(f"--prometheus: {url!r} is not an http(s) URL (e.g. http://prometheus:9090)")
+        url, in_url = split_credentials(url)
+        if in_url is not None:
+            if basic_auth or bearer_token:
+                raise BadInput("--prometheus: credentials in the URL and a token or user flag; give one of them")
+            basic_auth = in_url
         if bearer_token and basic_auth:
             raise BadInput("Prometheus auth: give a bearer token or basic auth, not both")
+        redact.register_secret(bearer_token)
+        redact.register_secret(basic_auth[1] if basic_auth else None)
         self.url = url.rstrip("/")
         self.timeout = float(timeout)
         self._timeouts = (min(10.0, self.timeout), self.timeout + 5)
@@ -216,6 +225,21 @@ class PrometheusClient:
             if "HTTP 404" in str(exc) or "HTTP 405" in str(exc):
                 return {}
             raise
+
+
+def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """``http://user:pw@host/x`` → (``http://host/x``, (user, pw)); a URL without them as is.
+
+    The credentials become basic auth (as ``requests`` would have sent them) and the URL the
+    source keeps, which every message and log line names, no longer carries them.
+    """
+    scheme, sep, rest = url.partition("://")
+    authority, slash, tail = rest.partition("/")
+    if not sep or "@" not in authority:
+        return url, None
+    userinfo, _, host = authority.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    return f"{scheme}://{host}{slash}{tail}", (unquote(user), unquote(password))
 
 
 def _root_reason(exc: BaseException) -> str:

@@ -25,6 +25,7 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import URL, Connection, Engine
 
+from auditor import redact
 from auditor.errors import StoreError
 from auditor.store import urls
 from auditor.store.values import Invalid
@@ -50,6 +51,8 @@ class Database:
         self._url = url
         self.display_url = urls.display_url(url)
         self._secrets = urls.secrets_of(url)
+        for secret in self._secrets:
+            redact.register_secret(secret)
         self._sqlite = engine.dialect.name == "sqlite"
         self._local = threading.local()
         self._insert = sqlite_dialect.insert if self._sqlite else pg_dialect.insert

@@ -4,7 +4,8 @@ into something safe to print.
 Users and the test bed hand us libpq URLs (``postgresql://user:pw@host:5432/db``), the form
 every PostgreSQL tool understands; SQLAlchemy would pick the psycopg2 driver for those, which is
 not installed, so they are mapped to psycopg 3. Every message that names a database goes through
-:func:`display_url`, so a password never reaches a log or a terminal.
+:func:`display_url` (the one URL masker, :func:`auditor.redact.mask_url`), so a password never
+reaches a log or a terminal.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from auditor.errors import BadInput
+from auditor.redact import mask_url
 
 APP_NAME = "gpu-auditor"
 DB_FILENAME = "auditor.db"
@@ -50,7 +52,7 @@ def resolve(url: str | None) -> URL:
     try:
         parsed = sa.make_url(text)
     except sa.exc.ArgumentError as exc:
-        raise BadInput(f"store URL {_mask_unparsed(text)} is not a database URL: {exc}") from None
+        raise BadInput(f"store URL {mask_url(text)} is not a database URL: {exc}") from None
     if parsed.drivername in _POSTGRES_SCHEMES:
         return parsed.set(drivername="postgresql+psycopg")
     if parsed.drivername == "sqlite" or parsed.drivername.startswith("postgresql+"):
@@ -64,14 +66,8 @@ def resolve(url: str | None) -> URL:
 def display_url(url: URL | str) -> str:
     """The URL with its password (in the user part or a ``password=`` query parameter) masked."""
     if isinstance(url, str):
-        raw = url
-        try:
-            url = sa.make_url(raw)
-        except sa.exc.ArgumentError:
-            return _mask_unparsed(raw)
-    if "password" in url.query:
-        url = url.update_query_dict({"password": "***"})
-    return url.render_as_string(hide_password=True)
+        return mask_url(url)
+    return mask_url(url.render_as_string(hide_password=False))
 
 
 def secrets_of(url: URL) -> list[str]:
@@ -83,13 +79,3 @@ def secrets_of(url: URL) -> list[str]:
     if q:
         out.extend([q] if isinstance(q, str) else list(q))
     return [s for s in out if s]
-
-
-def _mask_unparsed(text: str) -> str:
-    """Mask ``user:password@`` in a string SQLAlchemy could not parse."""
-    scheme, sep, rest = text.partition("://")
-    if not sep or "@" not in rest:
-        return text
-    creds, at, host = rest.rpartition("@")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if ":" in creds else text
