@@ -50,7 +50,10 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def run_console(args: argparse.Namespace, *, ready: threading.Event | None = None) -> int:
+def run_console(
+    args: argparse.Namespace, *, ready: threading.Event | None = None, stop: threading.Event | None = None
+) -> int:
+    """Serve until interrupted (or ``stop`` is set: tests); ``ready`` is set once it listens."""
     from auditor import compose
     from auditor.cli.storeopts import command_settings, open_store
     from auditor.operator_loop.health import HealthServer, OperatorMetrics
@@ -74,10 +77,11 @@ def run_console(args: argparse.Namespace, *, ready: threading.Event | None = Non
         ).start()
         mode = "writes enabled" if args.writes else "read-only"
         print(f"gpu-auditor: console ({mode}) on http://{host}:{server.port}{BASE}/", file=sys.stderr, flush=True)
+        args.port = server.port
         if ready is not None:
             ready.set()
         try:
-            threading.Event().wait()
+            (stop or threading.Event()).wait()
         finally:
             server.stop()
     finally:

@@ -154,11 +154,26 @@ def cluster(base: str, c: ClusterNow, teams: Sequence[TeamWeek], week: str) -> s
             for v, h, _ in bars
         ),
     )
+    why = table(
+        ("team", "waste GPU-hours", "efficiency", "most waste from"),
+        ((esc(x.team), hours(x.waste_gpu_hours), pct(x.efficiency), _why(base, x)) for x in this_week),
+        cls="why",
+        empty="no data this week",
+    )
     return (
         f'<section class="tiles">{tile_html}</section>'
         f'<section class="grid2"><div>{svg.hbars(bars, title="GPU-hours by verdict", unit=" h")}{jobs}</div>'
-        f"<div>{svg.hbars(waste_bars, title=f'Waste GPU-hours by team, week {week}', unit=' h')}</div></section>"
+        f"<div>{svg.hbars(waste_bars, title=f'Waste GPU-hours by team, week {week}', unit=' h')}{why}</div></section>"
     )
+
+
+def _why(base: str, x: TeamWeek) -> str:
+    """The verdict behind most of a team's waste, linked to those jobs (most waste first)."""
+    v = x.main_waste
+    if not v:
+        return ""
+    q = urlencode({"team": x.team, "verdict": v, "sort": "waste_gpu_hours", "desc": "1"})
+    return f'<a href="{base}/jobs?{q}">{verdict(v)}</a> {hours(x.waste_by_verdict[v])} h'
 
 
 # ---------------------------------------------------------------------- teams
@@ -171,7 +186,8 @@ def teams(base: str, rows: Sequence[TeamWeek], weeks: Sequence[str], currency: s
     eff = {n: [cell[(n, w)].efficiency if (n, w) in cell else None for w in weeks] for n in names}
     eff_pct = {n: [None if v is None else 100 * v for v in vs] for n, vs in eff.items()}
     priced = any(r.cost is not None for r in rows)
-    headers = ["team", "week", "jobs", "GPU-hours", "waste GPU-hours", "efficiency"] + ([currency] if priced else [])
+    headers = ["team", "week", "jobs", "GPU-hours", "waste GPU-hours", "efficiency", "most waste from"]
+    headers += [currency] if priced else []
     body = []
     for r in sorted(rows, key=lambda r: (r.week, -r.waste_gpu_hours), reverse=True):
         cells = [
@@ -181,6 +197,7 @@ def teams(base: str, rows: Sequence[TeamWeek], weeks: Sequence[str], currency: s
             hours(r.gpu_hours),
             hours(r.waste_gpu_hours),
             pct(r.efficiency),
+            _why(base, r),
         ]
         if priced:
             cells.append("" if r.cost is None else f"{r.cost:,.2f}")
@@ -586,7 +603,7 @@ def gate(
         else '<p class="hint">No gate rules (GatePolicy) are loaded here: lineages with unacknowledged findings are listed.</p>'
     )
     return (
-        f"<h2>Held lineages ({len(rows)})</h2>"
+        f"<h2>Held and deprioritized lineages ({len(rows)})</h2>"
         + note
         + table(
             ("lineage", "cluster", "team", "gate", "reason", "until"),

@@ -100,6 +100,14 @@ class TeamWeek:
     waste_gpu_hours: float
     jobs: int
     cost: float | None = None
+    #: waste GPU-hours by verdict: why the team wasted them
+    waste_by_verdict: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def main_waste(self) -> str:
+        """The verdict behind most of the waste ("" without waste)."""
+        top = max(self.waste_by_verdict.items(), key=lambda kv: kv[1], default=("", 0.0))
+        return top[0] if top[1] > 0 else ""
 
     @property
     def efficiency(self) -> float | None:

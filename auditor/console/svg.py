@@ -28,6 +28,11 @@ def esc(text: object) -> str:
     return escape(str(text), quote=True)
 
 
+def clip(text: str, n: int) -> str:
+    """``text`` cut to ``n`` characters with an ellipsis (a chart's label has a fixed room)."""
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
 def _f(x: float) -> str:
     return f"{x:.1f}"
 
@@ -97,7 +102,7 @@ def hbars(items: Sequence[tuple[str, float, str]], *, title: str, unit: str = ""
     for i, (label, value, color) in enumerate(items):
         yy = top + i * row
         bw = max(w * value / top_value, 0.0)
-        parts.append(f'<text x="{left - 6}" y="{yy + 14}" class="axis" text-anchor="end">{esc(label)}</text>')
+        parts.append(f'<text x="{left - 6}" y="{yy + 14}" class="axis" text-anchor="end">{esc(clip(label, 22))}</text>')
         parts.append(f'<rect x="{left}" y="{yy + 3}" width="{_f(bw)}" height="{row - 6}" fill="{esc(color)}"/>')
         parts.append(f'<text x="{_f(left + bw + 4)}" y="{yy + 14}" class="axis">{value:,.1f}{esc(unit)}</text>')
     parts.append("</svg>")
@@ -148,6 +153,6 @@ def lines(
             parts.append(f'<circle cx="{_f(a)}" cy="{_f(b)}" r="3" fill="{color}"/>')
         lx, ly = left + (k % 4) * (w / 4), top + h + 30 + 16 * (k // 4)
         parts.append(f'<rect x="{_f(lx)}" y="{_f(ly - 9)}" width="10" height="10" fill="{color}"/>')
-        parts.append(f'<text x="{_f(lx + 13)}" y="{_f(ly)}" class="legend">{esc(name)}</text>')
+        parts.append(f'<text x="{_f(lx + 13)}" y="{_f(ly)}" class="legend">{esc(clip(name, 18))}</text>')
     parts.append("</svg>")
     return "".join(parts)

@@ -205,6 +205,7 @@ class ConsoleQueries:
         out: list[TeamWeek] = []
         for label, start, end in weeks:
             sums: dict[str, list[float]] = {}
+            why: dict[str, dict[str, float]] = {}
             for g in reports.week_groups(start, end):
                 acc = sums.setdefault(g.team, [0.0, 0.0, 0.0, 0.0])
                 acc[0] += g.gpu_hours
@@ -212,8 +213,10 @@ class ConsoleQueries:
                 acc[2] += g.jobs
                 price = prices.get(g.gpu_model, prices.get("default"))
                 acc[3] += g.gpu_hours * price if price is not None else 0.0
+                by = why.setdefault(g.team, {})
+                by[g.verdict] = by.get(g.verdict, 0.0) + g.waste_gpu_hours
             for team, (hours, waste, jobs, cost) in sorted(sums.items()):
-                out.append(TeamWeek(team, label, hours, waste, int(jobs), cost if prices else None))
+                out.append(TeamWeek(team, label, hours, waste, int(jobs), cost if prices else None, why[team]))
         return out
 
     # ------------------------------------------------------------------ the job list
