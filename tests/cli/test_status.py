@@ -1,0 +1,105 @@
+"""``gpu-auditor status`` and ``version``: from a store alone, with the project's exit codes."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from fake_clock import FakeClock
+
+from auditor import compose
+from auditor.cli.main import main
+from auditor.core.job_summary import JobSummary
+from auditor.core.lineage import LineageKey
+from auditor.core.model import JobRef, Window
+from auditor.policy.loader import parse_policies
+from auditor.policy.runner import PolicyRunner, RunnerConfig
+from auditor.store import Store
+from auditor.store.lineage import AckLog
+
+T0 = datetime(2026, 11, 24, 10, 0, tzinfo=timezone.utc)
+POLICY = """
+apiVersion: gpu-auditor.io/v1alpha1
+kind: GpuPolicy
+metadata: {name: alert-low-sm}
+spec:
+  mode: warn
+  verdicts: [low_sm_efficiency]
+  escalation:
+    - actions: [notify]
+"""
+
+
+def _job(team: str, name: str, verdict: str) -> JobSummary:
+    return JobSummary.example(
+        cluster="c1", namespace=f"ns-{team}", job=f"Job/{name}", team=team, verdict=verdict, sm_active=0.04,
+        gpu_util=1.0, coverage=1.0, gpus=2, gpu_hours=4.0, waste_gpu_hours=3.84,
+        start=(T0 - timedelta(hours=2)).isoformat(), end=T0.isoformat(),
+    )  # fmt: skip
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(compose, "clock", lambda: FakeClock(T0 + timedelta(minutes=10)))
+    url = f"sqlite:///{tmp_path}/s.db"
+    jobs = [_job("a", "a1", "low_sm_efficiency"), _job("a", "a2", "healthy"), _job("b", "b1", "low_sm_efficiency")]
+    store = Store.open(url)
+    try:
+        for s in jobs:
+            jid = store.upsert_job(JobRef("c1", s.namespace, s.key.kind, s.key.name, None, s.team), s.start, s.end)
+            store.save_summary(jid, s.to_json())
+        PolicyRunner(parse_policies(POLICY, "p.yaml"), store, None, RunnerConfig(cluster="c1")).run_cycle(
+            jobs, now=T0, act=True
+        )  # no destination for either team: two alerts recorded as skipped
+        AckLog(store).acknowledge(LineageKey("c1", "ns-a", "a1"), "alice", T0 + timedelta(days=1), "known", T0)
+        store.record_run(Window(T0 - timedelta(minutes=5), T0), T0, T0 + timedelta(seconds=3), jobs=3, queries=9,
+                         status="ok", detail={"cluster": "c1"})  # fmt: skip
+    finally:
+        store.close()
+    return url
+
+
+def test_status_says_what_the_operator_did(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--db", db, "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["last_cycle"]["status"] == "ok" and doc["last_cycle"]["seconds"] == 3.0
+    assert doc["flagged_now"] == 2
+    assert doc["teams"]["a"] == {
+        "jobs": 2, "flagged": 1, "gpu_hours": 8.0, "waste_gpu_hours": 7.68,
+        "verdicts": {"healthy": 1, "low_sm_efficiency": 1},
+    }  # fmt: skip
+    assert sum(v["count"] for v in doc["open_violations"]) == 2
+    # the alerts that went nowhere (gpu_auditor_policy_alerts_undelivered_total's cases), with why
+    assert sorted(u["namespace"] for u in doc["undelivered_alerts"]) == ["ns-a", "ns-b"]
+    assert all(u["why"].startswith("no destination for team") for u in doc["undelivered_alerts"])
+    assert doc["acknowledgements_in_force"] == {"ack": 1}
+
+    assert main(["status", "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert "jobs flagged now: 2" in out and "alerts not delivered: 2" in out
+    assert all(len(line) <= 120 for line in out.splitlines())
+
+
+def test_status_exits_1_when_the_last_cycle_failed(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    store = Store.open(db)
+    try:
+        store.record_run(Window(T0, T0 + timedelta(minutes=5)), T0 + timedelta(minutes=5), T0 + timedelta(minutes=6),
+                         jobs=0, queries=0, status="failed", detail={"error": "SourceUnavailable: down"})  # fmt: skip
+    finally:
+        store.close()
+    assert main(["status", "--db", db]) == 1
+    assert "the last cycle failed: SourceUnavailable: down" in capsys.readouterr().err
+
+
+def test_status_bad_since_is_exit_2(db: str) -> None:
+    assert main(["status", "--db", db, "--since", "soon"]) == 2
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from auditor import __version__
+
+    assert main(["version"]) == 0
+    assert capsys.readouterr().out.startswith(f"gpu-auditor {__version__}\n")
+    assert main(["version", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpu-auditor"] == __version__
