@@ -71,10 +71,10 @@ def serve(plugin_dir: Path, proto: Path, gen: Path, node: str, count: int) -> No
 
         def Allocate(self, request: Any, context: Any) -> Any:
             answers = [
-                pb2.ContainerAllocateResponse(envs={"NVIDIA_VISIBLE_DEVICES": ",".join(c.devicesIDs)})
+                pb2.ContainerAllocateResponse(envs={"NVIDIA_VISIBLE_DEVICES": ",".join(c.devices_ids)})
                 for c in request.container_requests
             ]
-            log.info("allocated %s", [list(c.devicesIDs) for c in request.container_requests])
+            log.info("allocated %s", [list(c.devices_ids) for c in request.container_requests])
             return pb2.AllocateResponse(container_responses=answers)
 
         def PreStartContainer(self, request: Any, context: Any) -> Any:

@@ -281,7 +281,9 @@ def _start_kubelet(state: State, d: dict[str, Path], kubelet_bin: Path, pki: Pki
             f"--cert-dir={d['base'] / 'kubelet-pki'}",
             f"--hostname-override={name}",
             f"--node-ip={host_ip()}",
-            f"--node-labels={TAINT_KEY}=true",
+            # nvidia.com/gpu.present: what GPU feature discovery labels a GPU node with, and the
+            # chart's node-agent DaemonSet selects
+            f"--node-labels={TAINT_KEY}=true,nvidia.com/gpu.present=true",
             "--v=1",
         ]
 

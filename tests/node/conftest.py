@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import yaml
@@ -111,6 +112,16 @@ def workload_controllers(testbed, bed_node, tmp_path_factory) -> Iterator[None]:
             log.close()
 
 
-@pytest.fixture
-def release() -> str:
-    return f"ga-{uuid.uuid4().hex[:6]}"
+@pytest.fixture(scope="module")
+def module_database(testbed) -> Iterator[str]:
+    """A fresh PostgreSQL database for the module's release (the ``postgres_url`` fixture is per test)."""
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(testbed.postgres_admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield urlunsplit(urlsplit(testbed.postgres_admin_url)._replace(path=f"/{name}"))
+    finally:
+        with psycopg.connect(testbed.postgres_admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

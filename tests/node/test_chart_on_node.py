@@ -1,145 +1,318 @@
 """The chart installed for real: its pods run on the bed's node (kubelet + containerd) from the
 image built here (docs/install.md), as a user's first `helm install` would run them.
 
-What the bed's plumbing adds to the pods (host network, the apiserver address, the ServiceAccount
-token volume, the tests' scheduler) is in postrender.py; the chart itself is installed unchanged.
+One release for the module (each pod start costs seconds on this machine); the tests run in file
+order on it: the operator pod comes up, audits a GPU pod running on the node and alerts, the agent
+attributes that pod's GPU through the kubelet, the operator survives its pod, and upgrade and
+uninstall leave nothing behind. What the bed's plumbing adds to the pods (host network, the
+apiserver address, the ServiceAccount token volume, the tests' scheduler, the agent's recorded GPU
+source) is in postrender.py; the chart itself is installed unchanged.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import subprocess
-import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Iterator
 
+import pytest
+import requests
+import yaml
+from kubeobjects import batch_job, create, owner_ref
 from kubernetes import client as k8s
-from nodelib import postrender_args
+from kubernetes import config as kube_config
+from nodelib import (
+    CHART,
+    cluster_view,
+    container_pid,
+    helm,
+    lease_holder,
+    postrender_args,
+    process_environ,
+    ready_pods,
+    wait_for,
+)
+from policy.policy_receivers import Receiver
 
-from auditor.testbed import node, process
+from auditor import traces
+from auditor.core.model import PodRef
+from auditor.testbed import deviceplugin, image, node, process
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "gpu-auditor"
-T = TypeVar("T")
+pytestmark = pytest.mark.testbed
 
-
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 240) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = fn()
-        if got:
-            return got
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def helm(testbed, *args: str) -> str:
-    proc = subprocess.run(
-        [testbed.helm, f"--kubeconfig={testbed.kubeconfig}", *args], capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, f"helm {' '.join(args)}: {proc.stderr}"
-    return proc.stdout
+TRACE, PHASE = "h200-microbench", "one_sm_spin"
+INTERVAL = timedelta(seconds=15)
+POLICY = """\
+apiVersion: gpu-auditor.io/v1alpha1
+kind: GpuPolicy
+metadata:
+  name: tell-low-sm
+spec:
+  mode: enforce
+  verdicts: [low_sm_efficiency]
+  escalation:
+    - actions: [annotate, notify]
+"""
 
 
-def install(testbed, bed_node, namespace: str, release: str, database_url: str, core: k8s.CoreV1Api) -> None:
-    core.create_namespaced_secret(
-        namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name="db"), string_data={"url": database_url})
-    )
-    sets = {
-        "image.repository": bed_node.image_repository,
-        "image.tag": bed_node.image_tag,
-        "image.pullPolicy": "Never",
-        "store.type": "postgresql",
-        "store.postgresql.urlSecret.name": "db",
-        "prometheus.url": testbed.prometheus_url,
-        "clusterName": release,
+@dataclass
+class Release:
+    name: str
+    namespace: str
+    work_namespace: str
+    lease: str
+    core: k8s.CoreV1Api
+    apps: k8s.AppsV1Api
+    coord: k8s.CoordinationV1Api
+    slack: Receiver
+    gpu_pod: str
+    values: list[str]
+
+    def explain(self, testbed) -> str:
+        return cluster_view(testbed, self.namespace)
+
+
+def _gpu_pod(namespace: str, job: dict, node_name: str, pause_image: str) -> dict:
+    """A training pod of ``job`` on the real node, holding one (fake) GPU through the device plugin."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "train-0-abcde", "namespace": namespace, "ownerReferences": [owner_ref(job)]},
+        "spec": {
+            "nodeName": node_name,
+            "tolerations": [{"key": node.TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": pause_image,
+                    "imagePullPolicy": "Never",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ],
+        },
     }
-    args = [a for k, v in sets.items() for a in ("--set-string", f"{k}={v}")]
-    # host network (postrender.py): a free port of the host, and one replica (two would want the
-    # same port on the one node)
-    args += ["--set", f"metrics.port={process.free_port()}", "--set", "replicas=1"]
-    helm(testbed, "install", release, str(CHART), "-n", namespace, "--wait=false", *args, *postrender_args(testbed))
 
 
-def ready_pod(core: k8s.CoreV1Api, namespace: str, component: str, exclude: str = "") -> k8s.V1Pod | None:
-    for p in core.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/component={component}").items:
-        if p.metadata.name == exclude or p.metadata.deletion_timestamp:
-            continue
-        if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or []):
-            return p
-    return None
+def _backfill_history(testbed, namespace: str, pod: str, case: str) -> None:
+    """An hour of one-SM-spin history for the pod (recorded on an H200), reaching past now."""
+    trace = traces.load_trace(TRACE)
+    cycle = len(trace.steady(PHASE)) * INTERVAL
+    duration = cycle * math.ceil(timedelta(minutes=60) / cycle)
+    end = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(minutes=2)
+    tj = traces.TraceJob(PodRef(namespace, pod, "main"), traces.make_gpus(1, f"{case}-node"), PHASE, duration=duration)
+    text = traces.trace_to_openmetrics(trace, [tj], end=end, duration=duration, interval=INTERVAL)
+    testbed.backfill(re.sub(r"^([A-Za-z_:][A-Za-z0-9_:]*)\{", rf'\1{{case="{case}",', text, flags=re.M))
 
 
-def container_process(bed_node, pod: k8s.V1Pod) -> int:
-    """The host pid of the pod's (first) container, from containerd."""
-    cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
-    listed = subprocess.run(
-        ["ctr", "--address", str(node.containerd_socket(bed_node.state)), "-n", "k8s.io", "tasks", "ls"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    for line in listed.splitlines():
-        fields = line.split()
-        if fields and fields[0] == cid:
-            return int(fields[1])
-    raise AssertionError(f"container {cid} not among containerd's tasks:\n{listed}")
-
-
-def cluster_view(testbed, namespace: str) -> str:
-    """What a person would look at when a pod does not come up: objects and events."""
-    kubectl = [testbed.kubectl, f"--kubeconfig={testbed.kubeconfig}", "-n", namespace]
-    out = []
-    for what in (["get", "deploy,rs,ds,pods", "-o", "wide"], ["get", "events", "--sort-by=.lastTimestamp"]):
-        proc = subprocess.run(kubectl + what, capture_output=True, text=True, timeout=60)
-        out.append(proc.stdout + proc.stderr)
-    return "\n".join(out)
-
-
-def lease_holder(coord: k8s.CoordinationV1Api, namespace: str) -> str | None:
-    leases = coord.list_namespaced_lease(namespace).items
-    return leases[0].spec.holder_identity if leases else None
-
-
-def test_operator_runs_from_helm_install_and_survives_its_pod(
-    testbed, bed_node, workload_controllers, kube_admin, namespace, release, postgres_url
-):
-    core, coord = k8s.CoreV1Api(kube_admin), k8s.CoordinationV1Api(kube_admin)
-    install(testbed, bed_node, namespace, release, postgres_url, core)
-
+@pytest.fixture(scope="module")
+def release(testbed, bed_node, workload_controllers, module_database, tmp_path_factory) -> Iterator[Release]:
+    api = kube_config.new_client_from_config(config_file=testbed.kubeconfig)
+    core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)
+    name, case = f"ga-{uuid.uuid4().hex[:6]}", f"node{uuid.uuid4().hex[:8]}"
+    ns, work_ns = f"t-{name}", f"t-{name}-w"
+    slack = Receiver()
+    for n in (ns, work_ns):
+        core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=n)))
     try:
-        pod = wait_for("the operator pod Running and Ready", lambda: ready_pod(core, namespace, "operator"))
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{cluster_view(testbed, namespace)}") from None
+        # a GPU job running on the node before the operator starts (its first cycle audits it)
+        job = batch_job(api, work_ns, "train", suspend=True)
+        pod = _gpu_pod(work_ns, job, bed_node.name, image.build_pause().ref)
+        create(api, "v1", "pods", work_ns, pod)
+        _backfill_history(testbed, work_ns, pod["metadata"]["name"], case)
+
+        for secret, url in (("db", module_database), ("slack", slack.url)):
+            core.create_namespaced_secret(
+                ns, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=secret), string_data={"url": url})
+            )
+        values = {
+            "image": {"repository": bed_node.image_repository, "tag": bed_node.image_tag, "pullPolicy": "Never"},
+            "clusterName": name,
+            # host network (postrender.py): free ports of the host, and one operator replica (two
+            # would want the same port on the one node)
+            "replicas": 1,
+            "metrics": {"port": process.free_port()},
+            "store": {"type": "postgresql", "postgresql": {"urlSecret": {"name": "db"}}},
+            "prometheus": {"url": testbed.prometheus_url},
+            "extraSettings": {"prometheus": {"matchers": {"case": case}, "label_convention": "pod"}},
+            "audit": {"interval": "30s"},
+            "policies": {"builtin": False, "files": {"tell.yaml": POLICY}},
+            "notifications": {"slack": {"webhookUrlSecret": {"name": "slack"}}},
+            "nodeAgent": {
+                "enabled": True,
+                "port": process.free_port(),
+                "podResourcesPath": str(bed_node.pod_resources_dir),
+            },
+        }
+        values_file = tmp_path_factory.mktemp("release") / "values.yaml"
+        values_file.write_text(yaml.safe_dump(values))
+        devices = deviceplugin.device_ids(bed_node.name, node.FAKE_GPUS)
+        post = postrender_args(testbed, devices, TRACE, PHASE)
+        helm(testbed, "install", name, str(CHART), "-n", ns, "-f", str(values_file), *post)
+        yield Release(
+            name=name,
+            namespace=ns,
+            work_namespace=work_ns,
+            lease=f"{name}-gpu-auditor",
+            core=core,
+            apps=apps,
+            coord=k8s.CoordinationV1Api(api),
+            slack=slack,
+            gpu_pod=pod["metadata"]["name"],
+            values=["-f", str(values_file), *post],
+        )
+    finally:
+        slack.close()
+        subprocess.run(
+            [testbed.helm, f"--kubeconfig={testbed.kubeconfig}", "uninstall", name, "-n", ns, "--ignore-not-found"],
+            capture_output=True,
+            timeout=120,
+        )
+        for n in (ns, work_ns):
+            core.delete_namespace(n, grace_period_seconds=0)
+        api.close()
+
+
+def test_operator_pod_runs_non_root_on_a_read_only_root_and_leads(testbed, bed_node, release):
+    pods = wait_for(
+        "the operator pod Running and Ready",
+        lambda: ready_pods(release.core, release.namespace, "operator"),
+        explain=lambda: release.explain(testbed),
+    )
+    (pod,) = pods
     assert pod.spec.node_name == bed_node.name
     status = pod.status.container_statuses[0]
     assert status.image.endswith(f"{bed_node.image_repository}:{bed_node.image_tag}"), status.image
 
-    # non-root on a read-only root filesystem, seen from the host: the container's real process
-    pid = container_process(bed_node, pod)
+    # seen from the host, on the container's real process: uid 10001 (real, effective, saved,
+    # fs) and a read-only root mount
+    pid = container_pid(bed_node.state, pod)
     uids = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Uid:"))
     assert uids.split()[1:] == ["10001"] * 4, uids
-    root_mount = next(
-        line for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines() if line.split()[4] == "/"
-    )
-    assert "ro" in root_mount.split()[5].split(","), root_mount
+    root = next(line for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines() if line.split()[4] == "/")
+    assert "ro" in root.split()[5].split(","), root
 
-    # the Lease, taken through the pod's own ServiceAccount token (holder = the pod's name)
-    wait_for("the pod to hold the Lease", lambda: lease_holder(coord, namespace) == pod.metadata.name, timeout=120)
-
-    # the pod deleted: its replacement (from the ReplicaSet) takes the Lease over
-    core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=5)
-    successor = wait_for(
-        "a replacement operator pod Ready", lambda: ready_pod(core, namespace, "operator", exclude=pod.metadata.name)
+    # the Lease, taken through the pod's own ServiceAccount token (holder: the pod's name)
+    wait_for(
+        "the pod to hold the Lease",
+        lambda: lease_holder(release.coord, release.namespace, release.lease) == pod.metadata.name,
+        timeout=60,
     )
+
+
+def test_one_cycle_in_the_pod_annotates_the_job_and_alerts_slack(testbed, release):
+    batch = k8s.BatchV1Api(release.core.api_client)
+
+    def annotated() -> dict | None:
+        ann = batch.read_namespaced_job("train", release.work_namespace).metadata.annotations or {}
+        return ann if "gpu-auditor.io/verdict" in ann else None
+
+    ann = wait_for("the operator's annotation on the GPU job", annotated, timeout=120)
+    assert ann["gpu-auditor.io/verdict"] == "low_sm_efficiency", ann
+    pod = release.core.read_namespaced_pod(release.gpu_pod, release.work_namespace)
+    assert (pod.metadata.annotations or {}).get("gpu-auditor.io/verdict") == "low_sm_efficiency"
+    wait_for("the Slack message at the local receiver", lambda: release.slack.requests, timeout=60)
+    (msg,) = release.slack.requests
+    assert "train" in msg.body.decode() and release.work_namespace in msg.body.decode(), msg.body[:500]
+
+
+def test_agent_serves_the_pods_gpu_as_the_kubelet_allocated_it(testbed, bed_node, release):
+    (agent,) = wait_for(
+        "the node-agent pod Ready",
+        lambda: ready_pods(release.core, release.namespace, "node-agent"),
+        explain=lambda: release.explain(testbed),
+    )
+    # the device the kubelet's device manager gave the GPU pod (the plugin's Allocate answer in
+    # its container's environment)
+    gpu_pod = release.core.read_namespaced_pod(release.gpu_pod, release.work_namespace)
+    allocated = process_environ(container_pid(bed_node.state, gpu_pod))["NVIDIA_VISIBLE_DEVICES"]
+    port = agent.spec.containers[0].ports[0].container_port
+
+    def attributed() -> list[str] | None:
+        text = requests.get(f"http://{agent.status.pod_ip}:{port}/metrics", timeout=10).text
+        lines = [ln for ln in text.splitlines() if ln.startswith("DCGM_FI_PROF_SM_ACTIVE{") and 'pod="' in ln]
+        return lines or None
+
+    lines = wait_for("pod-attributed series from the agent", attributed, timeout=60)
+    (line,) = lines  # one GPU allocated on the node, so one attributed series
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+    assert (labels["namespace"], labels["pod"], labels["container"]) == (
+        release.work_namespace,
+        release.gpu_pod,
+        "main",
+    )
+    assert labels["UUID"] == allocated, (labels, allocated)
+    # the recorded one-SM spin: SM activity near 1/132
+    assert float(line.rsplit(" ", 1)[1]) < 0.05, line
+
+
+def test_deleting_the_operator_pod_hands_the_lease_to_its_replacement(testbed, release):
+    (pod,) = ready_pods(release.core, release.namespace, "operator")
+    release.core.delete_namespaced_pod(pod.metadata.name, release.namespace, grace_period_seconds=5)
+
+    def successor() -> k8s.V1Pod | None:
+        fresh = [
+            p for p in ready_pods(release.core, release.namespace, "operator") if p.metadata.name != pod.metadata.name
+        ]
+        return fresh[0] if fresh else None
+
+    new = wait_for("a replacement operator pod Ready", successor, explain=lambda: release.explain(testbed))
     wait_for(
         "the replacement to take the Lease",
-        lambda: lease_holder(coord, namespace) == successor.metadata.name,
-        timeout=120,
+        lambda: lease_holder(release.coord, release.namespace, release.lease) == new.metadata.name,
+        timeout=60,
     )
 
-    helm(testbed, "uninstall", release, "-n", namespace, "--wait", "--timeout=120s")
-    wait_for("the release's pods gone", lambda: not core.list_namespaced_pod(namespace).items or None, timeout=120)
-    left = helm(testbed, "list", "-n", namespace, "-q")
-    assert left.strip() == ""
-    apps = k8s.AppsV1Api(kube_admin)
-    assert not apps.list_namespaced_deployment(namespace).items
-    assert not apps.list_namespaced_replica_set(namespace).items
+
+#: What `kubectl get` lists of a release after uninstall: every kind the chart renders, and the
+#: ones its controllers make.
+RELEASE_KINDS = (
+    "deployments,replicasets,daemonsets,controllerrevisions,pods,services,serviceaccounts,configmaps,secrets,"
+    "roles,rolebindings,networkpolicies,poddisruptionbudgets,servicemonitors,clusterroles,clusterrolebindings,"
+    "validatingadmissionpolicies,validatingadmissionpolicybindings"
+)
+
+
+def test_upgrade_rolls_the_operator_and_uninstall_leaves_nothing(testbed, release):
+    (before,) = ready_pods(release.core, release.namespace, "operator")
+    # a settings change rolls the pod (checksum annotation); a new port, since the old pod holds
+    # its host port until the new one is Ready (maxUnavailable 0)
+    helm(
+        testbed,
+        "upgrade",
+        release.name,
+        str(CHART),
+        "-n",
+        release.namespace,
+        *release.values,
+        "--set",
+        f"metrics.port={process.free_port()}",
+        "--set-string",
+        "logLevel=debug",
+    )
+
+    def rolled() -> k8s.V1Pod | None:
+        pods = release.core.list_namespaced_pod(
+            release.namespace, label_selector="app.kubernetes.io/component=operator"
+        ).items
+        ready = ready_pods(release.core, release.namespace, "operator")
+        return ready[0] if len(pods) == 1 and ready and ready[0].metadata.name != before.metadata.name else None
+
+    wait_for("the upgraded operator pod Ready, the old one gone", rolled, explain=lambda: release.explain(testbed))
+
+    helm(testbed, "uninstall", release.name, "-n", release.namespace, "--wait", "--timeout=120s")
+    selector = f"app.kubernetes.io/instance={release.name}"
+    kubectl = [testbed.kubectl, f"--kubeconfig={testbed.kubeconfig}", "get", RELEASE_KINDS, "-A", "-l", selector]
+
+    def nothing_left() -> bool:
+        proc = subprocess.run([*kubectl, "-o", "name"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return not proc.stdout.strip()
+
+    wait_for("nothing of the release left", nothing_left, timeout=60, explain=lambda: release.explain(testbed))
+    assert not release.core.list_namespaced_pod(release.namespace).items
+    assert helm(testbed, "list", "-n", release.namespace, "-q").strip() == ""
