@@ -27,10 +27,12 @@ SUBCOMMANDS = (
     "policy",
     "ack",
     "actions",
+    "status",
     "console",
     "store",
     "agent",
     "traces",
+    "version",
 )
 
 
@@ -61,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    quiet_libraries(args.verbose)
     redact.install()  # every record, ours or a library's (urllib3 logs request paths at -vv)
     handler = getattr(args, "handler", None)
     if handler is None:
@@ -78,6 +81,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gpu-auditor: interrupted", file=sys.stderr)
         return 1
+
+
+#: libraries whose own log records are noise to an admin: their INFO lines (alembic's migration
+#: context, apscheduler's job runs) only at -vv, and urllib3's and the Kubernetes client's retry
+#: warnings not at all below -v (the command's own error says what failed)
+NOISY = {"alembic": logging.WARNING, "apscheduler": logging.WARNING, "matplotlib": logging.WARNING}
+NOISY_WARNINGS = ("urllib3", "kubernetes")
+
+
+def quiet_libraries(verbose: int) -> None:
+    """Hold the libraries' loggers above the command's level unless ``-vv`` asked for everything."""
+    for name, level in NOISY.items():
+        logging.getLogger(name).setLevel(logging.NOTSET if verbose >= 2 else level)
+    for name in NOISY_WARNINGS:
+        logging.getLogger(name).setLevel([logging.ERROR, logging.WARNING, logging.NOTSET][min(verbose, 2)])
 
 
 def error_text(exc: BaseException) -> str:

@@ -1,6 +1,6 @@
 """``gpu-auditor report``: render a week's efficiency report from the store, on demand.
 
-``gpu-auditor report --week 2026-W48 [--team T] --format html|csv|md|json --out DIR [--db URL]``
+``gpu-auditor report --week 2026-W48|last|this [--team T] --format html|csv|md|json --out DIR [--db URL]``
 writes into DIR (several formats: ``--format html,csv``):
 
 - html: ``report-<week>[-<team>].html`` (self-contained, charts inline)
@@ -82,21 +82,33 @@ def _options(args: argparse.Namespace, settings: Any) -> Any:
     return options_from(settings.reports, **over)
 
 
+def parse_week(text: str, now: Any, timezone: str) -> Any:
+    """``YYYY-Www``, ``last`` (the latest week that has ended, in the report's time zone: what
+    the Monday report sends) or ``this`` (the week so far)."""
+    from auditor.reports.weeks import IsoWeek, last_complete_week, zone
+
+    word = text.strip().lower()
+    if word == "last":
+        return last_complete_week(now, zone(timezone))
+    if word == "this":
+        return IsoWeek.containing(now, zone(timezone))
+    return IsoWeek.parse(text)
+
+
 def _handle(args: argparse.Namespace) -> int:
     from auditor import compose
     from auditor.cli.storeopts import command_settings, open_store, require_jobs
     from auditor.reports.formats import teams_csv, to_json, to_markdown, write_jobs_csv
     from auditor.reports.service import generate, iter_jobs
-    from auditor.reports.weeks import IsoWeek
 
-    week = IsoWeek.parse(args.week)
     formats = _formats(args.format)
     settings = command_settings(args)
     opts = _options(args, settings)  # a bad --timezone, --price or --top is refused here (exit 2)
+    now = compose.clock().now().replace(microsecond=0)
+    week = parse_week(args.week, now, opts.timezone)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     suffix = f"{week}" + (f"-{_slug(args.team)}" if args.team else "")
-    now = compose.clock().now().replace(microsecond=0)
     written: list[Path] = []
     store = open_store(settings, existing=True)
     try:
@@ -140,7 +152,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="render a week's per-team efficiency report (HTML, CSV, Markdown, JSON)",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    p.add_argument("--week", required=True, metavar="YYYY-Www", help="ISO week, e.g. 2026-W48")
+    p.add_argument(
+        "--week",
+        required=True,
+        metavar="YYYY-Www",
+        help="ISO week, e.g. 2026-W48; last: the latest ended week (in --timezone); this: the week so far",
+    )
     p.add_argument("--team", metavar="T", help="only this team (default: every team, and the cluster total)")
     p.add_argument(
         "--format", default="html", metavar="FMT", help="html (default), csv, md, json; comma-separated for several"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -103,3 +104,14 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.startswith(f"gpu-auditor {__version__}\n")
     assert main(["version", "-o", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["gpu-auditor"] == __version__
+
+
+def test_no_library_log_noise_below_vv(db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Opening a store runs alembic (it logs its migration context at INFO): at -v only our own
+    lines show, at -vv everything."""
+    caplog.set_level(logging.DEBUG)
+    assert main(["-v", "status", "--db", db]) == 0
+    assert not [r.name for r in caplog.records if r.name.split(".")[0] in ("alembic", "urllib3", "kubernetes")]
+    caplog.clear()
+    assert main(["-vv", "status", "--db", db]) == 0
+    assert any(r.name.startswith("alembic") for r in caplog.records)
