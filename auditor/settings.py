@@ -26,6 +26,7 @@ exists, so that ``report`` or ``explain`` run inside the operator's pod read the
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 from datetime import timedelta
@@ -68,8 +69,8 @@ def _duration(value: Any) -> timedelta:
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 30s, 5m, 1h")
     if isinstance(value, (int, float)):
-        if value <= 0:
-            raise ValueError("duration must be positive")
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError("duration must be a positive number of seconds")
         return timedelta(seconds=float(value))
     if isinstance(value, str):
         try:
@@ -284,6 +285,9 @@ class Settings(_Section):
     max_lookback: Duration = timedelta(days=7)
     #: a catch-up after an outage is read in pieces of at most this length
     catch_up_chunk: Duration = timedelta(hours=6)
+    #: the longest range one ``audit`` (or ``doctor --lookback``) reads: a read keeps one value per
+    #: bucket of every series, so memory grows with the range's length
+    max_audit_range: Duration = timedelta(days=31)
     #: pods with DCGM series that the Kubernetes API no longer knows: ``pod`` audits each as its
     #: own job ``Pod/<name>`` (history is kept), ``skip`` leaves them out
     unresolved_pods: Literal["pod", "skip"] = "pod"

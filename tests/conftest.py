@@ -9,6 +9,7 @@ the rest without servers.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -52,7 +53,12 @@ SLOW_MODULES = {
     "tests/reports/test_report_store.py",
     "tests/reports/test_report_units.py",
     "tests/reports/test_store_sources.py",
+    "tests/testbed/test_watchdog.py",
 }
+
+#: Tests that need the bed's real node (kubelet + containerd, docs/testbed.md): a private bed
+#: started for a session holding them gets the node, and its images are built before the run.
+NODE_TESTS = "tests/node/"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -80,18 +86,33 @@ def _attach_shared() -> Testbed | None:
     return None
 
 
+def _wants_node(session: pytest.Session) -> bool:
+    root = Path(str(session.config.rootpath)).resolve()
+    return any(
+        Path(str(item.fspath)).resolve().relative_to(root).as_posix().startswith(NODE_TESTS) for item in session.items
+    )
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build the Go binaries before the run if needed: a cold build takes minutes, longer than
-    the per-test timeout, which would otherwise count it against the first test."""
+    """Build the Go binaries (and, for the node tests, the images) before the run if needed: a
+    cold build takes minutes, longer than the per-test timeout, which would otherwise count it
+    against the first test."""
     if not any(item.get_closest_marker("testbed") for item in session.items) or _attach_shared() is not None:
         return
-    from auditor.testbed import binaries
+    from auditor.testbed import binaries, image, node
 
+    switch = os.environ.get(node.NODE_SWITCH, "").strip().lower()
+    with_node = _wants_node(session) and switch not in ("0", "false", "no", "off")
+    if with_node:
+        os.environ[node.NODE_SWITCH] = "1"  # the private bed this session starts gets the node
     capture = session.config.pluginmanager.getplugin("capturemanager")
     try:
         with capture.global_and_fixture_disabled():
             binaries.build()
             binaries.crd_files()
+            if with_node and not node.missing_packages():
+                image.build_pause()
+                image.build_product()
     except Exception as exc:  # noqa: BLE001 - reported by the `testbed` fixture as a failure
         _PREPARE_ERROR.append(exc)
 
@@ -108,7 +129,7 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
         return
     private_dir = tmp_path_factory.mktemp("testbed")
     try:
-        bed = up(private_dir)
+        bed = up(private_dir, owner_pid=os.getpid())  # stopped by a watchdog if this pytest is killed
     except TestbedError as exc:
         pytest.fail(str(exc), pytrace=False)
     try:

@@ -16,7 +16,7 @@ from auditor.cli.output import add_output_flag, print_jobs
 from auditor.cli.promopts import add_prometheus_flags, command_source, prometheus_overrides
 from auditor.cli.storeopts import add_store_flags
 from auditor.errors import BadInput
-from auditor.timeparse import format_time, parse_duration, parse_time
+from auditor.timeparse import check_range, format_time, parse_duration, parse_time
 
 if TYPE_CHECKING:
     from auditor.settings import Settings
@@ -120,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
     # the store (--db, GPU_AUDITOR_DATABASE_URL, the settings file), Prometheus (the file's
     # prometheus: section under the flags) and the verdict thresholds
     settings = command_settings(args, _overrides(args))
+    check_range(window.start, window.end, max_range=settings.max_audit_range, width=width)
     resolver, api = _resolver(args, settings)
     try:
         source = command_source(args, settings)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from auditor.cli.promopts import add_prometheus_flags, command_source, prometheus_overrides
 from auditor.cli.storeopts import CONFIG_HELP
-from auditor.timeparse import parse_duration
+from auditor.timeparse import check_range, parse_duration
+
+#: the bucket width of doctor's read (auditor/doctor.py), for the bound on --lookback
+DOCTOR_BUCKET = timedelta(minutes=5)
 
 if TYPE_CHECKING:
     from auditor.doctor import Check
@@ -49,9 +53,13 @@ def run(args: argparse.Namespace) -> int:
     if args.kubeconfig or args.in_cluster:
         overrides["kubernetes"] = {"kubeconfig": args.kubeconfig, "in_cluster": bool(args.in_cluster)}
     settings = command_settings(args, overrides)
+    now = compose.clock().now()
+    check_range(
+        now - lookback, now, max_range=settings.max_audit_range, width=DOCTOR_BUCKET, what=f"--lookback {args.lookback}"
+    )
     source = command_source(args, settings)
     try:
-        checks = run_checks(source, compose.clock().now(), lookback)
+        checks = run_checks(source, now, lookback)
     finally:
         source.close()
     if args.kubeconfig or args.in_cluster:

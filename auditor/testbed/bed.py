@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from auditor.testbed import binaries, config, kube, kueue, node, postgres, process, prometheus
+from auditor.testbed import binaries, config, kube, kueue, node, postgres, process, prometheus, watchdog
 from auditor.testbed.errors import TestbedError
 from auditor.testbed.pki import Pki, generate
 from auditor.testbed.state import State
@@ -179,14 +179,18 @@ def _exclusive(state_dir: Path) -> Iterator[None]:
         yield
 
 
-def up(state_dir: Path | None = None, *, build_log: Path | None = None) -> Testbed:
-    """Reuse a healthy running test bed, else start a fresh one; write ``<state_dir>/env``."""
+def up(state_dir: Path | None = None, *, build_log: Path | None = None, owner_pid: int | None = None) -> Testbed:
+    """Reuse a healthy running test bed, else start a fresh one; write ``<state_dir>/env``.
+
+    With ``owner_pid`` a fresh bed is stopped when that process is gone, however it ended
+    (``watchdog.py``): a pytest session's private bed never outlives a killed pytest.
+    """
     state_dir = (state_dir or config.default_state_dir()).resolve()
     with _exclusive(state_dir):
-        return _up(state_dir, build_log)
+        return _up(state_dir, build_log, owner_pid)
 
 
-def _up(state_dir: Path, build_log: Path | None) -> Testbed:
+def _up(state_dir: Path, build_log: Path | None, owner_pid: int | None = None) -> Testbed:
     t0 = time.monotonic()
     existing = attach(state_dir)
     # A backfill restarts Prometheus for ~0.3 s; a probe landing then must not get a running test
@@ -205,12 +209,14 @@ def _up(state_dir: Path, build_log: Path | None) -> Testbed:
     if state_dir.exists():
         shutil.rmtree(state_dir)
     state_dir.mkdir(parents=True)
+    if owner_pid is not None:
+        State(state_dir).set(watchdog_pid=watchdog.spawn(state_dir, owner_pid), owner_pid=owner_pid)
 
     bins = binaries.locate(build_log)
     crd_files = binaries.crd_files()
     kueue_manifests = binaries.kueue_manifests() if bins.kueue else None
     t_bins = time.monotonic()
-    state = State(state_dir)
+    state = State.load(state_dir) or State(state_dir)
     pki: Pki = generate(state_dir / "pki")
     kubeconfig = state_dir / "kube" / "admin.kubeconfig"
     state.set(

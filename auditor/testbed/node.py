@@ -108,6 +108,9 @@ def start(state: State, kubelet_bin: Path, pki: Pki, kubeconfig: Path) -> dict[s
     gone = missing_packages()
     if gone:
         raise TestbedError("node", f"Debian packages missing: {' '.join(gone)} (`make system-deps` installs them)")
+    other = _device_plugin_dir_in_use()
+    if other:
+        raise TestbedError("node", other)
     d = _dirs(state)
     for p in d.values():
         p.mkdir(parents=True, exist_ok=True)
@@ -123,6 +126,24 @@ def start(state: State, kubelet_bin: Path, pki: Pki, kubeconfig: Path) -> dict[s
     _wait_node(state, pki, name)
     state.set(node_name=name, node_image=product.ref, pod_resources_socket=str(pod_resources_socket(state)))
     return {"GPU_AUDITOR_IMAGE": product.ref, "TESTBED_NODE": name}
+
+
+def _device_plugin_dir_in_use() -> str:
+    """Why this machine cannot run another node ("" if it can): a running kubelet answers on the
+    device-plugin registration socket, which every kubelet places at the same fixed path; a second
+    one would take it over and the first bed's GPUs would vanish."""
+    sock = DEVICE_PLUGIN_DIR / "kubelet.sock"
+    if not sock.exists():
+        return ""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(sock))
+        except OSError:
+            return ""  # left by a kubelet that is gone: the next one replaces it
+    return (
+        f"another kubelet serves device plugins on this machine ({sock} answers; one node per machine, "
+        "the shared bed's usually): use that bed, or stop it first"
+    )
 
 
 def _start_containerd(state: State, d: dict[str, Path], sandbox_image: str) -> None:

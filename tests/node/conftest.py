@@ -39,12 +39,12 @@ class Node:
 
 @pytest.fixture(scope="module")
 def bed_node(testbed) -> Node:
-    if not node.enabled(Path(testbed.state_dir)):
-        pytest.skip(f"no node in this bed ({node.NODE_SWITCH}=0, or a private bed without {node.NODE_SWITCH}=1)")
     state = State.load(Path(testbed.state_dir))
     assert state is not None
     if not testbed.node_name:
-        why = state.values.get("node_error") or "the running bed was started without a node (restart it)"
+        why = state.values.get("node_error") or (
+            f"{node.NODE_SWITCH}=0, or the running bed was started without it (restart it)"
+        )
         pytest.fail(f"the test bed has no node: {why}", pytrace=False)
     # The image the bed built when it started (GPU_AUDITOR_IMAGE): rebuilding for every change of
     # the tree would cost minutes per session; a bed restart builds the current tree.
