@@ -36,6 +36,8 @@ BASE_PACKAGES = ("python3", "python3-venv", "passwd", "ca-certificates")
 #: The host's CA bundle, handed to pip in the build (a TLS-intercepting proxy signs PyPI here).
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 PAUSE_SOURCE = config.PACKAGE_DIR / "pause" / "pause.go"
+#: product archives kept in the cache (the newest ones)
+KEEP_ARCHIVES = 3
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,17 @@ def build_product() -> Image:
         image = _recorded(archive, REPOSITORY, tag)
         assert image is not None
         _say(f"built {image.ref}: {image.size_bytes / 1e6:.0f} MB in {image.build_seconds:.0f} s")
+        _prune(keep=KEEP_ARCHIVES)
         return image
+
+
+def _prune(keep: int) -> None:
+    """Only the newest ``keep`` product archives stay (each is ~600 MB; every change of the tree
+    makes a new one). A running node has imported its image into containerd already."""
+    archives = sorted(images_dir().glob("gpu-auditor-*.tar"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in archives[keep:]:
+        old.unlink(missing_ok=True)
+        old.with_suffix(".json").unlink(missing_ok=True)
 
 
 def build_pause() -> Image:
