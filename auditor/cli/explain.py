@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence, SupportsFloat
 
@@ -23,7 +23,8 @@ from auditor.core.job_summary import JobSummary, rfc3339
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, JobRef
 from auditor.errors import BadInput
-from auditor.render.lineage import lineage_json, lineage_lines
+from auditor.render.lineage import SHOWN_CHARS, lineage_json, lineage_lines
+from auditor.render.safe_text import terminal_safe
 
 if TYPE_CHECKING:
     from auditor.core.gate import LineageHistory
@@ -179,14 +180,18 @@ def render(summary: JobSummary, buckets: Sequence[Bucket], admission: AdmissionF
     """The whole explanation as text (with Kueue's admission facts when the job was queued)."""
     s = summary
     out: list[str] = []
-    out.append(f"{s.namespace}/{s.job}   cluster {s.cluster}   team {s.team}")
+    t = terminal_safe  # every name and message below comes from the cluster: one line each, bounded
+    out.append(
+        f"{t(s.namespace, SHOWN_CHARS)}/{t(s.job, SHOWN_CHARS)}   cluster {t(s.cluster, SHOWN_CHARS)}   "
+        f"team {t(s.team or '-', SHOWN_CHARS)}"
+    )
     out.append(f"verdict: {s.verdict.value}")
     out.append(
         f"observed {rfc3339(s.start)} → {rfc3339(s.end)}"
         f"   (audit window {rfc3339(s.window_start)} → {rfc3339(s.window_end)})"
     )
     out.append(
-        f"GPUs {_num(s.gpus, '{:g}')} {s.gpu_model or ''}   "
+        f"GPUs {_num(s.gpus, '{:g}')} {t(s.gpu_model or '', 40)}   "
         f"GPU-hours {_num(s.gpu_hours)}   waste {_num(s.waste_gpu_hours)}   "
         f"coverage {_pct(s.coverage)}   sample interval {_num(s.scrape_interval_s, '{:g}')} s"
     )
@@ -216,9 +221,9 @@ def render(summary: JobSummary, buckets: Sequence[Bucket], admission: AdmissionF
         out.append("")
         out.append("findings:")
         for f in s.findings:
-            out.append(f"  - [{f.code}] {f.message}")
+            out.append(f"  - [{f.code}] {t(f.message)}")
             if f.evidence:
-                out.append("      evidence: " + ", ".join(f"{k}={_short(v)}" for k, v in f.evidence.items()))
+                out.append("      evidence: " + ", ".join(f"{t(k, 40)}={_short(v)}" for k, v in f.evidence.items()))
     if s.per_gpu:
         out.append("")
         out.append("per GPU:")
@@ -229,7 +234,7 @@ def render(summary: JobSummary, buckets: Sequence[Bucket], admission: AdmissionF
             gpu = (g.gpu or "") + (f"/{g.mig_instance}" if g.mig_instance else "")
             util = g.means.gpu_util if g.means.gpu_util is not None else g.means.gr_engine_active
             out.append(
-                f"  {g.pod[:23]:<24}{(g.hostname or '-')[:13]:<14}{gpu[:7]:<8}"
+                f"  {t(g.pod, 23):<24}{t(g.hostname or '-', 13):<14}{t(gpu, 7):<8}"
                 f"{_pct(util):>8}{_pct(g.means.sm_active):>8}{_pct(g.means.tensor_active):>8}"
                 f"{_pct(g.means.dram_active):>8}{_pct(g.coverage):>7}  {g.verdict.value}"
             )
@@ -270,6 +275,7 @@ def _short(v: object) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     text = json.dumps(v, default=str) if isinstance(v, (list, dict)) else str(v)
+    text = terminal_safe(text)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -298,38 +304,49 @@ def sparkline(values: Sequence[float | None]) -> str:
     return "".join(out)
 
 
-def _columns(starts: list[datetime], series: dict[datetime, tuple[float, int]], per_col: int) -> list[float | None]:
-    """Mean per column, merging ``per_col`` adjacent buckets (sum/count combine exactly)."""
-    out: list[float | None] = []
-    for i in range(0, len(starts), per_col):
-        t, c = 0.0, 0
-        for s in starts[i : i + per_col]:
-            tt, cc = series.get(s, (0.0, 0))
-            t += tt
-            c += cc
-        out.append(t / c if c else None)
-    return out
+def _grid(buckets: Sequence[Bucket]) -> tuple[datetime, timedelta, int]:
+    """The picture's time axis: the first bucket's start, the bucket width, and the number of
+    bucket slots from the first to the last bucket, *including* the slots no bucket fills."""
+    width = buckets[0].end - buckets[0].start
+    first = min(b.start for b in buckets)
+    last = max(b.start for b in buckets)
+    return first, width, (last - first) // width + 1
+
+
+def _columns(
+    series: dict[datetime, tuple[float, int]], first: datetime, width: timedelta, per_col: int, n_cols: int
+) -> list[float | None]:
+    """Mean per column of ``per_col`` adjacent bucket slots (sum/count combine exactly); a
+    column whose slots hold no bucket is None, so a gap in the data shows as a gap."""
+    totals, counts = [0.0] * n_cols, [0] * n_cols
+    for start, (t, c) in series.items():
+        i = ((start - first) // width) // per_col
+        totals[i] += t
+        counts[i] += c
+    return [t / c if c else None for t, c in zip(totals, counts)]
 
 
 def timeline(buckets: Sequence[Bucket]) -> list[str]:
-    """The per-GPU picture: one sparkline row per metric, time left to right."""
-    starts, per = _series(buckets)
-    if not starts:
+    """The per-GPU picture: one sparkline row per metric, time left to right, one column per
+    equal slice of time (a stretch without buckets is blank, never closed up)."""
+    if not buckets:
         return []
-    per_col = max(1, -(-len(starts) // MAX_COLUMNS))
-    width = buckets[0].end - buckets[0].start
+    _, per = _series(buckets)
+    first, width, slots = _grid(buckets)
+    per_col = max(1, -(-slots // MAX_COLUMNS))
+    n_cols = -(-slots // per_col)
     col_span = width * per_col
     lines = [
-        f"timeline: {starts[0].isoformat().replace('+00:00', 'Z')} → "
-        f"{(starts[-1] + width).isoformat().replace('+00:00', 'Z')}, one column per {_span(col_span)}, "
+        f"timeline: {first.isoformat().replace('+00:00', 'Z')} → "
+        f"{(first + width * slots).isoformat().replace('+00:00', 'Z')}, one column per {_span(col_span)}, "
         f"bars 0–100 %, blank = no data"
     ]
     for (pod, gpu_key), metrics in sorted(per.items()):
-        lines.append(f"  {pod} on {gpu_key}")
+        lines.append(f"  {terminal_safe(pod, SHOWN_CHARS)} on {terminal_safe(gpu_key, SHOWN_CHARS)}")
         for label, metric in SERIES:
             if metric not in metrics:
                 continue
-            cols = _columns(starts, metrics[metric], per_col)
+            cols = _columns(metrics[metric], first, width, per_col, n_cols)
             known = [v for v in cols if v is not None]
             mean = f"{sum(known) / len(known) * 100:5.1f}%" if known else "    -"
             lines.append(f"    {label:<10}│{sparkline(cols)}│ {mean}")
@@ -364,6 +381,24 @@ def _bucket_json(b: Bucket) -> dict:
 # -- PNG ---------------------------------------------------------------------------------------------
 
 
+def _points(
+    series: dict[datetime, tuple[float, int]], starts: list[datetime], width: timedelta
+) -> tuple[list[datetime], list[float]]:
+    """The plotted points in percent; a NaN where buckets are missing, so the line breaks
+    across a gap instead of drawing one straight segment as if it were data."""
+    xs: list[datetime] = []
+    ys: list[float] = []
+    for s in starts:
+        if s not in series or not series[s][1]:
+            continue
+        if xs and s - xs[-1] > width:
+            xs.append(xs[-1] + width)
+            ys.append(float("nan"))
+        xs.append(s)
+        ys.append(series[s][0] / series[s][1] * 100)
+    return xs, ys
+
+
 def draw_png(summary: JobSummary, buckets: Sequence[Bucket], path: str) -> None:
     """GPU util vs SM activity (and tensor, DRAM) per GPU over time, one panel per GPU (at most 8)."""
     import matplotlib
@@ -381,8 +416,7 @@ def draw_png(summary: JobSummary, buckets: Sequence[Bucket], path: str) -> None:
             series = per[key].get(metric)
             if not series:
                 continue
-            xs = [s for s in starts if s in series and series[s][1]]
-            ys = [series[s][0] / series[s][1] * 100 for s in xs]
+            xs, ys = _points(series, starts, buckets[0].end - buckets[0].start)
             ax.plot(xs, ys, marker=".", linewidth=1.2, label=label)
         ax.set_ylim(-2, 102)
         ax.set_ylabel("%")

@@ -12,6 +12,10 @@ from datetime import datetime
 from typing import Any
 
 from auditor.core.gate import LineageHistory, LineageRun
+from auditor.render.safe_text import terminal_safe
+
+#: the longest job name or reason a line shows (the JSON keeps them whole)
+SHOWN_CHARS = 120
 
 #: runs listed, newest first
 SHOWN_RUNS = 10
@@ -71,19 +75,21 @@ def lineage_lines(history: LineageHistory, job: str, now: datetime) -> list[str]
     the acknowledgements."""
     runs = list(history.runs)
     counts = ", ".join(f"{n} {v}" for v, n in _verdict_counts(runs).items())
-    out = [f"lineage {history.key} (cluster {history.key.cluster}): {len(runs)} run(s): {counts}"]
+    t = terminal_safe  # names, reasons and who acknowledged come from users: one line each
+    key, cluster = t(str(history.key), SHOWN_CHARS), t(history.key.cluster, SHOWN_CHARS)
+    out = [f"lineage {key} (cluster {cluster}): {len(runs)} run(s): {t(counts, SHOWN_CHARS)}"]
     for r in reversed(runs[-SHOWN_RUNS:]):
         day = r.when.date().isoformat() if r.when else "?"
         hours = f"{r.gpu_hours:.1f} GPU-h" if r.gpu_hours is not None else "- GPU-h"
         mark = "   ← this job" if r.job == job else ""
-        out.append(f"  {day}  {r.job:<40} {r.verdict:<18} {hours}{mark}")
+        out.append(f"  {day}  {t(r.job, SHOWN_CHARS):<40} {t(r.verdict, 18):<18} {hours}{mark}")
     if len(runs) > SHOWN_RUNS:
         out.append(f"  … {len(runs) - SHOWN_RUNS} older run(s)")
     for a in history.acks:
         until = f" until {_iso(a.until)}" if a.until else ""
         state = "" if a.valid(now) else " (ended)" if a.at <= now else " (later)"
-        why = f": {a.reason}" if a.reason else ""
-        out.append(f"  {a.kind.value} by {a.by} at {_iso(a.at)}{until} via {a.via}{state}{why}")
+        why = f": {t(a.reason, SHOWN_CHARS)}" if a.reason else ""
+        out.append(f"  {a.kind.value} by {t(a.by, SHOWN_CHARS)} at {_iso(a.at)}{until} via {t(a.via, 40)}{state}{why}")
     return out
 
 

@@ -62,7 +62,8 @@ def _cell(summary: JobSummary, key: str) -> str:
         return terminal_safe(summary.team or "-")
     v = summary.value_of(key)
     if key == "gpu_util" and v is None and summary.means.gr_engine_active is not None:
-        return f"{summary.means.gr_engine_active * 100:.0f}%*"  # MIG: the busy signal is GR_ENGINE_ACTIVE
+        # the busy signal is GR_ENGINE_ACTIVE: on MIG (no GPU_UTIL there), or where GPU_UTIL was garbage
+        return f"{summary.means.gr_engine_active * 100:.0f}%{_busy_mark(summary)}"
     if v is None or v == "":
         return "-"
     if key in _PERCENT:
@@ -74,6 +75,15 @@ def _cell(summary: JobSummary, key: str) -> str:
     if key in ("gpu_hours", "waste_gpu_hours"):
         return f"{float(str(v)):.2f}"
     return terminal_safe(str(v))
+
+
+#: the UTIL cell's mark when it shows GR_ENGINE_ACTIVE: a MIG instance, or a whole GPU whose
+#: GPU_UTIL samples were all garbage (saying "MIG" there sent admins looking for MIG)
+MIG_MARK, NO_UTIL_MARK = "*", "†"
+
+
+def _busy_mark(summary: JobSummary) -> str:
+    return MIG_MARK if any(g.mig_instance for g in summary.per_gpu) else NO_UTIL_MARK
 
 
 def notes(codes: Iterable[str]) -> str:
@@ -138,8 +148,13 @@ def format_table(summaries: Sequence[JobSummary], *, wide: bool = False, width: 
     if wastes:
         footer += f", {sum(wastes):.2f} GPU-hours without SM activity (jobs with SM data)"
     out.append(footer)
-    if any(s.means.gpu_util is None and s.means.gr_engine_active is not None for s in summaries):
-        out.append("* = MIG, utilization from GR_ENGINE_ACTIVE")
+    marks = {_busy_mark(s) for s in summaries if s.means.gpu_util is None and s.means.gr_engine_active is not None}
+    if MIG_MARK in marks:
+        out.append(f"{MIG_MARK} = MIG, utilization from GR_ENGINE_ACTIVE")
+    if NO_UTIL_MARK in marks:
+        out.append(
+            f"{NO_UTIL_MARK} = no usable GPU_UTIL samples (dropped as garbage), utilization from GR_ENGINE_ACTIVE"
+        )
     if wide and any(s.mfu_estimate is not None for s in summaries):
         out.append("MFU~ = share of the dense tensor peak of the precision in use (bf16, FP8 or TF32)")
     return "\n".join(out) + "\n"

@@ -58,8 +58,10 @@ def test_table_columns_and_missing_values():
 
 
 def test_mig_util_from_gr_engine_is_marked():
-    out = format_table([row(gpu_util=None, gr_engine_active=0.99, gpus=3 / 7)])
-    assert "99%*" in out and "0.43" in out and "GR_ENGINE_ACTIVE" in out
+    mig = row(gpu_util=None, gr_engine_active=0.99, gpus=3 / 7)
+    mig = replace(mig, per_gpu=tuple(replace(g, mig_instance="3g.71gb") for g in mig.per_gpu))
+    out = format_table([mig])
+    assert "99%*" in out and "0.43" in out and "* = MIG, utilization from GR_ENGINE_ACTIVE" in out
 
 
 def test_empty():
