@@ -2,9 +2,11 @@
 
 GPM (GPU Performance Monitoring) is what DCGM itself reads on Hopper and newer: two samples taken
 some time apart give the average SM activity, occupancy, tensor, DRAM and pipe activity between
-them. The agent takes one GPM sample per device per tick and computes the metrics between this
-tick's sample and the previous one, so each value is a true 1 s average (not a point read), and
-the first tick has no profiling values at all. GPM reports percents (0–100) and MiB/s; the
+them. The agent takes one GPM sample per device every ``gpm_every`` ticks (``--profiling-interval``)
+and computes the metrics between it and the previous one, so each value is a true average over
+that interval (not a point read), and the first tick has no profiling values at all. One metric,
+GR_ENGINE_ACTIVE, costs ~1 ms of CPU to compute (the others ~2 µs): it is computed every
+``slow_every`` ticks (``--gr-engine-interval``), between the samples that far apart. GPM reports percents (0–100) and MiB/s; the
 exported units come from :mod:`auditor.agent.fields`. A MIG instance is sampled with
 ``nvmlGpmMigSampleGet(parent, GPU_I_ID, …)``.
 
@@ -18,7 +20,7 @@ import logging
 import math
 from typing import Any
 
-from auditor.agent.fields import GPM_FIELDS
+from auditor.agent.fields import GPM_FIELDS, AgentField
 from auditor.agent.sampler import Device, Sample
 from auditor.errors import SourceUnavailable
 
@@ -35,22 +37,52 @@ def mig_profile(name: str) -> str:
     return tail.strip() if sep else ""
 
 
-class _Dev:
-    """Handles and GPM sample buffers of one device (internal)."""
+#: GPM metrics whose computation costs ~1 ms of CPU each (measured on an H200, driver 580:
+#: GRAPHICS_UTIL 1,050 µs, every other exported metric 2–3 µs; bench/agent_cpu_bench.py). They
+#: are computed every ``slow_every`` ticks, each value the average since its previous computation.
+SLOW_GPM: frozenset[str] = frozenset({"DCGM_FI_PROF_GR_ENGINE_ACTIVE"})
 
-    __slots__ = ("device", "handle", "parent", "gpm", "prev", "cur", "has_prev")
+
+class _Group:
+    """GPM metrics computed together: the prepared request and the sample they start from.
+
+    ``request`` is the ``nvmlGpmMetricsGet`` argument with its metric ids filled in once: a read
+    only points it at two samples and makes one call for all of the group's metrics. ``anchor``
+    is the GPM sample of the group's previous computation (``None`` until the first).
+    """
+
+    __slots__ = ("fields", "every", "request", "anchor")
+
+    def __init__(self, fields: tuple[AgentField, ...], every: int, request: Any) -> None:
+        self.fields, self.every, self.request = fields, every, request
+        self.anchor: Any = None
+
+
+class _Dev:
+    """Handles, GPM sample buffers and metric groups of one device (internal).
+
+    Each group keeps the sample it last computed from, so a device holds one buffer per group
+    plus the one being filled. ``max_sm_clock`` is read once (a property of the board).
+    """
+
+    __slots__ = ("device", "handle", "parent", "gpm", "buffers", "groups", "max_sm_clock")
 
     def __init__(self, device: Device, handle: Any, parent: Any) -> None:
         self.device, self.handle, self.parent = device, handle, parent
         self.gpm = False
-        self.prev = self.cur = None
-        self.has_prev = False
+        self.buffers: list[Any] = []
+        self.groups: list[_Group] = []
+        self.max_sm_clock: float | None = None
+
+    def unheld_buffer(self) -> Any:
+        """A sample buffer no group starts from (there is one more buffer than groups)."""
+        return next(b for b in self.buffers if all(g.anchor is not b for g in self.groups))
 
 
 class NvmlSampler:
     """:class:`~auditor.agent.sampler.GpuSampler` over NVML; ``name`` is ``gpm`` or ``nvml``."""
 
-    def __init__(self, *, gpm: bool = True) -> None:
+    def __init__(self, *, gpm: bool = True, gpm_every: int = 1, slow_every: int = 1) -> None:
         try:
             import pynvml
         except ImportError as exc:
@@ -60,6 +92,11 @@ class NvmlSampler:
             N.nvmlInit()
         except N.NVMLError as exc:
             raise SourceUnavailable(f"NVML could not start: {exc}") from None
+        if gpm_every < 1 or slow_every < 1 or slow_every % gpm_every:
+            raise SourceUnavailable(f"GPM every {gpm_every} and {slow_every} ticks: positive, the second a multiple")
+        #: GPM metrics are computed every ``gpm_every`` ticks, those of SLOW_GPM every ``slow_every``
+        self.gpm_every, self.slow_every = gpm_every, slow_every
+        self._ticks = 0
         self.errors = 0
         self._devs: list[_Dev] = []
         try:
@@ -81,7 +118,6 @@ class NvmlSampler:
                 len(self._devs),
             )
         self.name = "gpm" if gpm else "nvml"
-        self._gpm_ids = [f.gpm_id for f in GPM_FIELDS]
         try:
             self.driver = _text(N.nvmlSystemGetDriverVersion())
         except N.NVMLError:
@@ -113,8 +149,30 @@ class NvmlSampler:
                 d.gpm = gpu.gpm
                 self._devs.append(d)
         for d in self._devs:
+            if not d.device.is_mig:
+                d.max_sm_clock = self._max_sm_clock(d.handle)
             if d.gpm:
-                d.prev, d.cur = N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()
+                fields = [f for f in GPM_FIELDS if f.mig or not d.device.is_mig]
+                for every, part in (
+                    (self.gpm_every, tuple(f for f in fields if f.name not in SLOW_GPM)),
+                    (self.slow_every, tuple(f for f in fields if f.name in SLOW_GPM)),
+                ):
+                    if part:
+                        d.groups.append(_Group(part, every, self._metrics_request(part)))
+                d.buffers = [N.nvmlGpmSampleAlloc() for _ in range(len(d.groups) + 1)]
+
+    def _metrics_request(self, fields: tuple[AgentField, ...]) -> Any:
+        N = self.N
+        request = N.c_nvmlGpmMetricsGet_t()
+        request.version = N.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(fields)
+        for i, f in enumerate(fields):
+            request.metrics[i].metricId = f.gpm_id
+        return request
+
+    def _max_sm_clock(self, handle: Any) -> float | None:
+        value = self._try(self.N.nvmlDeviceGetMaxClockInfo, handle, self.N.NVML_CLOCK_SM)
+        return None if value is None else float(value)
 
     def _gpm_supported(self, handle: Any) -> bool:
         N = self.N
@@ -147,27 +205,29 @@ class NvmlSampler:
 
     def sample(self) -> Sample:
         out: dict[str, dict[str, float]] = {}
+        tick = self._ticks
+        self._ticks += 1
+        gpm_now = tick % self.gpm_every == 0
         for d in self._devs:
             values: dict[str, float] = {}
             if d.device.is_mig:
                 self._read_mig(d, values)
             else:
                 self._read_gpu(d, values)
-            if d.gpm:
-                self._read_gpm(d, values)
+            if d.gpm and gpm_now:
+                self._read_gpm(d, tick, values)
             out[d.device.key] = values
         return out
 
     def close(self) -> None:
         N = self.N
         for d in self._devs:
-            for s in (d.prev, d.cur):
-                if s is not None:
-                    try:
-                        N.nvmlGpmSampleFree(s)
-                    except N.NVMLError:
-                        pass
-            d.prev = d.cur = None
+            for s in d.buffers:
+                try:
+                    N.nvmlGpmSampleFree(s)
+                except N.NVMLError:
+                    pass
+            d.buffers, d.groups = [], []
         self._devs = []
         try:
             N.nvmlShutdown()
@@ -192,14 +252,14 @@ class NvmlSampler:
         power = self._try(N.nvmlDeviceGetPowerUsage, h)
         if power is not None:
             values["DCGM_FI_DEV_POWER_USAGE"] = power / 1000.0
-        for name, fn, clock in (
-            ("DCGM_FI_DEV_SM_CLOCK", N.nvmlDeviceGetClockInfo, N.NVML_CLOCK_SM),
-            ("DCGM_FI_DEV_MEM_CLOCK", N.nvmlDeviceGetClockInfo, N.NVML_CLOCK_MEM),
-            ("DCGM_FI_DEV_MAX_SM_CLOCK", N.nvmlDeviceGetMaxClockInfo, N.NVML_CLOCK_SM),
-        ):
-            v = self._try(fn, h, clock)
+        for name, clock in (("DCGM_FI_DEV_SM_CLOCK", N.NVML_CLOCK_SM), ("DCGM_FI_DEV_MEM_CLOCK", N.NVML_CLOCK_MEM)):
+            v = self._try(N.nvmlDeviceGetClockInfo, h, clock)
             if v is not None:
                 values[name] = float(v)
+        if d.max_sm_clock is None:  # unreadable at discovery: try again, it is cheap to miss
+            d.max_sm_clock = self._max_sm_clock(h)
+        if d.max_sm_clock is not None:
+            values["DCGM_FI_DEV_MAX_SM_CLOCK"] = d.max_sm_clock
 
     def _read_mig(self, d: _Dev, values: dict[str, float]) -> None:
         self._read_memory(d.handle, values)
@@ -210,35 +270,43 @@ class NvmlSampler:
             values["DCGM_FI_DEV_FB_USED"] = mem.used / 1048576.0
             values["DCGM_FI_DEV_FB_FREE"] = mem.free / 1048576.0
 
-    def _read_gpm(self, d: _Dev, values: dict[str, float]) -> None:
-        """GPM metrics between the previous tick's sample and this one (none on the first tick)."""
+    def _read_gpm(self, d: _Dev, tick: int, values: dict[str, float]) -> None:
+        """One GPM sample; each group due at ``tick`` gets its metrics since its previous sample.
+
+        A group's first sample only starts its interval (no values yet); after a failed sample
+        every group starts again, so no value ever spans a gap.
+        """
         N = self.N
+        cur = d.unheld_buffer()
         try:
             if d.device.is_mig:
-                N.nvmlGpmMigSampleGet(d.parent, int(d.device.gi_id), d.cur)
+                N.nvmlGpmMigSampleGet(d.parent, int(d.device.gi_id), cur)
             else:
-                N.nvmlGpmSampleGet(d.handle, d.cur)
+                N.nvmlGpmSampleGet(d.handle, cur)
         except N.NVMLError:
             self.errors += 1
-            d.has_prev = False
+            for g in d.groups:
+                g.anchor = None
             return
-        if d.has_prev:
-            fields = [f for f in GPM_FIELDS if f.mig or not d.device.is_mig]
-            mg = N.c_nvmlGpmMetricsGet_t()
-            mg.version = N.NVML_GPM_METRICS_GET_VERSION
-            mg.numMetrics = len(fields)
-            mg.sample1, mg.sample2 = d.prev, d.cur
-            for i, f in enumerate(fields):
-                mg.metrics[i].metricId = f.gpm_id
-            try:
-                N.nvmlGpmMetricsGet(mg)
-            except N.NVMLError:
-                self.errors += 1
-            else:
-                for i, f in enumerate(fields):
-                    m = mg.metrics[i]
-                    if m.nvmlReturn != 0 or not math.isfinite(m.value):
-                        continue  # unsupported metric on this device: absent, never 0
-                    values[f.name] = m.value * f.gpm_scale
-        d.prev, d.cur = d.cur, d.prev
-        d.has_prev = True
+        for g in d.groups:
+            if tick % g.every:
+                continue
+            if g.anchor is not None:
+                self._metrics(g, g.anchor, cur, values)
+            g.anchor = cur
+
+    def _metrics(self, g: _Group, first: Any, second: Any, values: dict[str, float]) -> None:
+        N = self.N
+        mg = g.request
+        mg.sample1, mg.sample2 = first, second
+        try:
+            N.nvmlGpmMetricsGet(mg)
+        except N.NVMLError:
+            self.errors += 1
+            return
+        metrics = mg.metrics
+        for i, f in enumerate(g.fields):
+            m = metrics[i]
+            if m.nvmlReturn != 0 or not math.isfinite(m.value):
+                continue  # unsupported metric on this device: absent, never 0
+            values[f.name] = m.value * f.gpm_scale

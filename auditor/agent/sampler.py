@@ -72,8 +72,13 @@ class GpuSampler(Protocol):
     def close(self) -> None: ...
 
 
-def open_sampler(source: str = "auto") -> GpuSampler:
+def open_sampler(source: str = "auto", *, gpm_every: int = 1, slow_every: int = 1) -> GpuSampler:
     """The sampler for ``source`` (``auto`` = the best one present).
+
+    ``gpm_every``/``slow_every``: NVML GPM computes its profiling metrics on every
+    ``gpm_every``-th sample and the costly GR_ENGINE_ACTIVE on every ``slow_every``-th, each the
+    average since its previous computation (docs/agent.md "Cost"); DCGM paces its own profiling
+    and ignores both.
 
     ``auto`` tries pydcgm, then NVML with GPM, then NVML alone, and logs why each better one was
     skipped. Naming a source that cannot start raises :class:`SourceUnavailable` with the reason.
@@ -95,7 +100,7 @@ def open_sampler(source: str = "auto") -> GpuSampler:
 
     if source in ("auto", "gpm"):
         try:
-            return NvmlSampler(gpm=True)
+            return NvmlSampler(gpm=True, gpm_every=gpm_every, slow_every=slow_every)
         except SourceUnavailable as exc:
             if source == "gpm":
                 raise

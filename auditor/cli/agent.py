@@ -37,6 +37,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"kubelet pod-resources socket for pod attribution (default {DEFAULT_SOCKET} when it exists; '' turns attribution off)",
     )
     p.add_argument(
+        "--profiling-interval",
+        metavar="DURATION",
+        default="1s",
+        help=(
+            "NVML GPM only: how often the profiling metrics (SM, tensor, DRAM activity…) are computed, a multiple "
+            "of --interval (default 1s); each is the average since the previous one"
+        ),
+    )
+    p.add_argument(
+        "--gr-engine-interval",
+        metavar="DURATION",
+        default="10s",
+        help=(
+            "NVML GPM only: how often GR_ENGINE_ACTIVE is computed (~1 ms of CPU each, the other metrics ~2 us), "
+            "a multiple of --profiling-interval (default 10s); each is the average since the previous one"
+        ),
+    )
+    p.add_argument(
         "--source",
         choices=("auto", "dcgm", "gpm", "nvml"),
         default="auto",
@@ -69,6 +87,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def ticks_per(longer: float, shorter: float, flag: str, of: str) -> int:
+    """How many ``shorter`` intervals make one ``longer`` (a whole number, else a bad-input error naming ``flag``)."""
+    ticks = round(longer / shorter)
+    if ticks < 1 or abs(ticks * shorter - longer) > 1e-6 * max(longer, 1.0):
+        raise BadInput(f"{flag} {longer:g}s: must be a whole multiple of {of} ({shorter:g}s)")
+    return ticks
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "agent",
@@ -92,6 +118,14 @@ def run(args: argparse.Namespace) -> int:
     interval = parse_seconds(args.interval, "--interval")
     first_window = parse_seconds(args.first_window, "--first-window")
     refresh = parse_seconds(args.refresh, "--refresh")
+    profiling = parse_seconds(args.profiling_interval, "--profiling-interval")
+    gpm_every = ticks_per(profiling, interval, "--profiling-interval", "--interval")
+    slow_every = gpm_every * ticks_per(
+        parse_seconds(args.gr_engine_interval, "--gr-engine-interval"),
+        profiling,
+        "--gr-engine-interval",
+        "--profiling-interval",
+    )
     socket_path = args.pod_resources_socket
     if socket_path is None:
         socket_path = DEFAULT_SOCKET if os.path.exists(DEFAULT_SOCKET) else ""
@@ -108,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         log.info("no pod-resources socket: GPUs are served without pod labels")
 
-    sampler = open_sampler(args.source)
+    sampler = open_sampler(args.source, gpm_every=gpm_every, slow_every=slow_every)
     agent = Agent(
         sampler,
         node_name=args.node_name,
