@@ -72,7 +72,7 @@ class Writes:
 
 def t(value: datetime | None) -> str:
     """A time as the console prints it (UTC, minutes)."""
-    return "" if value is None else value.strftime("%Y-%m-%d %H:%M")
+    return "" if value is None else value.isoformat(" ", "minutes")[:16]
 
 
 def hours(value: float | None) -> str:
@@ -261,14 +261,21 @@ def jobs(base: str, page: JobPage, f: JobFilter) -> str:
         heads.append(
             f'<th><a href="{base}/jobs?{_query(f, sort=key, desc="1" if desc else "0", offset=0)}">{esc(label)}{mark}</a></th>'
         )
-    vc = VERDICT_COLORS
+    # a page may hold 10,000 rows: each distinct text is escaped once
+    cache: dict[str, str] = {}
+
+    def e(text: str) -> str:
+        done = cache.get(text)
+        if done is None:
+            done = cache[text] = esc(text)
+        return done
+
+    badges = {v: verdict(v) for v in {r.verdict for r in page.rows}}
     out = []
     for r in page.rows:
-        color = vc.get(r.verdict, "#999")
         out.append(
-            f'<tr><td><a href="{base}/jobs/{r.id}">{esc(r.namespace)}/{esc(r.kind)}/{esc(r.name)}</a></td>'
-            f"<td>{esc(r.team)}</td>"
-            f'<td><span class="verdict" style="background:{color}">{esc(r.verdict)}</span></td>'
+            f'<tr><td><a href="{base}/jobs/{r.id}">{e(r.namespace)}/{e(r.kind)}/{esc(r.name)}</a></td>'
+            f"<td>{e(r.team)}</td><td>{badges[r.verdict]}</td>"
             f"<td>{hours(r.gpu_hours)}</td><td>{hours(r.waste_gpu_hours)}</td><td>{pct(r.sm_active)}</td>"
             f"<td>{pct(r.tensor_active)}</td><td>{t(r.start)}</td><td>{t(r.end)}</td>"
             f"<td>{'running' if r.running else 'ended'}</td></tr>"
