@@ -89,6 +89,20 @@ _CLOCK_SLACK = timedelta(seconds=1)
 _RETRY_MAX = 10.0
 
 
+#: a requeue whose backoff lost the race with Kueue's re-admission is evicted again, this often in all
+_REQUEUE_TRIES = 3
+
+
+@dataclass
+class _Requeue:
+    """A Workload being requeued through the check: evicted by ``Retry``, then given its backoff."""
+
+    message: str
+    backoff: int
+    tries: int = 1
+    backed_off: bool = False
+
+
 def _gates(job: Mapping[str, Any]) -> list[str]:
     ann = (job.get("metadata") or {}).get("annotations") or {}
     return [g.strip() for g in str(ann.get(GATED_BY) or "").split(",") if g.strip()]
@@ -154,6 +168,7 @@ class GateController:
         #: when this controller started answering: a check that was due before it was missed
         self.started_at: datetime | None = None
         self._attempts: dict[str, int] = {}
+        self._requeues: dict[str, _Requeue] = {}
         self._checks_informer = Informer(api, KV, "admissionchecks", self._on_check, name="gate-admissionchecks")
         self._workloads: Informer[None] = Informer(api, KV, "workloads", self._on_workload, name="gate-workloads")
         #: Kueue-queued batch Jobs, slimmed: the owner of a Workload is read here, not from the API
@@ -224,10 +239,16 @@ class GateController:
         names = self.check_names
         return [n for n, c in view.checks.items() if n in names and c.get("state") == "Pending"]
 
+    def _backing_off(self, key: str, view: WorkloadView) -> _Requeue | None:
+        """The requeue to give its backoff now: Kueue is evicting the Workload (our ``Retry``)."""
+        with self._lock:
+            rq = self._requeues.get(key)
+        return rq if rq is not None and view.evicted and not rq.backed_off else None
+
     def _on_workload(self, obj: dict) -> None:
         view = WorkloadView.parse(obj)
-        if view.awaits_checks and self._ours_pending(view):
-            key = f"{view.namespace}/{view.name}"
+        key = f"{view.namespace}/{view.name}"
+        if self._backing_off(key, view) or (view.awaits_checks and self._ours_pending(view)):
             with self._lock:
                 fresh = key not in self._latest
                 seen = self._latest[key][1] if not fresh else time.monotonic()
@@ -286,9 +307,25 @@ class GateController:
         """Answer our pending checks on one Workload (None when there is nothing to answer)."""
         seen = time.monotonic() if seen is None else seen
         view = WorkloadView.parse(obj)
+        wkey = f"{view.namespace}/{view.name}"
+        rq = self._backing_off(wkey, view)
+        if rq is not None:
+            self._back_off(view, rq)
+            return None
         pending = self._ours_pending(view)
         if not (view.awaits_checks and pending):
             return None
+        with self._lock:
+            rq = self._requeues.pop(wkey, None)
+        if rq is not None and not rq.backed_off:
+            if rq.tries < _REQUEUE_TRIES:
+                # Kueue re-reserved quota before the backoff was written: evict it again
+                rq.tries += 1
+                with self._lock:
+                    self._requeues[wkey] = rq
+                self._write_retry(view, pending, rq.message, 0)
+                return None
+            log.warning("gate: the requeue of %s lost to Kueue's re-admission %d times; admitted", wkey, rq.tries)
         now = self.clock()
         owner = self._jobs.get(f"{view.namespace}/{view.owner_name}") if view.owner_kind == "Job" else None
         stale = owner is None or owner["metadata"].get("uid") != view.owner_uid
@@ -427,10 +464,23 @@ class GateController:
 
     # ------------------------------------------------------------------ requeue through the check
 
-    def requeue(self, namespace: str, workload: str, message: str, now: datetime | None = None) -> dict | None:
-        """Requeue an admitted Workload through our check: ``Retry`` with no delay makes Kueue evict
-        it and requeue it at the back of its queue (its retry counted by Kueue). None when no check
-        of ours is on the Workload (the caller then uses the ``spec.active`` path)."""
+    def requeue(
+        self, namespace: str, workload: str, message: str, now: datetime | None = None, *, backoff: int = 10
+    ) -> dict | None:
+        """Requeue an admitted Workload through our check, behind the Workloads waiting for its quota.
+
+        Two writes, because of how Kueue v0.17 treats ``Retry`` (measured on the bed, and in its
+        workload controller): ``Retry`` without delay evicts at once but requeues at once too, and the
+        requeued Workload takes the freed quota back before a waiting one (parked as inadmissible) is
+        looked at again; ``Retry`` with ``requeueAfterSeconds`` on an admitted Workload delays the
+        eviction itself (the Workload keeps its quota until the time is up). So: ``Retry`` without
+        delay now, and as soon as Kueue marks the Workload ``Evicted`` (its quota not yet released),
+        ``Retry`` with ``requeueAfterSeconds: backoff``: Kueue then releases the quota and keeps the
+        Workload out of the queue for ``backoff`` seconds (``Requeued=False``,
+        ``status.requeueState.requeueAt``), the waiting Workload is admitted, and ours is queued
+        behind it (queue order: its eviction time). ``backoff`` 0: the plain ``Retry``. Kueue counts
+        the retry (``retryCount``). None when no check of ours is on the Workload, or it is not
+        admitted (the caller then uses the ``spec.active`` path)."""
         obj = self.kube.workload(namespace, workload)
         if obj is None:
             return None
@@ -438,11 +488,33 @@ class GateController:
         ours = [n for n in view.checks if n in self.check_names]
         if not ours or not view.admitted or view.finished:
             return None
-        at = rfc3339(now or self.clock())
-        self.kube.write_checks(
-            view, {n: {"state": RETRY, "message": message[:32768], "lastTransitionTime": at} for n in ours}
+        if backoff > 0:
+            with self._lock:
+                self._requeues[f"{namespace}/{workload}"] = _Requeue(message, backoff)
+        self._write_retry(view, ours, message, 0, now)
+        return {
+            "type": "workload-check",
+            "namespace": namespace,
+            "name": workload,
+            "checks": ours,
+            "state": RETRY,
+            "backoff_s": backoff,
+        }
+
+    def _back_off(self, view: WorkloadView, rq: _Requeue) -> None:
+        ours = [n for n in view.checks if n in self.check_names]
+        self._write_retry(view, ours, rq.message, rq.backoff)
+        rq.backed_off = True
+        log.info(
+            "gate: %s/%s evicted for its requeue; back in the queue in %d s", view.namespace, view.name, rq.backoff
         )
-        return {"type": "workload-check", "namespace": namespace, "name": workload, "checks": ours, "state": RETRY}
+
+    def _write_retry(
+        self, view: WorkloadView, checks: list[str], message: str, after: int, now: datetime | None = None
+    ) -> None:
+        at = rfc3339(now or self.clock())
+        entry = {"state": RETRY, "message": message[:32768], "lastTransitionTime": at, "requeueAfterSeconds": after}
+        self.kube.write_checks(view, {n: entry for n in checks})
 
     # ------------------------------------------------------------------ the release sweep
 

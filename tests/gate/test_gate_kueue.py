@@ -188,13 +188,12 @@ def test_enforce_rejects_with_quota_released_and_an_acknowledgement_readmits(kub
         assert "EfficiencyGateReleased" in _reasons(api, ns, "train-b7d2k")
 
 
-def test_retry_evicts_a_running_job_and_kueue_v017_readmits_it_ahead_of_a_waiting_one(kube_admin, namespace, store):
-    """Measured on Kueue v0.17.0: ``Retry`` without delay evicts an admitted Workload (eviction
-    reason AdmissionCheck, ``retryCount`` 1) and requeues it at once; a job already waiting for
-    the quota is parked as inadmissible and only retried asynchronously, so the requeued job gets
-    the freed quota back (with BestEffortFIFO and StrictFIFO alike, even with a lower priority
-    boost). "Back of the queue" does not hold while someone waits: the policy requeue keeps its
-    ``spec.active`` path, which does put the job behind (tests/policy/test_kueue_requeue.py)."""
+def test_a_requeue_through_the_check_puts_a_running_job_behind_a_waiting_one(kube_admin, namespace, store):
+    """Issue 16 item 6 on Kueue v0.17.0: ``Retry`` evicts the running job, and the second ``Retry``
+    with ``requeueAfterSeconds`` written while Kueue evicts it keeps it out of the queue while the
+    quota goes to the job that was waiting; after the backoff it waits behind that job, and is
+    re-admitted (the gate answering again) once the quota is free. Without the backoff, Kueue
+    gives the quota straight back to the evicted job (the waiting one parked as inadmissible)."""
     api, ns = kube_admin, namespace
     with gate_queue(api, ns) as q, running_gate(api, store) as ctl:
         until(lambda: is_true(cluster_queue(api, q.cluster_queue), "Active"), "the ClusterQueue Active")
@@ -206,25 +205,33 @@ def test_retry_evicts_a_running_job_and_kueue_v017_readmits_it_ahead_of_a_waitin
         )
         until(lambda: ctl.kube.pending_workloads(q.cluster_queue) == 1, "the ClusterQueue counts it pending")
 
-        done = ctl.requeue(ns, first, "gpu-auditor: requeued by policy low-sm (3 % SM activity)")
-        assert done == {"type": "workload-check", "namespace": ns, "name": first, "checks": [q.check], "state": "Retry"}
-        wl = until(
-            lambda: (
-                (w := _wl(api, ns, first))
-                and check_state(w, q.check).get("retryCount") == 1
-                and is_true(w, "Admitted")
-                and not is_true(w, "Evicted")
-                and check_state(w, q.check).get("state") == "Ready"
-                and w
-            ),
-            "evicted, requeued and re-admitted",
-        )
+        done = ctl.requeue(ns, first, "gpu-auditor: requeued by policy low-sm (3 % SM activity)", backoff=3)
+        assert done == {
+            "type": "workload-check",
+            "namespace": ns,
+            "name": first,
+            "checks": [q.check],
+            "state": "Retry",
+            "backoff_s": 3,
+        }
+        until(lambda: is_true(_wl(api, ns, waiting), "Admitted"), "the waiting job admitted on the freed quota")
+        wl = _wl(api, ns, first)
+        assert not is_true(wl, "QuotaReserved") and not is_true(wl, "Admitted")
         evictions = wl["status"]["schedulingStats"]["evictions"]
         assert [(e["reason"], e["count"]) for e in evictions] == [("AdmissionCheck", 1)], evictions
-        assert check_state(wl, q.check)["state"] == "Ready"  # the gate answered the re-admission again
-        assert len([d for d in ctl.decided if d.workload == first]) == 2
+        # the backoff over, it is queued again: behind the job that now holds the quota
+        until(lambda: condition(_wl(api, ns, first), "Requeued").get("reason") == "BackoffFinished", "backoff over")
         time.sleep(1.0)
-        assert condition(_wl(api, ns, waiting), "QuotaReserved").get("status") == "False"
+        assert not is_true(_wl(api, ns, first), "QuotaReserved") and is_true(_wl(api, ns, waiting), "Admitted")
+        call_json(
+            api,
+            resource_path("batch/v1", "jobs", ns, "waiting"),
+            method="DELETE",
+            query=[("propagationPolicy", "Background")],
+        )
+        wl = until(lambda: (w := _wl(api, ns, first)) and is_true(w, "Admitted") and w, "re-admitted behind it")
+        assert check_state(wl, q.check)["state"] == "Ready"  # the gate answered the re-admission
+        assert len([d for d in ctl.decided if d.workload == first]) == 2
         assert ctl.requeue(ns, "no-such-workload", "x") is None
 
 
