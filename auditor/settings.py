@@ -203,9 +203,26 @@ class RouteSettings(_Section):
 
 
 class NotificationsSettings(_Section):
+    """Where alerts and reports go, and how hard to try (docs/policies.md, "Delivery")."""
+
     slack: SlackSettings = Field(default_factory=SlackSettings)
     webhook: WebhookSettings = Field(default_factory=WebhookSettings)
     routes: dict[str, RouteSettings] = Field(default_factory=dict)
+    #: one try's wait for an answer
+    timeout: Duration = timedelta(seconds=10)
+    #: all tries of one delivery end within this (a command's alerts, each weekly report)
+    deadline: Duration = timedelta(seconds=30)
+    #: the operator's alert queue: how often it is sent, how long an alert is retried, how many wait
+    delivery_interval: Duration = timedelta(seconds=10)
+    queue_deadline: Duration = timedelta(hours=1)
+    queue_limit: int = Field(default=1000, ge=1)
+
+    @model_validator(mode="after")
+    def _positive(self) -> "NotificationsSettings":
+        for name in ("timeout", "deadline", "delivery_interval", "queue_deadline"):
+            if getattr(self, name) <= timedelta(0):
+                raise ValueError(f"notifications.{name} must be positive")
+        return self
 
 
 class ReportsSettings(_Section):

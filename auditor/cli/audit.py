@@ -166,10 +166,11 @@ def run(args: argparse.Namespace) -> int:
         for s, doc in zip(result.summaries, docs):
             doc["policy_decisions"] = by_job.get(str(s.key), [])
     print_jobs(result.summaries, docs, args.output, sys.stdout)
+    wrong = 0
     if policies is not None:
         from auditor.cli.policy import print_decisions
 
-        print_decisions(decisions, act=args.act, file=sys.stderr)
+        wrong = print_decisions(decisions, act=args.act, file=sys.stderr)
     note = (
         f"audited {len(result.summaries)} job(s), {format_time(window.start)} → {format_time(window.end)}, "
         f"from {source.url} in {report.queries} queries"
@@ -181,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     print(note, file=sys.stderr)
     for w in report.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    return 0
+    return 1 if wrong else 0
 
 
 def parse_window(start: str, end: str, now: datetime):  # -> Window

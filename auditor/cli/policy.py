@@ -159,16 +159,19 @@ def runner_config_from_env(cluster: str = "default", environ: Mapping[str, str] 
     return runner_config(Settings(cluster=cluster, notifications=chart_notifications()), env)
 
 
-def print_decisions(decisions: Sequence, *, act: bool, file: IO[str]) -> None:
-    """A short human list of the decisions of one cycle."""
+def print_decisions(decisions: Sequence, *, act: bool, file: IO[str]) -> int:
+    """A short human list of the decisions of one cycle, each with what became of it (a failed
+    or undelivered alert says so); returns how many went wrong (the command then exits 1)."""
     if not decisions:
         print("policies: no job breaks a policy", file=file)
-        return
+        return 0
+    wrong = 0
     for d in decisions:
-        what = ", ".join(d.actions) if d.step is not None else "(waiting: cooldown or done)"
-        tag = "dry-run" if d.dry_run else "acted"
-        if d.blocked:
-            what += f" [blocked: {d.blocked}]"
-        print(f"policy {d.policy} on {d.job}: {d.reason} → step {d.step}: {what} ({tag})", file=file)
+        ok, _ = d.outcome()
+        wrong += not ok
+        print(f"policy {d.policy} on {d.job}: {d.reason} → step {d.step}: {d.summary_line()}", file=file)
     if not act:
         print("policies: dry run; add --act to carry out the actions", file=file)
+    elif wrong:
+        print(f"policies: {wrong} decision(s) not carried out in full; see `gpu-auditor actions`", file=file)
+    return wrong

@@ -114,11 +114,14 @@ def run(args: argparse.Namespace) -> int:
             f"{len(result.finalized)} final, {result.queries} Prometheus queries",
             file=sys.stderr,
         )
+        wrong = 0
         if args.dry_run:
             _print_dry_run(result.decisions, policies=op.policies is not None)
+        else:
+            wrong = _print_undone(result.decisions, op.last_delivery)
         for warning in result.warnings:
             print(f"warning: {warning}", file=sys.stderr)
-        return 0
+        return 1 if wrong else 0
 
     if args.dry_run:
         log.warning(
@@ -143,6 +146,26 @@ def _attach_decisions(summaries: list[dict], decisions: list) -> None:
         by_job.setdefault(d.job, []).append(d.as_dict())
     for s in summaries:
         s["policy_decisions"] = by_job.get(str(JobKey.of_document(s)), [])
+
+
+def _print_undone(decisions: list, delivery: Any) -> int:
+    """One line per decision not carried out in full (an alert with no destination, a failed
+    action) and one for the alerts sent after the cycle; returns how many went wrong."""
+    wrong = 0
+    for d in decisions:
+        ok, text = d.outcome()
+        if not ok:
+            wrong += 1
+            print(f"policy {d.policy} on {d.job} (step {d.step}): {text}", file=sys.stderr)
+    if delivery is not None and (delivery.tried or delivery.left):
+        waiting = len(delivery.retrying) + delivery.left
+        print(
+            f"alerts: {len(delivery.sent)} delivered, {len(delivery.failed)} failed"
+            + (f", {waiting} still queued (the running operator retries them)" if waiting else ""),
+            file=sys.stderr,
+        )
+        wrong += len(delivery.failed)
+    return wrong
 
 
 def _print_dry_run(decisions: list, *, policies: bool) -> None:

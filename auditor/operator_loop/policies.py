@@ -9,6 +9,7 @@ version running (:class:`~auditor.policy.loader.PolicyRegistry`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from datetime import datetime
 from pathlib import Path
@@ -20,6 +21,7 @@ from auditor.core.job_summary import JobSummary
 from auditor.errors import AuditorError
 from auditor.policy.config import runner_config
 from auditor.policy.loader import PolicyRegistry, read_dir
+from auditor.policy.outbox import AlertOutbox, DrainResult
 from auditor.policy.runner import Decision, PolicyRunner
 from auditor.ports import ClusterActions
 from auditor.settings import Settings
@@ -68,8 +70,32 @@ class PolicyStage:
         self.settings = settings
         self.dry_run = dry_run
         self.registry = PolicyRegistry()
-        self.runner = PolicyRunner(self.registry, store, actions, runner_config(settings))
+        # alerts wait in the persisted queue and go out from the delivery job (:meth:`deliver`),
+        # so a slow receiver never holds up a cycle
+        config = dataclasses.replace(runner_config(settings), queue_alerts=True)
+        self.runner = PolicyRunner(self.registry, store, actions, config)
         self.repo = DecisionStore(store)
+        self.outbox = AlertOutbox(self.repo, config)
+
+    def deliver(self, now: datetime, *, budget: float) -> DrainResult:
+        """Send the queued alerts that are due (one pass, at most ``budget`` seconds); a store
+        failure is logged, never raised (the next pass tries again)."""
+        if self.dry_run:
+            return DrainResult()
+        try:
+            result = self.outbox.drain(now, budget=budget)
+        except AuditorError as exc:
+            log.error("alert delivery: %s", exc)
+            return DrainResult()
+        if result.tried:
+            log.info(
+                "alerts: %d delivered, %d failed, %d to retry, %d left for the next pass",
+                len(result.sent),
+                len(result.failed),
+                len(result.retrying),
+                result.left,
+            )
+        return result
 
     def run(self, summaries: Sequence[JobSummary], *, now: datetime) -> list[Decision]:
         """Reload the policy files, then evaluate and act; a failure is logged, never fatal to the cycle."""
@@ -85,15 +111,7 @@ class PolicyStage:
             return []
         for d in decisions:
             if d.step is not None:
-                what = ", ".join(d.actions) or "recorded"
-                log.info(
-                    "policy %s on %s (step %d): %s%s",
-                    d.policy,
-                    d.job,
-                    d.step,
-                    what,
-                    " (dry run: would do)" if self.dry_run else "",
-                )
+                log.info("policy %s on %s (step %d): %s", d.policy, d.job, d.step, d.summary_line(self.dry_run))
         return decisions
 
     def _record_would_do(self, decisions: list[Decision], now: datetime) -> None:

@@ -119,6 +119,10 @@ class Operator:
         self.health: HealthServer | None = None
         self._stop = threading.Event()
         self._cycle_lock = threading.Lock()
+        self._delivery_lock = threading.Lock()
+        self._reports_due = threading.Event()
+        #: what the last delivery pass did with the queued alerts (None before the first)
+        self.last_delivery: Any = None
         self._started = False
         self._cycle_began: float | None = None
         self.last_result: CycleResult | None = None
@@ -290,8 +294,9 @@ class Operator:
                 self.metrics.kube_requests.set(self.resolver.api_requests)
         if self.policies is not None:
             result.decisions = self.policies.run(result.summaries, now=self.clock())
-        if not self.dry_run:  # a report goes to Slack and webhooks: a dry run sends nothing
-            self.reports.send(now=self.clock())
+        # alerts and weekly reports go out from the delivery job (:meth:`deliver`), never here:
+        # a slow receiver must not hold up the next audit
+        self._reports_due.set()
         self.cycles_run += 1
         self.last_result = result
         m = self.metrics
@@ -348,6 +353,29 @@ class Operator:
         with self._cycle_lock:
             return self.retention.run(self.clock())
 
+    def deliver(self, *, budget: float | None = None) -> Any:
+        """One pass of the deliveries (the leader's, never in a dry run): the queued alerts that
+        are due, then the weekly reports that are due. It runs beside the cycles, under a lock
+        of its own, so a hung receiver delays no audit. Returns the alerts' DrainResult (None
+        when it did not run); :attr:`last_delivery` keeps it."""
+        if self.dry_run or not self.is_leader():
+            return None
+        if budget is None:
+            budget = self.settings.notifications.deadline.total_seconds()
+        with self._delivery_lock:
+            result = self.policies.deliver(self.clock(), budget=budget) if self.policies is not None else None
+            if self._reports_due.is_set():  # once after each cycle (the cron job sends on time too)
+                self._reports_due.clear()
+                self.reports.send(now=self.clock())
+        self.last_delivery = result
+        return result
+
+    def _scheduled_delivery(self) -> None:
+        try:
+            self.deliver()
+        except Exception:  # the next pass tries again
+            log.exception("delivery pass failed")
+
     def _scheduled(self) -> None:
         try:
             self.cycle()
@@ -369,6 +397,14 @@ class Operator:
             next_run_time=self.clock() if self.elector is None else None,
         )
         if not self.dry_run:
+            self.scheduler.add_job(
+                self._scheduled_delivery,
+                "interval",
+                seconds=self.settings.notifications.delivery_interval.total_seconds(),
+                id="deliveries",
+                max_instances=1,
+                coalesce=True,
+            )
             self.reports.schedule(self.scheduler, self.is_leader, self.clock)
             self.retention.schedule(self.scheduler, self.prune, start=self.clock())
         self.scheduler.start()
@@ -413,6 +449,7 @@ class Operator:
             result = self.cycle()
             if result is None:
                 raise AuditorError("lost the Lease before the cycle could run")
+            self.deliver()  # the cycle's alerts (what fails to go out stays queued for the operator)
             return result
         finally:
             self.shutdown()

@@ -15,6 +15,7 @@ from typing import Mapping
 from auditor.core.acklink import LinkIssuer
 from auditor.errors import BadInput
 from auditor.policy.runner import RequeueSettings, Route, RunnerConfig
+from auditor.policy.runner_config import delivery_retry
 from auditor.policy.schema import ActionKind
 from auditor.settings import NotificationsSettings, Settings
 
@@ -75,8 +76,11 @@ def runner_config(settings: Settings, environ: Mapping[str, str] | None = None) 
         default_route=default,
         routes=routes,
         requeue=requeue,
+        retry=delivery_retry(n.timeout, n.deadline),
         disabled_actions=frozenset(disabled),
         ack_links=link_issuer(settings),
+        queue_limit=n.queue_limit,
+        queue_deadline=n.queue_deadline,
     )
 
 

@@ -23,6 +23,42 @@ class Decision:
     dedup_key: str | None = None
     results: dict[str, Any] = field(default_factory=dict)
 
+    def outcome(self) -> tuple[bool, str]:
+        """(whether nothing went wrong, what happened in a few words), from the results: what
+        the CLI prints and the operator logs, so a failed or undelivered alert never reads as
+        done."""
+        if self.step is None:
+            return True, f"waiting: {self.blocked}" if self.blocked else "waiting: cooldown or done"
+        if self.blocked and not self.dry_run:
+            return True, f"blocked: {self.blocked}"
+        if self.dry_run:
+            return True, "dry-run"
+        if self.results.get("claimed") is False:
+            return True, "already done by another replica or an earlier run"
+        failed, notes = [], []
+        for action in self.actions:
+            r = self.results.get(action)
+            if not isinstance(r, dict):
+                continue
+            state = r.get("state")
+            if state == "failed":
+                failed.append(f"{action} failed: {r.get('error') or 'unknown error'}")
+            elif state == "queued":
+                notes.append(f"{action} queued for delivery")
+            elif state == "skipped" and r.get("reason") == "no_destination":
+                failed.append(f"{action} not delivered: {r.get('why')}")
+            elif state == "skipped":
+                notes.append(f"{action} skipped: {r.get('why')}")
+        if failed:
+            return False, "; ".join(failed + notes)
+        return True, "; ".join(["acted"] + notes)
+
+    def summary_line(self, dry_run: bool = False) -> str:
+        """``<actions> (<outcome>)``: one line per decision."""
+        what = ", ".join(self.actions) if self.step is not None else "nothing"
+        _, text = self.outcome()
+        return f"{what} ({'dry run: would do' if dry_run else text})"
+
     def as_dict(self) -> dict:
         return {
             "policy": self.policy,

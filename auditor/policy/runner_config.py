@@ -61,3 +61,8 @@ class RunnerConfig:
     queue_limit: int = 1000
     #: a queued alert is retried for this long, then recorded failed (and retried by the next step due)
     queue_deadline: timedelta = timedelta(hours=1)
+
+
+def delivery_retry(timeout: timedelta, deadline: timedelta) -> RetryPolicy:
+    """The notifiers' retry policy for ``notifications.timeout`` and ``notifications.deadline``."""
+    return RetryPolicy(timeout=timeout.total_seconds(), deadline=deadline.total_seconds())

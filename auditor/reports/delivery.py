@@ -15,8 +15,11 @@ time at or before ``now`` makes the last ISO week that had ended by then due— 
   after ``claim_timeout`` another sender takes it over. If the death came after the POST
   succeeded, that one message goes out twice: the only duplicate possible. The webhook's
   delivery id is the ledger key, so a webhook receiver can drop it; Slack cannot.
-- a failed POST (after the notifier's own retries) is recorded ``failed`` and retried on a
-  later call, up to ``max_attempts`` claims in all.
+- a failed POST (after the notifier's own retries, all within ``notifications.deadline``) is
+  recorded ``failed`` and retried on a later call, up to ``max_attempts`` claims in all; a Slack
+  POST that got no answer may have posted the report (Slack takes no idempotency key): it is
+  recorded ``unconfirmed`` and never sent again.
+- the operator sends from its delivery job, beside the cycles, never inside one.
 """
 
 from __future__ import annotations
@@ -150,9 +153,14 @@ class Destinations:
         admins' channel, ``routes.<team>.slack_webhook_url_env`` a team's channel, and
         ``webhook.url_env`` + ``webhook.hmac_key_env`` the generic webhook. Unset variables
         leave that destination out."""
-        from auditor.notify import SlackNotifier, WebhookNotifier
+        from auditor.notify import RetryPolicy, SlackNotifier, WebhookNotifier
 
         env = os.environ if environ is None else environ
+        timeout, deadline = getattr(notifications, "timeout", None), getattr(notifications, "deadline", None)
+        retry = RetryPolicy(
+            **({"timeout": timeout.total_seconds()} if timeout else {}),
+            **({"deadline": deadline.total_seconds()} if deadline else {}),
+        )
 
         def var(name: str | None) -> str | None:
             return env.get(name) or None if name else None
@@ -162,13 +170,13 @@ class Destinations:
         for team, route in (getattr(notifications, "routes", None) or {}).items():
             url = var(getattr(route, "slack_webhook_url_env", None))
             if url:
-                teams[str(team)] = SlackNotifier(url)
+                teams[str(team)] = SlackNotifier(url, retry=retry)
         wh = getattr(notifications, "webhook", None)
         wh_url, wh_key = var(getattr(wh, "url_env", None)), var(getattr(wh, "hmac_key_env", None))
         return cls(
             team_slack=teams,
-            admin_slack=SlackNotifier(admin) if admin else None,
-            webhook=WebhookNotifier(wh_url, wh_key) if wh_url and wh_key else None,
+            admin_slack=SlackNotifier(admin, retry=retry) if admin else None,
+            webhook=WebhookNotifier(wh_url, wh_key, retry=retry) if wh_url and wh_key else None,
         )
 
 
@@ -249,7 +257,9 @@ def send_due_reports(
     if destinations.webhook is not None:
         wanted.append((ALL_TEAMS, "webhook"))
     result = SendResult(week=str(week))
-    done = {r["dedup_key"] for r in rs.deliveries(cluster=cluster, week=str(week)) if r["status"] == "sent"}
+    done = {
+        r["dedup_key"] for r in rs.deliveries(cluster=cluster, week=str(week)) if r["status"] in ("sent", "unconfirmed")
+    }
     pending = [(t, c) for t, c in wanted if dedup_key(cluster, str(week), t, c) not in done]
     result.skipped.extend(dedup_key(cluster, str(week), t, c) for t, c in wanted if (t, c) not in pending)
     if not pending:
@@ -300,7 +310,8 @@ def send_due_reports(
             ok, error, detail = _ok(answer)
         except Exception as exc:  # noqa: BLE001 - one failed delivery must not stop the others
             ok, error, detail = False, f"{type(exc).__name__}: {exc}", {}
-        rs.finish(key, ok=ok, now=now, holder=me, error=error, detail=detail)
+        unconfirmed = bool(detail.get("unconfirmed"))
+        rs.finish(key, ok=ok, now=now, holder=me, error=error, detail=detail, unconfirmed=unconfirmed)
         (result.sent if ok else result.failed).append(key)
         if not ok:
             log.warning("weekly report %s not delivered: %s", key, error)

@@ -453,10 +453,21 @@ class ReportStore:
                 return True
             return conn.execute(retake).rowcount == 1
 
-    def finish(self, dedup_key: str, *, ok: bool, now: datetime, holder: str, error: str | None, detail: dict) -> None:
-        """Record the outcome of a claimed delivery (only while ``holder`` still holds it)."""
+    def finish(
+        self,
+        dedup_key: str,
+        *,
+        ok: bool,
+        now: datetime,
+        holder: str,
+        error: str | None,
+        detail: dict,
+        unconfirmed: bool = False,
+    ) -> None:
+        """Record the outcome of a claimed delivery (only while ``holder`` still holds it);
+        ``unconfirmed`` (sent, no answer, not to be resent) is final like ``sent``."""
         values: dict[str, Any] = {
-            "status": "sent" if ok else "failed",
+            "status": "sent" if ok else ("unconfirmed" if unconfirmed else "failed"),
             "error": error,
             "detail": json.loads(json.dumps(detail, default=str)),
         }

@@ -5,8 +5,6 @@ webhook, a real store."""
 from __future__ import annotations
 
 import json
-import math
-import re
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -15,8 +13,8 @@ import yaml
 from kubernetes import client as k8s
 from kueue_objects import delete_cluster_object, job_workload, workload_priority_class
 from policy_receivers import Receiver
+from spin_backfill import backfill_spin
 
-from auditor import traces
 from auditor.actions import KubeActions
 from auditor.cli.main import main
 from auditor.core.identity import JobKey
@@ -391,16 +389,8 @@ def test_cli_act_alerts_through_the_charts_variables(prometheus, tmp_path, monke
     with GPU_AUDITOR_WEBHOOK_HMAC_KEY, the variable the Helm chart sets for the operator."""
     slack, hook = receivers
     case = f"act{uuid.uuid4().hex[:8]}"
-    interval = timedelta(seconds=15)
-    trace = traces.load_trace("h200-microbench")
-    cycle = len(trace.steady("one_sm_spin")) * interval
-    duration = cycle * math.ceil(timedelta(minutes=30) / cycle)
     end = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(minutes=1)
-    tj = traces.TraceJob(
-        PodRef("ml", "spin-0", "main"), traces.make_gpus(1, f"{case}-node"), "one_sm_spin", duration=duration
-    )
-    text = traces.trace_to_openmetrics(trace, [tj], end=end, duration=duration, interval=interval)
-    prometheus.backfill(re.sub(r"^([A-Za-z_:][A-Za-z0-9_:]*)\{", rf'\1{{case="{case}",', text, flags=re.M))
+    duration = backfill_spin(prometheus, case, end=end, pod=PodRef("ml", "spin-0", "main"))
     policies = tmp_path / "policies"
     policies.mkdir()
     sm_low = {"field": "sm_active", "op": "<=", "value": 0.3}
