@@ -133,6 +133,7 @@ def prometheus_source(
         insecure=not p.tls_verify,
         timeout=p.timeout.total_seconds(),
         retries=p.retries,
+        tenant=p.tenant,
         matchers=p.matchers,
         pod_labels=None if p.label_convention == "auto" else p.label_convention,
     )

@@ -35,6 +35,23 @@ class QueryRefused(PermanentError):
     """A metrics source answered but refused the query (HTTP 400/422, a bad expression)."""
 
 
+class QueryTooLarge(QueryRefused):
+    """The engine refused the query for its size, by one of its limits (``limit`` says which).
+
+    ``limit`` is ``samples``, ``points`` or ``length`` (fewer per query when the time range is
+    split: the source halves the range and asks again) or ``series`` (the same series in every
+    half: only fewer series per query helps, e.g. ``--match`` or sharding).
+    """
+
+    def __init__(self, message: str, *, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+    @property
+    def splits_by_time(self) -> bool:
+        return self.limit != "series"
+
+
 class StoreError(AuditorError):
     """The store could not read or write; ``retryable`` tells whether a retry can help."""
 

@@ -120,6 +120,8 @@ class PrometheusSettings(_Section):
     retries: int = Field(default=2, ge=0, le=10)
     #: extra label matchers on every DCGM series (the CLI's ``--match``)
     matchers: dict[str, str] = Field(default_factory=dict)
+    #: the tenant of a multi-tenant engine (Mimir, Cortex, Thanos Receive), sent as ``X-Scope-OrgID``
+    tenant: str | None = None
     bearer_token_env: str | None = None
     username_env: str | None = None
     password_env: str | None = None

@@ -65,6 +65,11 @@ def add_prometheus_flags(parser: argparse.ArgumentParser) -> None:
         help="retries on connection errors, 429 and 5xx (default 2)",
     )
     g.add_argument(
+        "--prometheus-tenant",
+        metavar="TENANT",
+        help="tenant of a multi-tenant engine (Mimir, Cortex, Thanos Receive), sent as the X-Scope-OrgID header",
+    )
+    g.add_argument(
         "--match",
         metavar="LABEL=VALUE",
         action="append",
@@ -100,6 +105,10 @@ def prometheus_overrides(args: argparse.Namespace) -> dict[str, Any]:
         prom["ca_file"] = args.prometheus_ca_file
     if args.prometheus_insecure:
         prom["tls_verify"] = False
+    if args.prometheus_tenant is not None:
+        if not args.prometheus_tenant.strip():
+            raise BadInput("--prometheus-tenant: give a tenant name")
+        prom["tenant"] = args.prometheus_tenant.strip()
     if args.match:
         matchers = {}
         for item in args.match:

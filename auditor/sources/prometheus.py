@@ -36,7 +36,7 @@ from auditor.core.model import Bucket, GpuId, PodRef, Window
 from auditor.core.readings import SourceReport, SourceResult
 from auditor.core.rollup import BucketRun, LazyBuckets
 from auditor.core.source_preference import prefer_one_source
-from auditor.errors import BadInput, QueryRefused
+from auditor.errors import BadInput, QueryTooLarge
 from auditor.sources import promql
 from auditor.sources.prometheus_client import PrometheusClient
 from auditor.sources.series import (
@@ -60,7 +60,6 @@ __all__ = ["PrometheusClient", "PrometheusSource", "ReadStats"]
 
 log = logging.getLogger(__name__)
 
-_TOO_MANY = re.compile(r"too many samples|exceeded maximum resolution", re.I)
 #: at most this many buckets of raw samples per garbage re-read query
 RAW_SPAN_BUCKETS = 288
 
@@ -102,6 +101,7 @@ class PrometheusSource:
         insecure: bool = False,
         timeout: float = 60.0,
         retries: int = 2,
+        tenant: str | None = None,
         matchers: Mapping[str, str] | None = None,
         pod_labels: str | None = None,
         metrics: Iterable[Metric] | None = None,
@@ -116,6 +116,7 @@ class PrometheusSource:
             insecure=insecure,
             timeout=timeout,
             retries=retries,
+            tenant=tenant,
         )
         self.url = self.client.url
         self.matchers = dict(matchers or {})
@@ -429,8 +430,8 @@ class PrometheusSource:
                 width_ms,
                 convert=lambda data: convert((data or {}).get("result", [])),
             )
-        except QueryRefused as exc:
-            if not _TOO_MANY.search(str(exc)) or first_end == last_end:
+        except QueryTooLarge as exc:
+            if not exc.splits_by_time or first_end == last_end:
                 raise
             mid = first_end + ((last_end - first_end) // width_ms // 2) * width_ms
             log.info("splitting %s at %s: %s", expr, mid, exc)

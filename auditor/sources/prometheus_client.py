@@ -22,7 +22,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from auditor import redact
-from auditor.errors import BadInput, QueryRefused, SourceUnavailable
+from auditor.errors import BadInput, QueryRefused, QueryTooLarge, SourceUnavailable
 from auditor.sources import promql
 
 _loads: Callable[[bytes | str], Any]
@@ -38,6 +38,37 @@ except ImportError:  # pragma: no cover - the stdlib decoder gives the same resu
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = (429, 500, 502, 503, 504)
+
+#: The size limits of the engines that speak the Prometheus query API, by the words of their
+#: errors (the status differs: 422 or 400 from Prometheus and Mimir, 422 from VictoriaMetrics, a
+#: 4xx or 5xx from Thanos depending on the component), and which kind of limit each is.
+LIMIT_ERRORS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern, re.I), limit)
+    for pattern, limit in (
+        # Prometheus: --query.max-samples, and 11,000 points per series in a range query
+        (r"query processing would load too many samples|too many samples", "samples"),
+        (r"exceeded maximum resolution of [\d,]+ points per timeseries", "points"),
+        # Mimir (and Cortex): err-mimir-max-query-length, -max-total-query-length, chunks, series
+        (r"the (total )?query time range exceeds the limit", "length"),
+        (r"the query exceeded the (maximum number of (estimated )?chunks|aggregated chunks size limit)", "samples"),
+        (r"the query exceeded the maximum number of series", "series"),
+        # Thanos store/querier limits (store.limits.request-samples / -series)
+        (r"exceeded (samples|chunks) limit", "samples"),
+        (r"exceeded series limit", "series"),
+        # VictoriaMetrics: -search.maxSamplesPerQuery, -search.maxPointsPerTimeseries, -search.maxUniqueTimeseries
+        (r"cannot select more than -search\.maxSamplesPerQuery", "samples"),
+        (r"too many points for the given start=.*the maximum number of points is", "points"),
+        (r"the number of matching timeseries exceeds|-search\.maxUniqueTimeseries", "series"),
+    )
+)
+
+
+def limit_of(error: str) -> str | None:
+    """Which size limit an engine's error text names (``samples``, ``points``, ``length``, ``series``), if any."""
+    for pattern, limit in LIMIT_ERRORS:
+        if pattern.search(error):
+            return limit
+    return None
 
 
 class PrometheusClient:
@@ -60,6 +91,7 @@ class PrometheusClient:
         timeout: float = 60.0,
         retries: int = 2,
         backoff: float = 0.5,
+        tenant: str | None = None,
     ) -> None:
         if not re.match(r"^https?://[^/]+", url or ""):
             raise BadInput(f"--prometheus: {url!r} is not an http(s) URL (e.g. http://prometheus:9090)")
@@ -91,6 +123,10 @@ class PrometheusClient:
             session.headers["Authorization"] = f"Bearer {bearer_token}"
         if basic_auth:
             session.auth = basic_auth
+        #: Mimir, Cortex, Thanos Receive/Query Frontend and Loki name the tenant by this header
+        self.tenant = tenant or None
+        if self.tenant:
+            session.headers["X-Scope-OrgID"] = self.tenant
         retry = Retry(
             total=retries,
             connect=retries,
@@ -166,14 +202,30 @@ class PrometheusClient:
                     if w not in self.warnings:
                         self.warnings.append(str(w))
         status = resp.status_code
+        if status != 200 or not isinstance(body, dict) or body.get("status") != "success":
+            text = error or resp.text[:300].strip()
+            limit = limit_of(text)
+            if limit is not None:
+                advice = (
+                    "; only fewer series per query helps: narrow with prometheus.matchers (--match) or "
+                    "run the operator in shards (docs/scale.md)"
+                    if limit == "series"
+                    else ""
+                )
+                raise QueryTooLarge(
+                    f"Prometheus at {self.url} refused the query for its size ({path}, HTTP {status}, "
+                    f"{limit} limit): {text}{advice}",
+                    limit=limit,
+                )
         if status in (400, 422):
             raise QueryRefused(
                 f"Prometheus at {self.url} refused the query ({path}, HTTP {status}): {error or resp.text[:300]}"
             )
         if status in (401, 403):
-            raise QueryRefused(
-                f"Prometheus at {self.url} refused access (HTTP {status}); check the bearer token or basic-auth credentials"
-            )
+            hint = "check the bearer token or basic-auth credentials"
+            if "org id" in resp.text.lower():  # Mimir/Cortex: "no org id"
+                hint = "it asks for a tenant: set prometheus.tenant (--prometheus-tenant), sent as X-Scope-OrgID"
+            raise QueryRefused(f"Prometheus at {self.url} refused access (HTTP {status}); {hint}")
         if status == 404:
             raise SourceUnavailable(
                 f"no Prometheus HTTP API at {self.url} (HTTP 404 for /api/v1/{path}); check the URL and path prefix"

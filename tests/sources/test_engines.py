@@ -1,0 +1,205 @@
+"""The engines users run past one Prometheus (Mimir, Thanos, VictoriaMetrics): tenant header and
+query-size limits, against the bed's real Prometheus behind a small local front.
+
+The front stands where Mimir's query frontend or Thanos Query would: it forwards every API call
+to the real Prometheus, and answers in the engine's own words (texts and status codes from the
+engines' sources, see auditor/sources/prometheus_client.py ``LIMIT_ERRORS``) when a request has
+no tenant or asks for more than its limit allows. The data is real, backfilled into the bed's
+Prometheus; only the limit is enforced by the front.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Iterator
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+import requests
+
+from auditor.core.model import Window
+from auditor.errors import QueryRefused, QueryTooLarge
+from auditor.sources.prometheus import PrometheusSource
+from auditor.sources.prometheus_client import limit_of
+
+pytestmark = pytest.mark.testbed
+
+WIDTH = timedelta(minutes=5)
+
+
+class EngineFront:
+    """A local HTTP front of a real Prometheus with a tenant check and one range limit."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.tenant: str | None = None  # required X-Scope-OrgID, when set
+        self.max_range_s: float | None = None  # a query_range longer than this is refused
+        self.refusal: tuple[int, str] = (422, "")
+        self.seen_tenants: list[str | None] = []
+        self.refused = 0
+        front = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self._serve(b"")
+
+            def do_POST(self) -> None:
+                self._serve(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+
+            def _serve(self, body: bytes) -> None:
+                front.seen_tenants.append(self.headers.get("X-Scope-OrgID"))
+                url = urlsplit(self.path)
+                form = {**parse_qs(url.query), **parse_qs(body.decode())}
+                if front.tenant and self.headers.get("X-Scope-OrgID") != front.tenant:
+                    return self._answer(401, b"no org id\n", "text/plain")
+                if front.max_range_s is not None and url.path.endswith("/query_range"):
+                    length = float(form["end"][0]) - float(form["start"][0])
+                    if length > front.max_range_s:
+                        front.refused += 1
+                        status, error = front.refusal
+                        doc = {"status": "error", "errorType": "execution", "error": error}
+                        return self._answer(status, json.dumps(doc).encode(), "application/json")
+                resp = requests.request(
+                    self.command,
+                    front.upstream + self.path,
+                    data=body or None,
+                    headers={"Content-Type": self.headers.get("Content-Type", "")} if body else None,
+                    timeout=60,
+                )
+                self._answer(resp.status_code, resp.content, resp.headers.get("Content-Type", "application/json"))
+
+            def _answer(self, status: int, body: bytes, ctype: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def front(prometheus) -> Iterator[EngineFront]:
+    f = EngineFront(prometheus.url)
+    yield f
+    f.close()
+
+
+@pytest.fixture(scope="module")
+def history(testbed) -> tuple[str, Window]:
+    """Two GPUs of one pod, 1 h of 15 s samples ending an hour ago, under a case label of their own."""
+    case = f"eng{uuid.uuid4().hex[:8]}"
+    end = int(time.time()) // 300 * 300 - 3600
+    start = end - 3600
+    lines = ["# TYPE DCGM_FI_DEV_GPU_UTIL gauge"]
+    for gpu in range(2):
+        labels = f'case="{case}",namespace="ml",pod="train-0",container="main",UUID="GPU-{case}-{gpu}",gpu="{gpu}",Hostname="n1"'
+        lines += [f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {40 + 20 * gpu} {t}" for t in range(start, end, 15)]
+    testbed.backfill("\n".join(lines) + "\n# EOF\n")
+    return case, Window(datetime.fromtimestamp(start, timezone.utc), datetime.fromtimestamp(end, timezone.utc))
+
+
+def _means(src: PrometheusSource, window: Window) -> dict[tuple[str, datetime], float]:
+    return {(b.gpu.uuid, b.start): b.mean for b in src.read(window, WIDTH).buckets}
+
+
+def test_tenant_header_reaches_a_multi_tenant_front(front: EngineFront, history) -> None:
+    case, window = history
+    front.tenant = "team-gpu"
+    src = PrometheusSource(front.url, tenant="team-gpu", matchers={"case": case})
+    means = _means(src, window)
+    assert len(means) == 2 * 12 and set(means.values()) == {0.4, 0.6}
+    assert front.seen_tenants and set(front.seen_tenants) == {"team-gpu"}  # every call, label values too
+    with pytest.raises(QueryRefused, match=r"HTTP 401.*prometheus.tenant \(--prometheus-tenant\)"):
+        PrometheusSource(front.url, matchers={"case": case}, retries=0).read(window, WIDTH)
+
+
+@pytest.mark.parametrize(
+    "engine, status, error",
+    [
+        (
+            "mimir",
+            422,
+            "the query time range exceeds the limit (query length: 1h0m0s, limit: 20m0s) (err-mimir-max-query-length)",
+        ),
+        (
+            "victoriametrics",
+            422,
+            "cannot select more than -search.maxSamplesPerQuery=1000 samples; possible solutions: increase the "
+            "-search.maxSamplesPerQuery; reduce time range for the query; use more specific label filters",
+        ),
+        ("thanos", 500, "expanding series: rpc error: code = Unknown desc = exceeded samples limit: limit 1000"),
+    ],
+)
+def test_size_limit_errors_split_the_range_like_prometheus_s(
+    front: EngineFront, history, prometheus, engine: str, status: int, error: str
+) -> None:
+    case, window = history
+    direct = _means(PrometheusSource(prometheus.url, matchers={"case": case}), window)
+    front.max_range_s, front.refusal = 20 * 60, (status, error)
+    src = PrometheusSource(front.url, matchers={"case": case}, retries=0)
+    assert _means(src, window) == direct  # the same buckets, read in halves
+    assert front.refused >= 1
+
+
+def test_a_series_limit_is_not_split_but_said(front: EngineFront, history) -> None:
+    case, window = history
+    front.max_range_s = 0  # every range query refused: a series limit holds for any time range
+    front.refusal = (
+        422,
+        "the query exceeded the maximum number of series (limit: 1 series) (err-mimir-max-series-per-query)",
+    )
+    with pytest.raises(QueryTooLarge, match="only fewer series per query helps") as info:
+        PrometheusSource(front.url, matchers={"case": case}, retries=0).read(window, WIDTH)
+    # each of the (up to 4 parallel) first queries refused once, none halved down to single buckets
+    assert info.value.limit == "series" and front.refused <= 4
+
+
+def test_limit_texts_of_each_engine() -> None:
+    assert limit_of("query processing would load too many samples into memory in query execution") == "samples"
+    assert limit_of("exceeded maximum resolution of 11,000 points per timeseries. Try decreasing ...") == "points"
+    assert limit_of("the total query time range exceeds the limit (query length: 800h, limit: 721h)") == "length"
+    assert limit_of(
+        "the query exceeded the maximum number of chunks (limit: 11 chunks) (err-mimir-max-chunks-per-query)"
+    )
+    assert limit_of("the query exceeded the aggregated chunks size limit (limit: 10 bytes)") == "samples"
+    assert limit_of("exceeded series limit: limit 3 violated (got 4)") == "series"
+    assert limit_of("exceeded chunks limit: limit 5 violated") == "samples"
+    assert (
+        limit_of("too many points for the given start=1, end=9 and step=1: 9; the maximum number of points is 30000")
+        == "points"
+    )
+    assert limit_of("the number of matching timeseries exceeds 300000; either narrow down the search") == "series"
+    assert limit_of("parse error at char 5: unexpected identifier") is None
+
+
+def test_the_audit_reads_5m_downsampled_raw_series(testbed) -> None:
+    """Raw DCGM series with one sample per 5 minutes (a downsampled store's raw resolution): one
+    sample per bucket, the right means, and the interval the coverage is counted by is 5 minutes."""
+    case = f"ds{uuid.uuid4().hex[:8]}"
+    end = int(time.time()) // 300 * 300 - 3600
+    start = end - 3600
+    labels = f'case="{case}",namespace="ml",pod="p",container="c",UUID="GPU-{case}",gpu="0",Hostname="n1"'
+    rows = [f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {30 + (t // 300) % 2 * 20} {t}" for t in range(start + 150, end, 300)]
+    testbed.backfill("# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n" + "\n".join(rows) + "\n# EOF\n")
+    window = Window(datetime.fromtimestamp(start, timezone.utc), datetime.fromtimestamp(end, timezone.utc))
+    res = PrometheusSource(testbed.prometheus_url, matchers={"case": case}).read(window, WIDTH)
+    assert len(res.buckets) == 12 and {b.count for b in res.buckets} == {1}
+    assert [b.mean for b in res.buckets] == pytest.approx(
+        [0.3 + (int(b.start.timestamp()) // 300) % 2 * 0.2 for b in res.buckets]
+    )
+    assert res.report.scrape_interval == pytest.approx(300.0)
