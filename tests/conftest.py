@@ -39,6 +39,8 @@ SLOW_MODULES = {
     "tests/audit/test_trace_verdicts.py",
     "tests/chart/test_image.py",
     "tests/cli/test_demo.py",
+    "tests/console/test_console_browser.py",
+    "tests/console/test_console_pages.py",
     "tests/cli/test_thresholds_settings.py",
     "tests/gate/test_ack_cli.py",
     "tests/gate/test_lineage_explain.py",
