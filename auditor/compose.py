@@ -210,11 +210,9 @@ def lease_elector(
     on_started: Callable[[], None],
     on_stopped: Callable[[], None],
     on_fatal: Callable[["LeaseUnavailable"], None],
-    lease_name: str | None = None,
 ) -> "LeaderElector":
     """The operator's leader elector on ``leader_election:``'s Lease (its namespace resolved as
-    :func:`auditor.kube.lease.lease_namespace` says), timed by ``clock``; ``lease_name`` for a
-    shard's own Lease (``<lease_name>-shard-<i>``)."""
+    :func:`auditor.kube.lease.lease_namespace` says), timed by ``clock``."""
     from auditor.kube.lease import LeaderElector, lease_namespace
 
     le, k = settings.leader_election, settings.kubernetes
@@ -225,7 +223,7 @@ def lease_elector(
         api,
         namespace=namespace,
         namespace_origin=origin,
-        name=lease_name or le.lease_name,
+        name=le.lease_name,
         identity=identity,
         lease_duration=le.lease_duration,
         renew_deadline=le.renew_deadline,
@@ -245,11 +243,12 @@ def report_destinations(settings: "Settings") -> "Destinations":
     return Destinations.from_settings(settings.notifications)
 
 
-def store(settings: "Settings") -> "Store":
-    """The store of ``store:`` (``GPU_AUDITOR_DATABASE_URL`` and ``--db`` already merged in)."""
+def store(settings: "Settings", *, read_only: bool = False) -> "Store":
+    """The store of ``store:`` (``GPU_AUDITOR_DATABASE_URL`` and ``--db`` already merged in);
+    ``read_only`` for the commands that only read (nothing written, the schema only checked)."""
     from auditor.store import Store
 
-    return Store.open(settings.database_url())
+    return Store.open(settings.database_url(), read_only=read_only)
 
 
 def store_at(url: str) -> "Store":

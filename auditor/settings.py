@@ -31,10 +31,7 @@ import os
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Mapping
-
-if TYPE_CHECKING:
-    from auditor.core.shards import Shard
+from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import (
     BaseModel,
@@ -63,6 +60,24 @@ DEFAULT_SETTINGS_FILE = Path("/etc/gpu-auditor/settings.yaml")
 CONFIG_ENV = "GPU_AUDITOR_CONFIG"
 #: the store URL the chart sets from its Secret (``store.postgresql.urlSecret``)
 DATABASE_URL_ENV = "GPU_AUDITOR_DATABASE_URL"
+
+
+#: longer than any Kubernetes object name; a cluster name is a label, not a document
+MAX_CLUSTER_NAME = 253
+
+
+def check_cluster_name(text: str) -> str | None:
+    """Why ``text`` is not a cluster name (empty, padded, control characters, too long), or
+    None when it is one: the name is recorded on every job and selects rows in a shared store."""
+    if not text.strip():
+        return "a cluster name must not be empty"
+    if text != text.strip():
+        return "a cluster name must not start or end with white space"
+    if not text.isprintable():
+        return "a cluster name must not hold control characters"
+    if len(text) > MAX_CLUSTER_NAME:
+        return f"a cluster name is at most {MAX_CLUSTER_NAME} characters"
+    return None
 
 
 def _duration(value: Any) -> timedelta:
@@ -204,30 +219,6 @@ class WebhookSettings(_Section):
 
 class RouteSettings(_Section):
     slack_webhook_url_env: str | None = None
-class ShardingSettings(_Section):
-    """Which share of the cluster this operator audits (docs/scale.md, "Shards")."""
-
-    #: this shard, 0-based; None: the ordinal of $POD_NAME (a StatefulSet pod), else 0
-    shard: int | None = Field(default=None, ge=0)
-    total_shards: int = Field(default=1, ge=1, le=1024)
-
-    def resolve(self, pod_name: str | None) -> Shard:
-        """The shard: ``shard`` when given, else the StatefulSet ordinal in ``pod_name``."""
-        from auditor.core.shards import Shard, ordinal_of
-
-        index = self.shard
-        if index is None:
-            index = ordinal_of(pod_name or "") if self.total_shards > 1 else 0
-            if index is None:
-                raise ValueError(
-                    f"sharding.total_shards is {self.total_shards} but no sharding.shard, and the pod name "
-                    f"{pod_name!r} has no StatefulSet ordinal"
-                )
-        if index >= self.total_shards:
-            raise ValueError(f"sharding.shard {index} is not below sharding.total_shards {self.total_shards}")
-        return Shard(index, self.total_shards)
-
-
     webhook_url_env: str | None = None
 
 
@@ -355,13 +346,20 @@ class Settings(_Section):
     #: the verdict thresholds (auditor/core/thresholds.py, docs/verdicts.md "Tuning")
     thresholds: ThresholdSection = Field(default_factory=Thresholds)
 
+    @field_validator("cluster")
+    @classmethod
+    def _cluster(cls, value: str) -> str:
+        why = check_cluster_name(value)
+        if why is not None:
+            raise ValueError(why)
+        return value
+
     @field_validator("team_sources")
     @classmethod
     def _team_sources(cls, value: list[str]) -> list[str]:
         for item in value:
             if not _TEAM_SOURCE.match(item):
                 raise ValueError(
-    sharding: ShardingSettings = Field(default_factory=ShardingSettings)
                     f"{item!r} is not a team source (use podLabel:KEY, jobLabel:KEY, namespaceLabel:KEY, "
                     "kueueQueue, kueueLocalQueue, kueueClusterQueue or namespace)"
                 )

@@ -16,6 +16,7 @@ import json
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from auditor.cli.names import cluster_name
 from auditor.cli.storeopts import add_store_flags
 from auditor.errors import BadInput
 from auditor.timeparse import format_time, parse_duration, parse_time
@@ -39,7 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--reason", default="", help="why (recorded and shown with the acknowledgement)")
     p.add_argument("--snooze", action="store_true", help="admit every submission until --until (needs --until)")
-    p.add_argument("--cluster", help="the cluster the lineage runs in (default: the settings' cluster)")
+    p.add_argument(
+        "--cluster", type=cluster_name, help="the cluster the lineage runs in (default: the settings' cluster)"
+    )
     p.add_argument("--by", help="record this name instead of the Kubernetes or OS user")
     kube = p.add_mutually_exclusive_group()
     kube.add_argument("--kubeconfig", metavar="PATH", help="ask this cluster who you are (recorded as kube:NAME)")

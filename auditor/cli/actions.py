@@ -14,6 +14,7 @@ import json
 from datetime import datetime
 from typing import Any
 
+from auditor.cli.names import cluster_name
 from auditor.cli.storeopts import add_store_flags
 from auditor.errors import BadInput
 
@@ -33,7 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="from this time on: a duration back from now (7d, default), now-6h or RFC 3339",
     )
     p.add_argument("--state", action="append", choices=STATES, help="only actions in this state (repeatable)")
-    p.add_argument("--cluster", metavar="NAME", help="only this cluster, where several share one store")
+    p.add_argument(
+        "--cluster", type=cluster_name, metavar="NAME", help="only this cluster, where several share one store"
+    )
     p.add_argument("--output", "-o", choices=("table", "json"), default="table", help="table (default) or JSON")
     add_store_flags(p)
     p.set_defaults(handler=run)
@@ -94,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     since = since_time(args.since, now)
     if since > now:
         raise BadInput(f"--since {args.since}: in the future")
-    store = open_store(command_settings(args), existing=True)
+    store = open_store(command_settings(args), read_only=True)
     try:
         require_jobs(store, args.cluster)
         rows = [as_dict(r) for r in DecisionStore(store).actions(since=since, states=args.state, cluster=args.cluster)]

@@ -12,6 +12,7 @@ import sys
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from auditor.cli.names import cluster_name
 from auditor.cli.output import add_output_flag, print_jobs
 from auditor.cli.promopts import add_prometheus_flags, command_source, prometheus_overrides
 from auditor.cli.storeopts import add_store_flags
@@ -56,7 +57,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--act", action="store_true", help="with --policies: carry out the decided actions")
     add_output_flag(p, "the jobs as a verdict table or as the audit JSON (json; yaml: the same as YAML)")
     p.add_argument(
-        "--cluster", metavar="NAME", default="default", help="cluster name recorded on each job (default: default)"
+        "--cluster",
+        type=cluster_name,
+        metavar="NAME",
+        default="default",
+        help="cluster name recorded on each job (default: default)",
     )
     p.add_argument("--bucket", metavar="DURATION", default="5m", help="rollup bucket width (default 5m)")
     p.set_defaults(handler=run)

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence, SupportsFloat
 
+from auditor.cli.names import cluster_name
 from auditor.cli.storeopts import add_store_flags
 from auditor.core.admission import AdmissionFacts, format_wait
 from auditor.core.identity import JobKey
@@ -55,7 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("job", metavar="NAMESPACE/KIND/NAME", help="e.g. team-a/Pod/train-0 or ml/Job/bert-finetune")
     add_store_flags(p)
-    p.add_argument("--cluster", metavar="NAME", help="the job's cluster, where several share one store")
+    p.add_argument(
+        "--cluster", type=cluster_name, metavar="NAME", help="the job's cluster, where several share one store"
+    )
     p.add_argument("--png", metavar="FILE", help="also draw the time series into a PNG file")
     p.add_argument(
         "--output", choices=("text", "json"), default="text", help="text (default), or the summary and buckets as JSON"
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     namespace, kind, name = parse_ref(args.job)
     if args.png and not Path(args.png).parent.exists():
         raise BadInput(f"--png {args.png}: directory {Path(args.png).parent} does not exist")
-    store = open_store(command_settings(args), existing=True)
+    store = open_store(command_settings(args), read_only=True)
     try:
         require_jobs(store, args.cluster)
         found = store.find_job(namespace, kind, name, args.cluster)

@@ -97,7 +97,7 @@ def simulate(args: argparse.Namespace) -> int:
     if not documents:
         raise BadInput("no policies to simulate (give --policies DIR, or set policies.dir / policies.builtin)")
     now = compose.clock().now()
-    store = open_store(settings, existing=True)
+    store = open_store(settings, read_only=True)
     try:
         require_jobs(store)
         result = {"store": store.display_url, **backtest(store, policies, since=now - since, until=now)}

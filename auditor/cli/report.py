@@ -20,13 +20,15 @@ store that has some is an empty report (exit 0, with a note on stderr).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
+from auditor.cli.names import cluster_name
 from auditor.cli.storeopts import add_store_flags
-from auditor.errors import BadInput
+from auditor.errors import BadInput, PermanentError
 
 FORMATS = ("html", "csv", "md", "json")
 
@@ -106,11 +108,10 @@ def _handle(args: argparse.Namespace) -> int:
     opts = _options(args, settings)  # a bad --timezone, --price or --top is refused here (exit 2)
     now = compose.clock().now().replace(microsecond=0)
     week = parse_week(args.week, now, opts.timezone)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = writable_dir(args.out, "--out")
     suffix = f"{week}" + (f"-{_slug(args.team)}" if args.team else "")
     written: list[Path] = []
-    store = open_store(settings, existing=True)
+    store = open_store(settings, read_only=True)
     try:
         require_jobs(store, args.cluster)
         report = generate(store, week, now=now, options=opts, team=args.team)
@@ -137,6 +138,8 @@ def _handle(args: argparse.Namespace) -> int:
             p = out / f"report-{suffix}.html"
             p.write_text(render_html(report), encoding="utf-8")
             written.append(p)
+    except OSError as exc:  # the directory was writable a moment ago: a full disk, a quota
+        raise PermanentError(f"--out {out}: cannot write the report: {exc.strerror or exc}") from None
     finally:
         store.close()
     for p in written:
@@ -144,6 +147,19 @@ def _handle(args: argparse.Namespace) -> int:
     if not report["total"]["jobs"]:
         print(f"report: {report['total']['note']} (store {report['store']})", file=sys.stderr)
     return 0
+
+
+def writable_dir(text: str, flag: str) -> Path:
+    """The directory ``text`` (created if missing), or :class:`BadInput` naming ``flag`` when
+    it cannot be created or written, before any work is done."""
+    out = Path(text)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(f"{flag} {text}: cannot create the directory: {exc.strerror or exc}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise BadInput(f"{flag} {text}: the directory is not writable by this user")
+    return out
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -164,7 +180,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", default=".", metavar="DIR", help="output directory (default: .)")
     add_store_flags(p)
-    p.add_argument("--cluster", metavar="NAME", help="only this cluster, where several share one store")
+    p.add_argument(
+        "--cluster", type=cluster_name, metavar="NAME", help="only this cluster, where several share one store"
+    )
     p.add_argument(
         "--timezone", metavar="TZ", help="the week's time zone (IANA name; default: settings reports.timezone, UTC)"
     )

@@ -16,6 +16,7 @@ import signal
 import sys
 from typing import Any
 
+from auditor.cli.names import cluster_name
 from auditor.cli.output import add_output_flag, print_jobs
 from auditor.cli.promopts import add_prometheus_flags, prometheus_auth, prometheus_overrides
 from auditor.cli.storeopts import CONFIG_HELP
@@ -54,26 +55,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "in a pod, else the kubeconfig context's namespace)",
     )
     add_output_flag(p, "with --once: the touched jobs as a verdict table or as the audit JSON")
-    p.add_argument(
-        "--shard",
-        type=int,
-        metavar="N",
-        help="audit only shard N (0-based) of --total-shards, by namespace hash (settings: sharding.shard; "
-        "default: the StatefulSet ordinal of $POD_NAME); docs/scale.md",
-    )
-    p.add_argument(
-        "--total-shards",
-        type=int,
-        metavar="N",
-        help="number of shards the cluster is split into (settings: sharding.total_shards; default 1)",
-    )
     add_prometheus_flags(p)
     kube = p.add_mutually_exclusive_group()
     kube.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
     kube.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
     p.add_argument("--db", metavar="URL", help="store: sqlite:///path or postgresql://... (settings: store.url)")
     p.add_argument("--policies", metavar="DIR", help="policy directory (settings: policies.dir)")
-    p.add_argument("--cluster", metavar="NAME", help="cluster name recorded on each job (settings: cluster)")
+    p.add_argument(
+        "--cluster", type=cluster_name, metavar="NAME", help="cluster name recorded on each job (settings: cluster)"
+    )
     p.set_defaults(handler=run)
 
 
@@ -103,13 +93,6 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-    sharding: dict[str, Any] = {}
-    if args.shard is not None:
-        sharding["shard"] = args.shard
-    if args.total_shards is not None:
-        sharding["total_shards"] = args.total_shards
-    if sharding:
-        out["sharding"] = sharding
 def run(args: argparse.Namespace) -> int:
     from auditor import compose
     from auditor.settings import load_cli_settings

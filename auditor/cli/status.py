@@ -18,6 +18,7 @@ import sys
 from datetime import datetime, timedelta
 from typing import Any
 
+from auditor.cli.names import cluster_name
 from auditor.cli.output import add_output_flag, dump_yaml
 from auditor.cli.storeopts import add_store_flags
 
@@ -31,7 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     p.add_argument("--since", default="7d", metavar="T", help="actions and deliveries from this time on (default 7d)")
-    p.add_argument("--cluster", metavar="NAME", help="only this cluster, where several share one store")
+    p.add_argument(
+        "--cluster", type=cluster_name, metavar="NAME", help="only this cluster, where several share one store"
+    )
     add_output_flag(p, "the status", ("table", "json", "yaml"))
     add_store_flags(p)
     p.set_defaults(handler=run)

@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 
+from auditor.cli.names import cluster_name
 from auditor.cli.storeopts import add_store_flags
 from auditor.errors import BadInput
 
@@ -36,7 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_store_flags(prune)
     scope = prune.add_mutually_exclusive_group()
     scope.add_argument(
-        "--cluster", metavar="NAME", help="the cluster whose rows are pruned (default: settings' cluster)"
+        "--cluster",
+        type=cluster_name,
+        metavar="NAME",
+        help="the cluster whose rows are pruned (default: settings' cluster)",
     )
     scope.add_argument("--all-clusters", action="store_true", help="prune the rows of every cluster in the store")
     prune.add_argument("--dry-run", action="store_true", help="count what would be deleted; delete nothing")

@@ -56,12 +56,15 @@ ELSEWHERE = (
 )
 
 
-def open_store(settings: "Settings", *, existing: bool = False) -> "Store":
+def open_store(settings: "Settings", *, existing: bool = False, read_only: bool = False) -> "Store":
     """Open the settings' store and say on stderr which one was read (password masked).
 
-    ``existing`` (the commands that only read): a SQLite file that does not exist is refused
-    instead of being created empty, so a mistyped path leaves nothing behind.
+    ``existing`` (the commands that read what is there): a SQLite file that does not exist is
+    refused instead of being created empty, so a mistyped path leaves nothing behind.
+    ``read_only`` (implies ``existing``; explain, report, policy simulate, actions): nothing is
+    written, so a store the user may only read can be read.
     """
+    existing = existing or read_only
     from auditor import compose
     from auditor.store.urls import display_url, resolve
 
@@ -75,7 +78,7 @@ def open_store(settings: "Settings", *, existing: bool = False) -> "Store":
             and not Path(sa_url.database).exists()
         ):
             raise PermanentError(f"store {display_url(sa_url)}: no such file, so no audited jobs. {ELSEWHERE}")
-    store = compose.store(settings)
+    store = compose.store(settings, read_only=read_only)
     print(f"gpu-auditor: reading store {store.display_url}", file=sys.stderr)
     return store
 

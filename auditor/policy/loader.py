@@ -99,15 +99,29 @@ REQUIRED_HINTS = {
 }
 
 
-def _check_unique(policies: Iterable[tuple[str, AnyPolicy]]) -> list[str]:
+def _check_unique(policies: Iterable[tuple[str, AnyPolicy]], files: Mapping[str, str]) -> list[str]:
     seen: dict[str, str] = {}
     problems = []
     for src, p in policies:
+        here = _where_named(files, src, p.name)
         if p.name in seen:
-            problems.append(f"{src}: policy {p.name!r} is already defined in {seen[p.name]}")
+            problems.append(f"{here}: policy {p.name!r} is already defined in {seen[p.name]}")
         else:
-            seen[p.name] = src
+            seen[p.name] = here
     return problems
+
+
+def _where_named(files: Mapping[str, str], source: str, name: str) -> str:
+    """``file:line`` of the ``metadata.name`` that names policy ``name`` in ``source`` (only a
+    duplicate's message needs it, so the file is parsed again only then)."""
+    try:
+        for doc in load_documents(files[source], source):
+            meta = doc.value.get("metadata") if isinstance(doc.value, dict) else None
+            if isinstance(meta, dict) and meta.get("name") == name:
+                return f"{source}:{doc.line_of(('metadata', 'name'))}"
+    except (YamlError, KeyError):
+        pass
+    return source
 
 
 def load_files(files: Mapping[str, str]) -> list[Policy]:
@@ -131,7 +145,7 @@ def load_all(files: Mapping[str, str]) -> list[AnyPolicy]:
             loaded += [(name, p) for p in parse_documents(files[name], name)]
         except PolicyError as exc:
             problems += exc.problems
-    problems += _check_unique(loaded)
+    problems += _check_unique(loaded, files)
     if problems:
         raise PolicyError(problems)
     return [p for _, p in loaded]
@@ -218,7 +232,8 @@ class PolicyRegistry:
             kept = []
             for p in good[name]:
                 if p.name in names:
-                    problems.append(f"{name}: policy {p.name!r} is already defined in {names[p.name]}; ignored")
+                    where, first = _where_named(files, name, p.name), _where_named(files, names[p.name], p.name)
+                    problems.append(f"{where}: policy {p.name!r} is already defined in {first}; ignored")
                     continue
                 names[p.name] = name
                 kept.append(p)

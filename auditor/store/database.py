@@ -9,13 +9,16 @@ modules (jobs, buckets, claims, aggregates, summaries, runs, reports, decisions,
 
 from __future__ import annotations
 
+import os
 import re
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import sqlalchemy as sa
 from alembic import command
@@ -31,6 +34,8 @@ from auditor.store import urls
 from auditor.store.values import Invalid
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+#: The store's own version table, so a database shared with another alembic user stays distinct.
+VERSION_TABLE = "gpu_auditor_schema_version"
 
 _ALEMBIC_LOCK = threading.Lock()
 
@@ -40,15 +45,18 @@ _MIGRATION_LOCK_KEY = 0x6770752D617564
 # SQLite failures that go away by themselves; every other sqlite OperationalError ("no such
 # table", "syntax error") is a bug or a foreign file and retrying will not help.
 _SQLITE_TRANSIENT = re.compile(r"locked|busy|disk i/o|unable to open|readonly database|disk is full", re.I)
+#: ... except when the file or its directory cannot be written by us: a permission, not a blip
+_SQLITE_PERMISSION = re.compile(r"unable to open|readonly database", re.I)
 
 
 class Database:
     """One engine with the store's transactions and error policy; safe to share between threads."""
 
-    def __init__(self, engine: Engine, url: URL) -> None:
+    def __init__(self, engine: Engine, url: URL, *, read_only: bool = False) -> None:
         """Wrap an engine; use :meth:`open`, which also brings the schema up to date."""
         self.engine = engine
         self._url = url
+        self.read_only = read_only
         self.display_url = urls.display_url(url)
         self._secrets = urls.secrets_of(url)
         for secret in self._secrets:
@@ -58,26 +66,47 @@ class Database:
         self._insert = sqlite_dialect.insert if self._sqlite else pg_dialect.insert
 
     @classmethod
-    def open(cls, url: str | None = None) -> "Database":
+    def open(cls, url: str | None = None, *, read_only: bool = False) -> "Database":
         """Connect to the store at ``url`` and migrate its schema to this version's head.
 
         ``None`` is the default SQLite file in the user's data directory. Migrations run under a
         lock (PostgreSQL: an advisory lock; SQLite: an immediate write transaction), so two
         processes opening a fresh database at once both succeed and migrate it once.
+
+        ``read_only`` (the commands that only read: explain, report, policy simulate, ...):
+        nothing is written, so a store the user may only read (a read-only file or mount, a
+        read-only database role) can be read; the schema is checked instead of migrated.
         """
         sa_url = urls.resolve(url)
         display = urls.display_url(sa_url)
         try:
-            engine = _create_engine(sa_url)
+            engine = _create_engine(sa_url, read_only=read_only)
         except (sa.exc.SQLAlchemyError, OSError) as exc:
             raise StoreError(f"store {display}: cannot open: {exc}") from exc
-        db = cls(engine, sa_url)
+        db = cls(engine, sa_url, read_only=read_only)
         try:
-            db._migrate()
+            db._check_schema() if read_only else db._migrate()
         except BaseException:
             engine.dispose()
             raise
         return db
+
+    def _check_schema(self) -> None:
+        """A read-only store must already be at this version's schema: say how to get there."""
+        from alembic.runtime.migration import MigrationContext
+        from alembic.script import ScriptDirectory
+
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
+        head = ScriptDirectory.from_config(cfg).get_current_head()
+        with self._guard("read the schema version"), self._connect() as conn:
+            current = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+        if current != head:
+            raise StoreError(
+                f"store {self.display_url}: its schema is at revision {current or 'none'}, this gpu-auditor "
+                f"reads {head}; a command that only reads does not migrate it: run one that writes (`gpu-auditor "
+                "audit`, the operator) with write access first"
+            )
 
     def _migrate(self) -> None:
         cfg = Config()
@@ -194,8 +223,22 @@ class Database:
         if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
             return True
         if isinstance(exc, sa.exc.OperationalError):
-            return not self._sqlite or bool(_SQLITE_TRANSIENT.search(str(exc.orig)))
+            if not self._sqlite:
+                return True
+            if self._not_writable(exc):
+                return False
+            return bool(_SQLITE_TRANSIENT.search(str(exc.orig)))
         return False
+
+    def _not_writable(self, exc: sa.exc.SQLAlchemyError) -> bool:
+        """A SQLite write refused because this user may not write the file or its directory
+        (a read-only file or mount): permanent, and said so."""
+        if not self._sqlite or self.read_only or not _SQLITE_PERMISSION.search(str(getattr(exc, "orig", exc))):
+            return False
+        path = Path(self._url.database or "").expanduser()
+        if not self._url.database or self._url.database == ":memory:":
+            return False
+        return not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK))
 
     def _reason(self, exc: sa.exc.SQLAlchemyError) -> str:
         """The driver's message without the SQL and parameters (long, and may hold data)."""
@@ -204,31 +247,50 @@ class Database:
         text = " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
         for secret in self._secrets:
             text = text.replace(secret, "***")
+        if self._not_writable(exc):
+            text += " (the file or its directory is read-only to this user; commands that only read still work)"
         return text or type(exc).__name__
 
 
 # ---------------------------------------------------------------------- engines
 
 
-def _create_engine(url: URL) -> Engine:
+def _create_engine(url: URL, *, read_only: bool = False) -> Engine:
     if url.drivername.startswith("sqlite"):
-        return _create_sqlite_engine(url)
+        return _create_sqlite_engine(url, read_only=read_only)
     connect_args: dict[str, Any] = {}
     if "connect_timeout" not in url.query:
         connect_args["connect_timeout"] = 10
+    if read_only:  # the server refuses any write of this session, whatever the role may do
+        connect_args["options"] = "-c default_transaction_read_only=on"
     return sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args)
 
 
-def _create_sqlite_engine(url: URL) -> Engine:
+def _sqlite_read_only_uri(database: str) -> str:
+    """The ``file:`` URI that opens ``database`` read-only. A WAL-mode file in a directory we
+    cannot write (a read-only mount) cannot get its ``-shm`` index: there it is opened as
+    ``immutable``, which is true of it while nobody can write that directory."""
+    path = Path(database).expanduser().absolute()
+    uri = f"file:{quote(str(path))}?mode=ro"
+    if not os.access(path.parent, os.W_OK) and not path.with_name(path.name + "-shm").exists():
+        uri += "&immutable=1"
+    return uri
+
+
+def _create_sqlite_engine(url: URL, *, read_only: bool = False) -> Engine:
     """SQLite with real transactions: the stdlib driver's implicit BEGIN does not cover DDL,
     so we switch it off and emit BEGIN ourselves (SQLAlchemy's documented recipe)."""
     database = url.database or ""
     memory = database in ("", ":memory:")
-    if not memory:
+    if not memory and not read_only:
         Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    kwargs: dict[str, Any] = {"connect_args": {"timeout": 30, "check_same_thread": False}}
+    connect_args: dict[str, Any] = {"timeout": 30, "check_same_thread": False}
+    kwargs: dict[str, Any] = {"connect_args": connect_args}
     if memory:
         kwargs["poolclass"] = sa.pool.StaticPool
+    elif read_only:
+        uri = _sqlite_read_only_uri(database)
+        kwargs["creator"] = lambda: sqlite3.connect(uri, uri=True, timeout=30, check_same_thread=False)
     engine = sa.create_engine(url, **kwargs)
 
     @sa.event.listens_for(engine, "connect")
@@ -236,7 +298,7 @@ def _create_sqlite_engine(url: URL) -> Engine:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA foreign_keys=ON")
-        if not memory:
+        if not memory and not read_only:  # both write the file's header
             _set_wal(cur)
             cur.execute("PRAGMA synchronous=NORMAL")
         cur.close()

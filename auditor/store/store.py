@@ -66,11 +66,12 @@ class Store:
         self._runs = AuditRuns(db)
 
     @classmethod
-    def open(cls, url: str | None = None) -> "Store":
-        """Connect to the store at ``url`` and migrate its schema to this version's head
+    def open(cls, url: str | None = None, *, read_only: bool = False) -> "Store":
+        """Connect to the store at ``url`` and migrate its schema to this version's head; with
+        ``read_only``, write nothing and only check the schema
         (:meth:`Database.open <auditor.store.database.Database.open>`)."""
         store = cls.__new__(cls)
-        store._init(Database.open(url))
+        store._init(Database.open(url, read_only=read_only))
         return store
 
     def close(self) -> None:

@@ -15,11 +15,9 @@ import sqlalchemy as sa
 from alembic import context
 
 from auditor.errors import StoreError
+from auditor.store.database import VERSION_TABLE
 
 config = context.config
-
-#: The store's own version table, so a database shared with another alembic user stays distinct.
-VERSION_TABLE = "gpu_auditor_schema_version"
 
 
 def _configure(**kwargs: Any) -> None:
