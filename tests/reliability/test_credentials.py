@@ -21,6 +21,7 @@ import pytest
 from auth_proxy import AuthProxy
 
 from auditor import redact
+from auditor.notify.http import RetryPolicy
 from auditor.notify.slack import SlackNotifier
 from auditor.notify.webhook import WebhookNotifier
 from auditor.redact import mask_text, mask_url
@@ -144,3 +145,14 @@ def test_a_webhook_path_and_token_never_reach_the_debug_log(receiver, urllib3_de
     log = urllib3_debug.getvalue()
     assert '"POST /services/*** HTTP/1.1" 200' in log and "/hook?token=*** HTTP/1.1" in log
     assert SECRET not in log
+
+
+def test_a_failed_delivery_records_no_secret() -> None:
+    port = closed_port()
+    hook = WebhookNotifier(
+        f"http://127.0.0.1:{port}/hook?token={SECRET}",
+        "signing-key-0123456789",
+        retry=RetryPolicy(attempts=1, timeout=2),
+    )
+    d = hook.send("test", {"event": "test"})
+    assert not d.ok and d.error and SECRET not in d.error
