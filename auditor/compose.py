@@ -210,9 +210,11 @@ def lease_elector(
     on_started: Callable[[], None],
     on_stopped: Callable[[], None],
     on_fatal: Callable[["LeaseUnavailable"], None],
+    lease_name: str | None = None,
 ) -> "LeaderElector":
     """The operator's leader elector on ``leader_election:``'s Lease (its namespace resolved as
-    :func:`auditor.kube.lease.lease_namespace` says), timed by ``clock``."""
+    :func:`auditor.kube.lease.lease_namespace` says), timed by ``clock``; ``lease_name`` for a
+    shard's own Lease (``<lease_name>-shard-<i>``)."""
     from auditor.kube.lease import LeaderElector, lease_namespace
 
     le, k = settings.leader_election, settings.kubernetes
@@ -223,7 +225,7 @@ def lease_elector(
         api,
         namespace=namespace,
         namespace_origin=origin,
-        name=le.lease_name,
+        name=lease_name or le.lease_name,
         identity=identity,
         lease_duration=le.lease_duration,
         renew_deadline=le.renew_deadline,

@@ -31,7 +31,10 @@ import os
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Mapping
+
+if TYPE_CHECKING:
+    from auditor.core.shards import Shard
 
 from pydantic import (
     BaseModel,
@@ -201,6 +204,30 @@ class LeaderElectionSettings(_Section):
         return self
 
 
+class ShardingSettings(_Section):
+    """Which share of the cluster this operator audits (docs/scale.md, "Shards")."""
+
+    #: this shard, 0-based; None: the ordinal of $POD_NAME (a StatefulSet pod), else 0
+    shard: int | None = Field(default=None, ge=0)
+    total_shards: int = Field(default=1, ge=1, le=1024)
+
+    def resolve(self, pod_name: str | None) -> Shard:
+        """The shard: ``shard`` when given, else the StatefulSet ordinal in ``pod_name``."""
+        from auditor.core.shards import Shard, ordinal_of
+
+        index = self.shard
+        if index is None:
+            index = ordinal_of(pod_name or "") if self.total_shards > 1 else 0
+            if index is None:
+                raise ValueError(
+                    f"sharding.total_shards is {self.total_shards} but no sharding.shard, and the pod name "
+                    f"{pod_name!r} has no StatefulSet ordinal"
+                )
+        if index >= self.total_shards:
+            raise ValueError(f"sharding.shard {index} is not below sharding.total_shards {self.total_shards}")
+        return Shard(index, self.total_shards)
+
+
 class FeaturesSettings(_Section):
     annotate: bool = True
     events: bool = True
@@ -334,6 +361,7 @@ class Settings(_Section):
     policies: PoliciesSettings = Field(default_factory=PoliciesSettings)
     requeue: RequeueSettings = Field(default_factory=RequeueSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
+    sharding: ShardingSettings = Field(default_factory=ShardingSettings)
     features: FeaturesSettings = Field(default_factory=FeaturesSettings)
     team_sources: list[str] = Field(
         default_factory=lambda: ["podLabel:team", "jobLabel:team", "namespaceLabel:team", "kueueQueue", "namespace"]

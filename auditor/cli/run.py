@@ -54,6 +54,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="namespace of the Lease (settings: leader_election.namespace; default: $POD_NAMESPACE "
         "in a pod, else the kubeconfig context's namespace)",
     )
+    p.add_argument(
+        "--shard",
+        type=int,
+        metavar="N",
+        help="audit only shard N (0-based) of --total-shards, by namespace hash (settings: sharding.shard; "
+        "default: the StatefulSet ordinal of $POD_NAME); docs/scale.md",
+    )
+    p.add_argument(
+        "--total-shards",
+        type=int,
+        metavar="N",
+        help="number of shards the cluster is split into (settings: sharding.total_shards; default 1)",
+    )
     add_output_flag(p, "with --once: the touched jobs as a verdict table or as the audit JSON")
     add_prometheus_flags(p)
     kube = p.add_mutually_exclusive_group()
@@ -90,6 +103,13 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
         election["namespace"] = args.lease_namespace
     if election:
         out["leader_election"] = election
+    sharding: dict[str, Any] = {}
+    if args.shard is not None:
+        sharding["shard"] = args.shard
+    if args.total_shards is not None:
+        sharding["total_shards"] = args.total_shards
+    if sharding:
+        out["sharding"] = sharding
     return out
 
 

@@ -33,6 +33,7 @@ from auditor.core.identity import JobKey
 from auditor.core.job_summary import JobSummary, sorted_summaries
 from auditor.core.model import Window
 from auditor.core.rfc3339 import format_rfc3339
+from auditor.core.shards import WHOLE, Shard
 from auditor.engine import align_down, run_audit
 from auditor.errors import AuditorError
 from auditor.kube.resolver import JobInfo, KubeResolver
@@ -132,6 +133,7 @@ class CycleRunner:
         still_leader: Callable[[], bool] = lambda: True,
         thresholds: Any = None,
         clock: Clock = SYSTEM_CLOCK,
+        shard: Shard = WHOLE,
     ) -> None:
         self.store = store
         self.source = source
@@ -149,6 +151,10 @@ class CycleRunner:
         #: "now" when ``run`` is given none, and the cycle's timing
         self.clock = clock
         self._covered: set[str] = set()  # job keys whose history this process has read
+        #: which namespaces this runner audits (auditor.core.shards); its runs carry the shard,
+        #: so each shard continues from its own cursor and ends only its own jobs
+        self.shard = shard
+        self._shard_label = shard.label if shard.sharded else None
 
     # ------------------------------------------------------------------ cursor
 
@@ -160,6 +166,7 @@ class CycleRunner:
                 d.get("origin") == ORIGIN
                 and d.get("cluster") == self.cluster
                 and bool(d.get("dry_run")) == self.dry_run
+                and d.get("shard") == self._shard_label
                 and str(run.get("status", "")).startswith("ok")
             ):
                 return align_down(run["window_end"], self.width)
@@ -200,7 +207,9 @@ class CycleRunner:
         now = now or self.clock.now()
         view = self.resolver.jobs(now)
         open_jobs = {
-            ref.key: (job_id, ref, last_seen) for job_id, ref, _first, last_seen in self.store.open_jobs(self.cluster)
+            ref.key: (job_id, ref, last_seen)
+            for job_id, ref, _first, last_seen in self.store.open_jobs(self.cluster)
+            if self.shard.owns(ref.namespace)
         }
         window = self.plan(now, view)
         result = CycleResult(window=window, jobs_seen=len(view))
@@ -215,6 +224,7 @@ class CycleRunner:
             "cluster": self.cluster,
             "holder": self.holder,
             **({"dry_run": True} if self.dry_run else {}),
+            **({"shard": self._shard_label} if self._shard_label else {}),
         }
         touched: dict[str, tuple[int, dict]] = {}
         for chunk in self.chunks(window):

@@ -23,12 +23,13 @@ from typing import Any, Callable
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from auditor.clock import SYSTEM_CLOCK, NowOnly
-from auditor.errors import AuditorError, LeaseUnavailable, SourceUnavailable
+from auditor.errors import AuditorError, BadInput, LeaseUnavailable, SourceUnavailable
 from auditor.operator_loop.cycle import ORIGIN, CycleResult, CycleRunner, LostLeadership
 from auditor.operator_loop.health import HealthServer, OperatorMetrics
 from auditor.operator_loop.policies import PolicyStage
 from auditor.operator_loop.reports import ReportStage
 from auditor.operator_loop.retention import RetentionStage
+from auditor.operator_loop.shards import ShardResolver, ShardSource
 from auditor.ports import Clock, LeaderElection
 from auditor.settings import Settings
 
@@ -77,6 +78,17 @@ class Operator:
         self.store = store or compose.store(settings)
         self.source = source or compose.prometheus_source(settings)
         self.resolver = compose.kube_resolver(settings, self.api)
+        try:
+            #: this operator's share of the cluster (docs/scale.md, "Shards"); the whole one by default
+            self.shard = settings.sharding.resolve(os.environ.get("POD_NAME") or self.identity)
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
+        if self.shard.sharded:
+            mine = ShardResolver(self.resolver, self.shard)
+            conv = settings.prometheus.label_convention
+            label = {"exported_pod": "exported_namespace", "pod_name": "pod_namespace"}.get(conv, "namespace")
+            self.source = ShardSource(self.source, mine, label=label)
+            self.resolver = mine  # type: ignore[assignment]  # the same interface, by delegation
         le = settings.leader_election
         self.elector: LeaderElection | None = None
         #: why the elector gave up (e.g. the Lease's namespace is missing): ``run_forever`` raises it
@@ -90,6 +102,7 @@ class Operator:
                 on_started=self._on_started,
                 on_stopped=self._on_stopped,
                 on_fatal=self._on_fatal,
+                lease_name=f"{le.lease_name}-shard-{self.shard.index}" if self.shard.sharded else None,
             )
         self.runner = CycleRunner(
             store=self.store,
@@ -104,6 +117,7 @@ class Operator:
             dry_run=dry_run,
             thresholds=settings.thresholds,
             clock=self.time,
+            shard=self.shard,
         )
         self.policies = (
             PolicyStage(settings, self.store, compose.kube_actions(self.api, instance=self.identity), dry_run=dry_run)
@@ -113,7 +127,8 @@ class Operator:
         self.reports = ReportStage(settings, self.store, compose.report_destinations(settings))
         self.retention = RetentionStage(settings, self.store)
         #: the efficiency gate's AdmissionCheck controller (``gate.enabled``), run while leading
-        self.gate = self._gate_stage() if settings.gate.enabled and not dry_run else None
+        # once per cluster, by the first shard: the weekly reports, retention and the gate
+        self.gate = self._gate_stage() if settings.gate.enabled and not dry_run and self.shard.primary else None
         self.metrics.fleet.snapshot.held = self._held_jobs
         self.scheduler: BackgroundScheduler | None = None
         self.health: HealthServer | None = None
@@ -405,8 +420,9 @@ class Operator:
                 max_instances=1,
                 coalesce=True,
             )
-            self.reports.schedule(self.scheduler, self.is_leader, self.clock)
-            self.retention.schedule(self.scheduler, self.prune, start=self.clock())
+            if self.shard.primary:
+                self.reports.schedule(self.scheduler, self.is_leader, self.clock)
+                self.retention.schedule(self.scheduler, self.prune, start=self.clock())
         self.scheduler.start()
         if self.elector is not None:
             self.elector.start()

@@ -120,6 +120,9 @@ class PrometheusSource:
         )
         self.url = self.client.url
         self.matchers = dict(matchers or {})
+        #: label regex matchers on every selector too, e.g. an operator shard's namespaces
+        #: (auditor.operator_loop.shards sets them before each read)
+        self.regex_matchers: dict[str, str] = {}
         self.forced: promql.LabelConvention | None = None
         if pod_labels:
             conv = [c for c in promql.POD_CONVENTIONS if c[0] == pod_labels]
@@ -306,7 +309,9 @@ class PrometheusSource:
     def names_present(self, names: Sequence[str], start_ms: int, end_ms: int) -> list[str]:
         """Which of the metric ``names`` have series under this source's matchers in ``[start, end]``
         (one label-values call; ``doctor`` asks it of kube-state-metrics' series too)."""
-        match = promql.selector("", self.matchers, {"__name__": promql.regex_alternation(list(names))})
+        match = promql.selector(
+            "", self.matchers, {**self.regex_matchers, "__name__": promql.regex_alternation(list(names))}
+        )
         found = self.client.label_values("__name__", [match], start_ms, end_ms)
         return sorted(set(found) & set(names))
 
@@ -421,7 +426,7 @@ class PrometheusSource:
 
         Returns ``convert`` of the answer's series (run under the client's decode lock).
         """
-        expr = promql.bucket_query(promql.selector(name, self.matchers), agg, rng)
+        expr = promql.bucket_query(promql.selector(name, self.matchers, self.regex_matchers), agg, rng)
         try:
             return self.client.query_range(
                 expr,
@@ -460,7 +465,7 @@ class PrometheusSource:
         if len(spellings) == 1 and "" not in spellings:
             label = spellings.pop()
             regex[label] = promql.regex_alternation(s.labels[label] for s, *_ in items)
-        sel = promql.selector(name, self.matchers, regex)
+        sel = promql.selector(name, self.matchers, {**self.regex_matchers, **regex})
         samples: dict[frozenset, list[tuple[int, float]]] = {}
         for first, last in raw_spans(ends, width_ms, RAW_SPAN_BUCKETS):
             span = last - first + width_ms

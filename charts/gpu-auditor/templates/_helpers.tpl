@@ -65,6 +65,19 @@ app.kubernetes.io/component: node-agent
 {{- default (include "gpu-auditor.fullname" .) .Values.leaderElection.leaseName }}
 {{- end }}
 
+{{/* The Leases the operator takes: its one, or one per shard (<lease>-shard-<i>, as the operator names them). */}}
+{{- define "gpu-auditor.leaseNames" -}}
+{{- $lease := include "gpu-auditor.leaseName" . }}
+{{- $shards := int (dig "shards" 1 (.Values.operator | default dict)) }}
+{{- if gt $shards 1 }}
+{{- $names := list }}
+{{- range $i := until $shards }}{{ $names = append $names (printf "%s-shard-%d" $lease $i) }}{{ end }}
+{{- toJson $names }}
+{{- else }}
+{{- toJson (list $lease) }}
+{{- end }}
+{{- end }}
+
 {{/* The gate's GateHolds object (read by its MutatingAdmissionPolicy, written by the operator). */}}
 {{- define "gpu-auditor.holdsName" -}}
 {{- printf "%s-holds" (include "gpu-auditor.fullname" .) | trunc 63 | trimSuffix "-" }}
@@ -162,7 +175,7 @@ resourceNamesFrom is replaced by the names it refers to; a rule left with no nam
 {{- range (include "gpu-auditor.secretRefs" $root | fromJsonArray) }}
 {{- $secretNames = append $secretNames .name }}
 {{- end }}
-{{- $names := dict "leaseName" (list (include "gpu-auditor.leaseName" $root)) "secretNames" ($secretNames | uniq | sortAlpha) "holdsName" (list (include "gpu-auditor.holdsName" $root)) }}
+{{- $names := dict "leaseName" (include "gpu-auditor.leaseNames" $root | fromJsonArray) "secretNames" ($secretNames | uniq | sortAlpha) "holdsName" (list (include "gpu-auditor.holdsName" $root)) }}
 {{- $rules := list }}
 {{- range $fname := keys $perm.features | sortAlpha }}
 {{- $f := get $perm.features $fname }}
