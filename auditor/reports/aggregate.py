@@ -135,6 +135,18 @@ FIGURES: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def priced(report: Mapping[str, Any]) -> bool:
+    """Whether the report has prices: without any, its costs are not figures (a "0.00 USD" would
+    read as free GPUs), so the renderings leave their columns out; the JSON keeps the fields."""
+    p = report.get("prices") or {}
+    return bool(p.get("default") or any((p.get("per_model") or {}).values()))
+
+
+def shown_figures(report: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
+    """:data:`FIGURES` as a rendering shows them: the money ones only when :func:`priced`."""
+    return FIGURES if priced(report) else tuple(f for f in FIGURES if f[2] != "money")
+
+
 def fmt_hours(v: float | None) -> str:
     return "–" if v is None else f"{v:,.{HOURS_DIGITS}f}".replace(",", " ")
 

@@ -14,7 +14,7 @@ import json
 from typing import Any, Iterable, Mapping, TextIO
 
 from auditor.render.safe_text import CsvWriter
-from auditor.reports.aggregate import FIGURES, VERDICTS, fmt, lineage_note
+from auditor.reports.aggregate import VERDICTS, fmt, lineage_note, priced, shown_figures
 
 TEAM_COLUMNS: tuple[str, ...] = (
     "row",
@@ -114,7 +114,8 @@ def to_markdown(report: Mapping[str, Any]) -> str:
     ]
     if t["note"]:
         lines += [f"> {_md_escape(t['note'])}", ""]
-    for key, label, kind in FIGURES:
+    figures, money = shown_figures(report), priced(report)
+    for key, label, kind in figures:
         lines.append(f"- **{label}**: {fmt(kind, t[key], cur)}")
     lines.append(
         f"- **policy actions**: {t['actions_total']}"
@@ -125,15 +126,16 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         lines += [
             "## Teams",
             "",
-            "| team | " + " | ".join(lbl for _, lbl, _ in FIGURES) + " | actions |",
-            "|---|" + "---:|" * (len(FIGURES) + 1),
+            "| team | " + " | ".join(lbl for _, lbl, _ in figures) + " | actions |",
+            "|---|" + "---:|" * (len(figures) + 1),
         ]
         for name, row in [(_md_escape(x["team"]), x) for x in report["teams"]] + [("**total**", t)]:
-            lines.append(
-                f"| {name} | "
-                + " | ".join(fmt(kind, row[key], cur) for key, _, kind in FIGURES)
-                + f" | {row['actions_total']} |"
+            cells = (
+                [fmt(kind, row[key], cur) for key, _, kind in figures]
+                if row["jobs"] or row is t
+                else ["no data"] + [""] * (len(figures) - 1)
             )
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {row['actions_total']} |")
         lines.append("")
     lines += ["## Jobs by verdict", "", "| team | " + " | ".join(VERDICTS) + " |", "|---|" + "---:|" * len(VERDICTS)]
     rows = list(report["teams"]) if report["scope"] == "cluster" else []
@@ -143,14 +145,17 @@ def to_markdown(report: Mapping[str, Any]) -> str:
     lines += ["", "## Most wasteful jobs", ""]
     if t["top_jobs"]:
         lines += [
-            "| job | team | GPU-h | SM | tensor | waste GPU-h | waste cost | verdict | why, and what to try |",
-            "|---|---|---:|---:|---:|---:|---:|---|---|",
+            "| job | team | GPU-h | SM | tensor | waste GPU-h | "
+            + ("waste cost | " if money else "")
+            + "verdict | why, and what to try |",
+            "|---|---|---:|---:|---:|---:|" + ("---:|" if money else "") + "---|---|",
         ]
         for j in t["top_jobs"]:
             lines.append(
                 f"| {_md_escape(j['namespace'] + '/' + j['job'] + lineage_note(j))} | {_md_escape(j['team'])} | {fmt('hours', j['gpu_hours'])} | "
                 f"{fmt('ratio', j['sm_active'])} | {fmt('ratio', j['tensor_active'])} | {fmt('hours', j['waste_gpu_hours'])} | "
-                f"{fmt('money', j['waste_cost'], cur)} | {j['verdict']} | {_md_escape(j['advice'] or '')} |"
+                + (f"{fmt('money', j['waste_cost'], cur)} | " if money else "")
+                + f"{j['verdict']} | {_md_escape(j['advice'] or '')} |"
             )
     else:
         lines.append("No job with a waste figure.")

@@ -15,12 +15,12 @@ from typing import Any, Mapping
 import jinja2
 
 from auditor.reports import charts
-from auditor.reports.aggregate import FIGURES, VERDICTS, fmt, lineage_note
+from auditor.reports.aggregate import VERDICTS, fmt, lineage_note, priced, shown_figures
 
 _CSS = """
 :root{--fg:#1d1d1f;--mut:#666;--bd:#e3e3e3;--bg2:#f5f6f8}
 *{box-sizing:border-box}
-body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);margin:0 auto;max-width:1100px;padding:1rem;line-height:1.4}
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);margin:0 auto;max-width:1320px;padding:1rem;line-height:1.4}
 h1{font-size:1.5rem;margin:.2rem 0} h2{font-size:1.2rem;margin:1.6rem 0 .5rem;border-bottom:1px solid var(--bd);padding-bottom:.2rem}
 h3{font-size:1.05rem;margin:1.2rem 0 .4rem}
 .sub{color:var(--mut);margin:.1rem 0 .8rem;font-size:.9rem}
@@ -31,8 +31,9 @@ h3{font-size:1.05rem;margin:1.2rem 0 .4rem}
 .scroll{overflow-x:auto;-webkit-overflow-scrolling:touch;margin:.5rem 0}
 table{border-collapse:collapse;width:100%;font-size:.85rem}
 th,td{border-bottom:1px solid var(--bd);padding:.3rem .45rem;text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
-th{background:#fafafa;position:sticky;top:0} .l{text-align:left}
-td.advice{white-space:normal;text-align:left;min-width:16rem;max-width:34rem;font-size:.8rem;color:#333}
+th{background:#fafafa;position:sticky;top:0;white-space:normal;vertical-align:bottom} .l{text-align:left}
+td.l{white-space:normal;overflow-wrap:break-word} td.job{min-width:11rem}
+td.advice{white-space:normal;text-align:left;min-width:18rem;max-width:40rem;font-size:.8rem;color:#333}
 .v{color:#fff;border-radius:4px;padding:.05rem .35rem;font-size:.75rem;white-space:nowrap}
 figure{margin:.8rem 0} figure img{width:100%;max-width:760px;height:auto;display:block} figcaption{color:var(--mut);font-size:.8rem}
 .note{background:#fff8e1;border-left:4px solid #f9a825;padding:.5rem .8rem;margin:.6rem 0}
@@ -55,10 +56,10 @@ _TEMPLATE = """<!DOCTYPE html>
 {%- endmacro %}
 {% macro top(t) -%}
 {% if t.top_jobs %}<div class="scroll"><table data-table="top_jobs">
-<tr><th class="l">job</th>{% if show_team %}<th class="l">team</th>{% endif %}<th>GPU-h</th><th>SM</th><th>tensor</th><th>waste GPU-h</th><th>waste cost</th><th class="l">verdict</th><th class="l">why, and what to try</th></tr>
-{% for j in t.top_jobs %}<tr data-job="{{ j.namespace }}/{{ j.job }}"><td class="l">{{ j.namespace }}/{{ j.job }}{% if j.split != "inside" %} <small title="share of the job in this week, split by {{ j.split }}">({{ f("ratio", j.week_fraction) }} in week)</small>{% endif %}{% if "lineage" in j %} <small data-k="lineage">{{ lineage_note(j) }}</small>{% endif %}</td>
+<tr><th class="l">job</th>{% if show_team %}<th class="l">team</th>{% endif %}<th>GPU-h</th><th>SM</th><th>tensor</th><th>waste GPU-h</th>{% if priced %}<th>waste cost</th>{% endif %}<th class="l">verdict</th><th class="l">why, and what to try</th></tr>
+{% for j in t.top_jobs %}<tr data-job="{{ j.namespace }}/{{ j.job }}"><td class="l job">{{ j.namespace }}/<wbr>{{ j.job }}{% if j.split != "inside" %} <small title="share of the job in this week, split by {{ j.split }}">({{ f("ratio", j.week_fraction) }} in week)</small>{% endif %}{% if "lineage" in j %} <small data-k="lineage">{{ lineage_note(j) }}</small>{% endif %}</td>
 {% if show_team %}<td class="l">{{ j.team }}</td>{% endif %}<td data-k="gpu_hours">{{ f("hours", j.gpu_hours) }}</td><td data-k="sm_active">{{ f("ratio", j.sm_active) }}</td><td data-k="tensor_active">{{ f("ratio", j.tensor_active) }}</td>
-<td data-k="waste_gpu_hours">{{ f("hours", j.waste_gpu_hours) }}</td><td data-k="waste_cost">{{ f("money", j.waste_cost) }}</td>
+<td data-k="waste_gpu_hours">{{ f("hours", j.waste_gpu_hours) }}</td>{% if priced %}<td data-k="waste_cost">{{ f("money", j.waste_cost) }}</td>{% endif %}
 <td class="l"><span class="v" style="background:{{ color(j.verdict) }}">{{ j.verdict }}</span></td><td class="advice">{{ j.advice or "" }}</td></tr>
 {% endfor %}</table></div>{% else %}<p class="sub">No job with a waste figure.</p>{% endif %}
 {%- endmacro %}
@@ -75,7 +76,7 @@ which the SMs had work. “GPU utilization” only says that <i>some</i> kernel 
 <h2>Teams</h2>
 <div class="scroll"><table data-table="teams">
 <tr><th class="l">team</th>{% for key, label, kind in figures %}<th>{{ label }}</th>{% endfor %}<th>actions</th></tr>
-{% for t in r.teams %}<tr data-team="{{ t.team }}"><td class="l">{{ t.team }}</td>{% for key, label, kind in figures %}<td data-k="{{ key }}">{{ f(kind, t[key]) }}</td>{% endfor %}<td data-k="actions_total">{{ t.actions_total }}</td></tr>
+{% for t in r.teams %}<tr data-team="{{ t.team }}"><td class="l">{{ t.team }}</td>{% if t.jobs %}{% for key, label, kind in figures %}<td data-k="{{ key }}">{{ f(kind, t[key]) }}</td>{% endfor %}{% else %}<td data-k="no_data" colspan="{{ figures|length }}" class="l">no data</td>{% endif %}<td data-k="actions_total">{{ t.actions_total }}</td></tr>
 {% endfor %}<tr data-team="{{ r.total.team }}"><th class="l">total</th>{% for key, label, kind in figures %}<th data-k="{{ key }}">{{ f(kind, r.total[key]) }}</th>{% endfor %}<th data-k="actions_total">{{ r.total.actions_total }}</th></tr>
 </table></div>
 <h2>Jobs by verdict</h2>
@@ -160,7 +161,8 @@ def render_html(
         title=title,
         css=_CSS,
         r=report,
-        figures=FIGURES,
+        figures=shown_figures(report),
+        priced=priced(report),
         verdicts=VERDICTS,
         charts=figs,
         show_team=report["scope"] == "cluster",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from auditor.render.slack_blocks import context, fields, header, section, slack_escape, truncate
-from auditor.reports.aggregate import fmt
+from auditor.reports.aggregate import fmt, priced
 
 TOP_IN_SLACK = 3
 
@@ -20,7 +20,8 @@ def _trend_text(points: list[Mapping[str, Any]]) -> str:
     return "Efficiency by week: " + " → ".join(f"{p['week'][-3:]} {e}" for p, e in zip(points, effs))
 
 
-def _kpi_fields(t: Mapping[str, Any], cur: str) -> dict:
+def _kpi_fields(t: Mapping[str, Any], cur: str, money: bool) -> dict:
+    """The KPI fields; the waste cost only when the report has prices (never "0.00 USD")."""
     return fields(
         [
             ("GPU-hours", fmt("hours", t["gpu_hours"])),
@@ -30,11 +31,15 @@ def _kpi_fields(t: Mapping[str, Any], cur: str) -> dict:
                 f"{fmt('wait', t['queue_wait_median_s'])} · {fmt('wait', t['queue_wait_p90_s'])}",
             ),
             ("Waste GPU-hours", fmt("hours", t["waste_gpu_hours"])),
-            ("Waste cost", fmt("money", t["waste_cost"], cur)),
+            *([("Waste cost", fmt("money", t["waste_cost"], cur))] if money else []),
             ("Unmeasured GPU-hours", fmt("hours", t["unmeasured_gpu_hours"])),
             ("Jobs · policy actions", f"{t['jobs']} · {t['actions_total']}"),
         ]
     )
+
+
+def _cost(v: Any, cur: str, money: bool) -> str:
+    return f" ({fmt('money', v, cur)})" if money else ""
 
 
 def team_message(report: Mapping[str, Any], team: Mapping[str, Any]) -> tuple[str, list[dict]]:
@@ -54,14 +59,15 @@ def team_message(report: Mapping[str, Any], team: Mapping[str, Any]) -> tuple[st
             )
         )
         return text, blocks
-    blocks.append(_kpi_fields(team, cur))
+    money = priced(report)
+    blocks.append(_kpi_fields(team, cur, money))
     if team["top_jobs"]:
         lines = []
         for j in team["top_jobs"][:TOP_IN_SLACK]:
             advice = truncate(slack_escape(j.get("advice") or ""), 400)
             lines.append(
                 f"• *{slack_escape(j['namespace'] + '/' + j['job'])}* — `{slack_escape(j['verdict'])}`, "
-                f"{fmt('hours', j['waste_gpu_hours'])} GPU-h wasted ({fmt('money', j['waste_cost'], cur)})\n   {advice}"
+                f"{fmt('hours', j['waste_gpu_hours'])} GPU-h wasted{_cost(j['waste_cost'], cur, money)}\n   {advice}"
             )
         blocks.append(section("*Most wasteful jobs*\n" + "\n".join(lines)))
     blocks.append(context(slack_escape(_trend_text(team["trend"]))))
@@ -83,12 +89,13 @@ def cluster_message(report: Mapping[str, Any]) -> tuple[str, list[dict]]:
         f"GPU efficiency {report['week']}{slack_escape(where)}: {fmt('hours', t['gpu_hours'])} GPU-h, "
         f"efficiency {fmt('ratio', t['efficiency'])}, waste {fmt('hours', t['waste_gpu_hours'])} GPU-h"
     )
-    blocks: list[dict] = [header(f"GPU efficiency {report['week']} · cluster{where}"), _kpi_fields(t, cur)]
+    money = priced(report)
+    blocks: list[dict] = [header(f"GPU efficiency {report['week']} · cluster{where}"), _kpi_fields(t, cur, money)]
     teams = sorted(report["teams"], key=lambda x: (-(x["waste_gpu_hours"] or 0.0), x["team"]))
     ranked = [x for x in teams if x["jobs"]][:5]
     if ranked:
         lines = [
-            f"• *{slack_escape(x['team'])}*: {fmt('hours', x['waste_gpu_hours'])} GPU-h wasted ({fmt('money', x['waste_cost'], cur)}), "
+            f"• *{slack_escape(x['team'])}*: {fmt('hours', x['waste_gpu_hours'])} GPU-h wasted{_cost(x['waste_cost'], cur, money)}, "
             f"efficiency {fmt('ratio', x['efficiency'])}, unmeasured {fmt('hours', x['unmeasured_gpu_hours'])} GPU-h"
             for x in ranked
         ]
