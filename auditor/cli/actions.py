@@ -37,7 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--cluster", type=cluster_name, metavar="NAME", help="only this cluster, where several share one store"
     )
-    p.add_argument("--output", "-o", choices=("table", "json"), default="table", help="table (default) or JSON")
+    p.add_argument(
+        "--output", "-o", choices=("table", "json", "yaml"), default="table", help="table (default), JSON or YAML"
+    )
     add_store_flags(p)
     p.set_defaults(handler=run)
 
@@ -105,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
         store.close()
     if args.output == "json":
         print(json.dumps(rows, indent=2))
+    elif args.output == "yaml":
+        from auditor.cli.output import dump_yaml
+
+        sys.stdout.write(dump_yaml(rows))
     else:
         print(table(rows))
     print(f"{len(rows)} action(s) since {since.isoformat().replace('+00:00', 'Z')}", file=sys.stderr)

@@ -115,3 +115,14 @@ def test_no_library_log_noise_below_vv(db: str, caplog: pytest.LogCaptureFixture
     caplog.clear()
     assert main(["-vv", "status", "--db", db]) == 0
     assert any(r.name.startswith("alembic") for r in caplog.records)
+
+
+def test_actions_since_in_yaml(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    since = (T0 - timedelta(minutes=1)).isoformat()
+    assert main(["actions", "--since", since, "--db", db, "-o", "yaml"]) == 0
+    rows = yaml.safe_load(capsys.readouterr().out)
+    assert sorted(r["job"] for r in rows) == ["Job/a1", "Job/b1"] and {r["state"] for r in rows} == {"skipped"}
+    assert main(["actions", "--since", (T0 + timedelta(minutes=1)).isoformat(), "--db", db, "-o", "yaml"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == []
