@@ -28,7 +28,7 @@ from urllib.parse import parse_qs
 from auditor.console import pages
 from auditor.console.pages import Step, Writes
 from auditor.console.ports import SORT_KEYS, AckWriter, ConsoleReader, JobFilter
-from auditor.core.gate import AckKind, GateDecision, GateMode, GateRule, decide
+from auditor.core.gate import AckKind, GateDecision, GateMode, GateRule, LineageHistory, decide
 from auditor.core.lineage import LineageKey
 from auditor.errors import AuditorError, BadInput
 from auditor.timeparse import parse_duration
@@ -218,10 +218,11 @@ class ConsoleApp:
             )
         return self._page(404, "Not found", pages.error(f"no page {path!r}"), "")
 
-    def _decide(self, h: object, now: datetime) -> GateDecision | None:
+    def _decide(self, h: LineageHistory, now: datetime) -> GateDecision | None:
+        """What the loaded gate rules decide for the lineage's next submission (None: no rules)."""
         if not self.config.gate_rules:
             return None
-        return decide(h, self.config.gate_rules, self.config.gate_mode, now)  # type: ignore[arg-type]
+        return decide(h, self.config.gate_rules, self.config.gate_mode, now)
 
     def _job(self, ident: str, headers: Mapping[str, str], now: datetime) -> Response:
         if not ident.isdigit():

@@ -90,16 +90,29 @@ class Browser:
                 if e.get("method") == method:
                     return self.events.pop(i)
             self.ws.settimeout(max(deadline - time.monotonic(), 0.1))
-            self.events.append(json.loads(self.ws.recv()))
+            try:
+                self.events.append(json.loads(self.ws.recv()))
+            finally:
+                self.ws.settimeout(30)
         raise TimeoutError(f"no {method} within {timeout} s")
 
-    def goto(self, url: str) -> float:
+    def goto(self, url: str, timeout: float = 60.0) -> float:
         """Load ``url`` and wait for its load event; returns the seconds it took."""
         self.events.clear()
         t0 = time.monotonic()
         self.call("Page.navigate", url=url)
-        self.wait_event("Page.loadEventFired")
+        self.wait_event("Page.loadEventFired", timeout)
         return time.monotonic() - t0
+
+    def navigation_ms(self) -> dict[str, float]:
+        """The page's own timing (Navigation Timing): response end, DOM content loaded, load end."""
+        return dict(
+            self.js(
+                "(() => { const t = performance.getEntriesByType('navigation')[0];"
+                " return {response: t.responseEnd - t.startTime, dom: t.domContentLoadedEventEnd - t.startTime,"
+                " load: t.loadEventEnd - t.startTime}; })()"
+            )
+        )
 
     def js(self, expression: str) -> Any:
         """Evaluate ``expression`` in the page (promises awaited) and return its value."""
