@@ -77,6 +77,8 @@ class Watcher:
 
         self.api = config.new_client_from_config(config_file=kubeconfig)
         self.reserved: dict[str, float] = {}
+        #: first version with quota reserved *and* our check Pending: the earliest the gate can act
+        self.pending: dict[str, float] = {}
         self.answered: dict[str, tuple[float, str]] = {}
         self._w = watch.Watch()
         custom = client.CustomObjectsApi(self.api)
@@ -100,6 +102,8 @@ class Watcher:
                     ):
                         self.reserved[name] = t
                     for c in st.get("admissionChecks") or []:
+                        if c["name"] == check and c.get("state") == "Pending" and name in self.reserved:
+                            self.pending.setdefault(name, t)
                         if (
                             c["name"] == check
                             and c.get("state") in ("Ready", "Rejected", "Retry")
@@ -122,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lineages", type=int, default=500)
     ap.add_argument("--every", type=float, default=0.05, help="seconds between submissions")
     ap.add_argument("--out", type=Path, default=Path("/tmp/gate-bench"))
+    ap.add_argument(
+        "--no-tell",
+        action="store_true",
+        help="diagnostic: skip the Job annotation and Event after each answer (how much they slow the status writes)",
+    )
     args = ap.parse_args(argv)
 
     import psycopg
@@ -151,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         LineageHistoryReader(store), core_decide, RULES, GateSettings(mode="observe", timeout=2.0), acks=AckLog(store)
     )
     ctl = GateController(api, gate, ControllerConfig(sweep_interval=3600), instance="bench").start()
+    if args.no_tell:
+        ctl._after = lambda *a, **k: None  # type: ignore[method-assign]
     watcher = Watcher(bed.kubeconfig, ns, ac)
     try:
         assert ctl.wait_synced(60)
@@ -179,6 +190,14 @@ def main(argv: list[str] | None = None) -> int:
         inner = [d.seconds * 1000 for d in ctl.decided]
         decide = [d.decide_seconds * 1000 for d in ctl.decided]
         write = [d.write_seconds * 1000 for d in ctl.decided]
+        by_wl = {d.workload: d for d in ctl.decided}
+        both = [w for w in seen if w in by_wl and w in watcher.pending]
+        # the watcher's view, cut at the controller's own timestamps (one process, one monotonic clock)
+        kueue_steps = [(watcher.pending[w] - watcher.reserved[w]) * 1000 for w in both]
+        our_watch = [((by_wl[w].wrote_at - by_wl[w].seconds) - watcher.pending[w]) * 1000 for w in both]
+        queued = [d.queued_seconds * 1000 for d in ctl.decided]
+        back = [(watcher.answered[w][0] - by_wl[w].wrote_at) * 1000 for w in both]
+        owner_reads = sum(1 for d in ctl.decided if d.owner_read)
         states: dict[str, int] = {}
         for d in ctl.decided:
             k = d.state + (" (would hold)" if d.would == "hold" else "")
@@ -204,6 +223,11 @@ def main(argv: list[str] | None = None) -> int:
             "controller_event_to_status_written_ms": row(inner),
             "store_read_and_decision_ms": row(decide),
             "status_apply_ms": row(write),
+            "kueue_reserved_to_check_pending_ms": row(kueue_steps),
+            "check_pending_to_controller_event_ms": row(our_watch),
+            "controller_queue_wait_ms": row(queued),
+            "status_written_to_watcher_sees_it_ms": row(back),
+            "owner_reads_from_api": owner_reads,
             "unanswered": args.jobs - len(watcher.answered),
             "load_average_1m_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "cpus": os.cpu_count(),
@@ -234,12 +258,17 @@ def main(argv: list[str] | None = None) -> int:
         ("controller: its watch event → status written", "controller_event_to_status_written_ms"),
         ("controller: store read + decision", "store_read_and_decision_ms"),
         ("controller: the status server-side apply", "status_apply_ms"),
+        ("breakdown: QuotaReserved → our check Pending (Kueue's second write)", "kueue_reserved_to_check_pending_ms"),
+        ("breakdown: check Pending seen by the watcher → by the controller", "check_pending_to_controller_event_ms"),
+        ("breakdown: controller work queue wait", "controller_queue_wait_ms"),
+        ("breakdown: status written → the watcher sees it", "status_written_to_watcher_sees_it_ms"),
     ):
         r = result[key]
         md.append(f"| {label} | {r['n']} | {r['p50']} | {r['p90']} | {r['p99']} | {r['max']} |")
     md += [
         "",
-        f"States written: {result['states']}; unanswered: {result['unanswered']}. Machine: {result['cpus']} CPUs, "
+        f"States written: {result['states']}; unanswered: {result['unanswered']}; owner Jobs read from the API "
+        f"(not yet in the gate's Jobs cache): {result['owner_reads_from_api']}. Machine: {result['cpus']} CPUs, "
         f"1-minute load average {result['load_average_1m_before_after'][0]} before, "
         f"{result['load_average_1m_before_after'][1]} after (apiserver, etcd, Kueue, PostgreSQL and the gate share them).",
     ]

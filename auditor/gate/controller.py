@@ -81,6 +81,12 @@ class Decided:
     seconds: float
     #: the server-side apply of the check state alone
     write_seconds: float = 0.0
+    #: from our watch seeing the Workload to a worker taking it up (the work queue's wait)
+    queued_seconds: float = 0.0
+    #: the owner Job read from the API server (not in our Jobs cache yet, or gated: read fresh)
+    owner_read: bool = False
+    #: ``time.monotonic()`` when the check state was written (the benchmark lines it up with a watch)
+    wrote_at: float = 0.0
 
 
 #: Kueue writes a condition's lastTransitionTime in whole seconds, and its clock is not ours
@@ -305,7 +311,8 @@ class GateController:
 
     def reconcile(self, obj: Mapping[str, Any], *, seen: float | None = None) -> Verdict | None:
         """Answer our pending checks on one Workload (None when there is nothing to answer)."""
-        seen = time.monotonic() if seen is None else seen
+        began = time.monotonic()
+        seen = began if seen is None else seen
         view = WorkloadView.parse(obj)
         wkey = f"{view.namespace}/{view.name}"
         rq = self._backing_off(wkey, view)
@@ -330,7 +337,8 @@ class GateController:
         owner = self._jobs.get(f"{view.namespace}/{view.owner_name}") if view.owner_kind == "Job" else None
         stale = owner is None or owner["metadata"].get("uid") != view.owner_uid
         # a gated Job's annotations decide whether its owner acknowledged: read them fresh
-        if stale or HOLD_REASON in (owner or {}).get("metadata", {}).get("annotations", {}):
+        owner_read = stale or HOLD_REASON in (owner or {}).get("metadata", {}).get("annotations", {})
+        if owner_read:
             owner = self.kube.owner(view)
         if owner is None:
             log.info("gate: Workload %s/%s has no owner we can read; not answering", view.namespace, view.name)
@@ -354,6 +362,9 @@ class GateController:
             verdict.seconds,
             wrote - seen,
             wrote - t_write,
+            began - seen,
+            owner_read,
+            wrote,
         )
         self.decided.append(done)
         if self.on_decided is not None:

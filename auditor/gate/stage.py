@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from auditor.core.gate import GateMode, decide
 from auditor.gate.admission import AdmissionGate, GateSettings
 from auditor.gate.controller import ControllerConfig, Decided, GateController
+from auditor.gate.kueue import gate_client
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,8 @@ class GateStage:
             holds_name=g.holds_name,
             sweep_interval=g.sweep_interval.total_seconds(),
         )
-        self.api = api
+        # its watches (3), workers, the tell pool (2) and the sweep, beside the operator's own client
+        self.api = gate_client(api, self.config.workers + 8)
         self.clock = clock
         self.instance = instance
         self.controller: GateController | None = None
@@ -175,3 +177,4 @@ class GateStage:
     def close(self) -> None:
         self.stop()
         self.gate.close()
+        self.api.close()

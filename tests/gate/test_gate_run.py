@@ -114,3 +114,26 @@ def test_run_answers_the_check_as_leader(kube_admin, namespace, testbed, tmp_pat
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             assert proc.wait(30) == 0, log.read_text()
+
+
+def test_the_gate_talks_through_a_client_of_its_own_with_room_for_its_threads(testbed):
+    """The operator's shared client keeps 10 connections, most held by watches: the gate's
+    requests would each open a new TLS connection. Its own client keeps the identity."""
+    from auditor.gate.kueue import gate_client
+    from auditor.kube.client import KubeConfig, api_client
+
+    shared = api_client(KubeConfig(kubeconfig=testbed.kubeconfig, impersonate="system:serviceaccount:x:gate"))
+    own = gate_client(shared, 16)
+    try:
+        assert own.rest_client.pool_manager.connection_pool_kw["maxsize"] == 16
+        assert shared.configuration.connection_pool_maxsize != 16  # the shared client is left as it was
+        review = call_json(
+            own,
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            method="POST",
+            body={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+        )
+        assert review["status"]["userInfo"]["username"] == "system:serviceaccount:x:gate"
+    finally:
+        own.close()
+        shared.close()
