@@ -3,7 +3,8 @@
 HTTP goes through one session configured for prometheus-api-client's :class:`PrometheusConnect`
 (auth, TLS, bounded retries on 429/5xx). Queries are sent through that session directly rather
 than through ``custom_query``, because the client drops the response's ``warnings`` (Thanos
-partial responses, for one), which an audit must not ignore. What to ask is the source's
+partial responses, for one), which an audit must not ignore: a warning that is not a PromQL
+annotation means data may be missing, and the answer is refused. What to ask is the source's
 business (:mod:`auditor.sources.prometheus`); this module only asks and decodes.
 """
 
@@ -38,6 +39,12 @@ except ImportError:  # pragma: no cover - the stdlib decoder gives the same resu
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = (429, 500, 502, 503, 504)
+#: response warnings that are PromQL annotations about the query (util/annotations in
+#: Prometheus), not about missing data; any other warning means the data may be incomplete
+ANNOTATION_PREFIXES = ("PromQL info", "PromQL warning")
+#: sent with every query: Thanos then fails a query that would miss a store's data instead of
+#: answering part of it (Prometheus and other engines ignore the parameter)
+STRICT = {"partial_response": "false"}
 
 #: The size limits of the engines that speak the Prometheus query API, by the words of their
 #: errors (the status differs: 422 or 400 from Prometheus and Mimir, 422 from VictoriaMetrics, a
@@ -183,6 +190,11 @@ class PrometheusClient:
                 f"Prometheus at {self.url} did not answer within {self.timeout:g}s ({path})"
             ) from exc
         except requests.exceptions.RequestException as exc:
+            if _read_timed_out(exc):  # reached, but no answer in time: not "unreachable"
+                raise SourceUnavailable(
+                    f"Prometheus at {self.url} did not answer within {self.timeout:g}s ({path}); "
+                    "a heavy query: raise --prometheus-timeout or audit a shorter range"
+                ) from exc
             reason = _root_reason(exc)
             raise SourceUnavailable(f"Prometheus at {self.url} is unreachable: {reason}") from exc
         with self._decode_lock:
@@ -230,16 +242,29 @@ class PrometheusClient:
             raise SourceUnavailable(
                 f"no Prometheus HTTP API at {self.url} (HTTP 404 for /api/v1/{path}); check the URL and path prefix"
             )
+        if isinstance(body, dict) and body.get("errorType") == "timeout":  # Prometheus answers 503
+            raise SourceUnavailable(
+                f"Prometheus at {self.url} timed out evaluating the query ({path}, HTTP {status}): {error}; "
+                "raise --prometheus-timeout or audit a shorter range"
+            )
         if status != 200 or not isinstance(body, dict):
             detail = error or resp.text[:300].strip()
             raise SourceUnavailable(f"Prometheus at {self.url} failed ({path}, HTTP {status}): {detail}")
         if body.get("status") != "success":
             raise QueryRefused(f"Prometheus at {self.url} answered {path} with an error: {error}")
+        missing = [str(w) for w in body.get("warnings") or [] if not str(w).startswith(ANNOTATION_PREFIXES)]
+        if missing:
+            # a partial answer (a Thanos store, a remote-read endpoint or an ingester was not
+            # heard): stored, it would read as idle GPUs or finished jobs, so nothing is kept
+            raise SourceUnavailable(
+                f"Prometheus at {self.url} answered {path} with incomplete data ({missing[0]}); "
+                "nothing from a partial answer is stored: run the audit again when it answers in full"
+            )
         return body.get("data")
 
     # -- API -------------------------------------------------------------------------------------
     def query(self, expr: str, at_ms: int | None = None) -> dict:
-        params = {"query": expr, "timeout": f"{self.timeout:g}s"}
+        params = {"query": expr, "timeout": f"{self.timeout:g}s", **STRICT}
         if at_ms is not None:
             params["time"] = promql.format_ts(at_ms)
         return self.call("query", params)
@@ -255,6 +280,7 @@ class PrometheusClient:
                 "end": promql.format_ts(end_ms),
                 "step": promql.format_ts(step_ms),
                 "timeout": f"{self.timeout:g}s",
+                **STRICT,
             },
             convert=convert,
         )
@@ -292,6 +318,13 @@ def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
     userinfo, _, host = authority.rpartition("@")
     user, _, password = userinfo.partition(":")
     return f"{scheme}://{host}{slash}{tail}", (unquote(user), unquote(password))
+
+
+def _read_timed_out(exc: requests.exceptions.RequestException) -> bool:
+    """A read timeout that the retrying adapter wrapped (``MaxRetryError(ReadTimeoutError)``,
+    which requests raises as a ConnectionError): the server took the request and never answered."""
+    reason = getattr(exc.args[0], "reason", None) if exc.args else None
+    return isinstance(reason, urllib3.exceptions.ReadTimeoutError)
 
 
 def _root_reason(exc: BaseException) -> str:
