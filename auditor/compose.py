@@ -139,14 +139,17 @@ def prometheus_source(
     )
 
 
-def kube_api(settings: "Settings", *, dry_run: bool = False) -> "ApiClient":
-    """The Kubernetes API client of ``kubernetes:``; read-only (every write refused) for a dry run."""
-    from auditor.kube.client import KubeConfig, api_client, read_only
+def kube_api(settings: "Settings", *, dry_run: bool = False, check: bool = False) -> "ApiClient":
+    """The Kubernetes API client of ``kubernetes:``; read-only (every write refused) for a dry run;
+    ``check``: make one request first, so an unreachable API server is one clear error."""
+    from auditor.kube.client import KubeConfig, api_client, check_reachable, read_only
 
     k = settings.kubernetes
     api = api_client(
         KubeConfig(kubeconfig=k.kubeconfig, in_cluster=k.in_cluster, context=k.context, impersonate=k.impersonate)
     )
+    if check:
+        check_reachable(api)
     return read_only(api) if dry_run else api
 
 

@@ -81,7 +81,7 @@ def _resolver(args: argparse.Namespace, settings: "Settings") -> tuple[Any, Any]
     from auditor import compose
     from auditor.errors import SourceUnavailable
 
-    api = compose.kube_api(settings)
+    api = compose.kube_api(settings, check=True)  # one line if unreachable, before any watch starts
     resolver = compose.kube_resolver(settings, api).start()
     if not resolver.wait_synced(60.0):
         resolver.stop()

@@ -80,6 +80,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _kueue_check(settings: "Settings") -> "Check":
     from auditor import compose
-    from auditor.doctor import kueue_priority_boost_check
+    from auditor.doctor import FAIL, Check, kueue_priority_boost_check
+    from auditor.errors import SourceUnavailable
 
-    return kueue_priority_boost_check(*compose.kueue_priority_boost(settings))
+    try:
+        return kueue_priority_boost_check(*compose.kueue_priority_boost(settings))
+    except SourceUnavailable as exc:  # a checklist line like Prometheus's, not the end of the report
+        return Check(
+            "Kubernetes API reachable", FAIL, str(exc), "check the kubeconfig's server, the network path and TLS", True
+        )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
@@ -51,7 +52,53 @@ def api_client(cfg: KubeConfig) -> client.ApiClient:
     api = client.ApiClient(conf)
     if cfg.impersonate:
         api.set_default_header("Impersonate-User", cfg.impersonate)
+    return _connection_errors_mapped(api)
+
+
+def _connection_errors_mapped(api: client.ApiClient) -> client.ApiClient:
+    """Make a connection failure of any request (typed clients, raw JSON calls, the start of a
+    watch) our retryable :class:`SourceUnavailable` naming the API server, in place: urllib3's
+    own exceptions reached the user as a 40-line traceback."""
+    inner = api.call_api
+    host = api.configuration.host
+
+    def call_api(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return inner(*args, **kwargs)
+        except urllib3.exceptions.HTTPError as exc:
+            raise SourceUnavailable(f"Kubernetes API at {host}: {connection_reason(exc)}") from exc
+
+    api.call_api = call_api  # type: ignore[method-assign]
     return api
+
+
+def connection_reason(exc: BaseException) -> str:
+    """What went wrong on the way to the API server, in a few words."""
+    reason = getattr(exc, "reason", None) or exc
+    text = str(reason)
+    for known in ("Connection refused", "Name or service not known", "No route to host", "Network is unreachable"):
+        if known in text:
+            return f"unreachable: {known}"
+    if isinstance(reason, urllib3.exceptions.NameResolutionError):
+        return "unreachable: its name does not resolve"
+    if isinstance(reason, urllib3.exceptions.ReadTimeoutError):
+        return "did not answer in time"
+    if isinstance(reason, urllib3.exceptions.ConnectTimeoutError):  # NewConnectionError is one too
+        return "unreachable: the connection timed out"
+    if isinstance(reason, urllib3.exceptions.SSLError):
+        return f"TLS failed: {reason}"
+    return f"unreachable: {type(reason).__name__}"
+
+
+def check_reachable(api: client.ApiClient, timeout: float = 10.0) -> None:
+    """GET ``/version``: one quick request that fails in one line (:class:`SourceUnavailable`)
+    before any watch starts, so an unreachable API server is said once, not by every thread."""
+    try:
+        call_json(api, "/version", timeout=timeout)
+    except ApiException as exc:
+        if exc.status in (401, 403):  # reachable; what we may do is checked by the calls that need it
+            return
+        raise unavailable(exc, "GET /version") from None
 
 
 class WriteRefused(AuditorError):
