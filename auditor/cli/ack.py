@@ -128,15 +128,21 @@ def ack(args: argparse.Namespace) -> int:
     return 0
 
 
-def _decision_now(settings: "Settings", history: "LineageHistory", now: datetime) -> dict | None:
-    """What the gate (its rules from the settings' policy files, in its mode) decides now; None without rules."""
-    from auditor.core.gate import decide
+def gate_rules(settings: "Settings") -> list:
+    """The gate's rules, from the settings' policy files (as the operator loads them)."""
     from auditor.operator_loop.policies import policy_files
     from auditor.policy.loader import PolicyRegistry
 
     registry = PolicyRegistry()
     registry.update(policy_files(settings))
-    rules = [g.rule() for g in registry.gate_policies]
+    return [g.rule() for g in registry.gate_policies]
+
+
+def _decision_now(settings: "Settings", history: "LineageHistory", now: datetime) -> dict | None:
+    """What the gate (its rules from the settings' policy files, in its mode) decides now; None without rules."""
+    from auditor.core.gate import decide
+
+    rules = gate_rules(settings)
     if not rules:
         return None
     return decide(history, rules, settings.gate.mode, now).to_json()

@@ -3,7 +3,8 @@
 The last cycle (when, how long, its outcome), the jobs flagged now (seen in the last hour with a
 wasteful verdict) by team, the open policy violations, the actions of the last ``--since``
 (7 days) by outcome with the alerts that went nowhere (no destination for the team), the
-acknowledgements in force, and the weekly report deliveries that failed. The same figures the
+acknowledgements in force, the lineages the gate holds (its rules over the stored lineage
+histories) and the weekly report deliveries that failed. The same figures the
 operator exports on ``/metrics`` (docs/operator.md).
 
 Exit codes: 0 when the last cycle succeeded and nothing failed; 1 when the last cycle failed,
@@ -86,6 +87,31 @@ def as_dict(st: Any, now: datetime, since: datetime) -> dict:
     }
 
 
+#: lineages whose last run is older than this are not judged (the gate's rules look back days)
+LINEAGE_LOOKBACK = timedelta(days=30)
+
+
+def held_lineages(store: Any, settings: Any, now: datetime, *, cluster: str | None) -> dict:
+    """The lineages the gate holds (enforce) or would hold (observe) now: its rules from the
+    settings' policy files over the store's lineage histories and acknowledgements — what the
+    gate would answer for a new submission of each, the same decision ``ack`` prints."""
+    from auditor.cli.ack import gate_rules
+    from auditor.core.gate import GateAction, decide
+    from auditor.store.lineage import LineageHistoryReader
+
+    rules = gate_rules(settings)
+    out: dict = {"mode": str(settings.gate.mode), "rules": len(rules), "held": [], "deprioritized": 0}
+    if not rules:
+        return out
+    for h in LineageHistoryReader(store).histories(cluster=cluster, since=now - LINEAGE_LOOKBACK):
+        d = decide(h, rules, settings.gate.mode, now)
+        if d.would is GateAction.HOLD:
+            out["held"].append({"lineage": f"{h.key.namespace}/{h.key.lineage}", "rule": d.rule, "reason": d.reason})
+        elif d.would is GateAction.DEPRIORITIZE:
+            out["deprioritized"] += 1
+    return out
+
+
 def failing(doc: dict) -> list[str]:
     """Why ``status`` exits 1 (empty: all is well)."""
     why = []
@@ -134,6 +160,14 @@ def text(doc: dict) -> str:
     out.append(f"alerts not delivered: {und}")
     for u in doc["undelivered_alerts"]:
         out.append(f"  {safe(u['namespace'], 24):<24} {u['count']:>4}  {safe(u['why'], 86)}")
+    g = doc.get("gate") or {}
+    if g.get("rules"):
+        verb = "held" if g["mode"] == "enforce" else "would be held (observe mode)"
+        out.append(f"lineages {verb}: {len(g['held'])}; deprioritized: {g['deprioritized']}")
+        for h in g["held"][:20]:
+            out.append(f"  {safe(h['lineage'], 48):<48} {safe(h['reason'], 68)}")
+    else:
+        out.append("lineages held: none (no gate rules in the policy files)")
     acks = ", ".join(f"{k} {n}" for k, n in doc["acknowledgements_in_force"].items()) or "none"
     out.append(f"acknowledgements in force: {acks}")
     dels = ", ".join(f"{d['channel']} {d['status']} {d['count']}" for d in doc["report_deliveries"]) or "none"
@@ -152,12 +186,15 @@ def run(args: argparse.Namespace) -> int:
     since = since_time(args.since, now)
     if since > now:
         raise BadInput(f"--since {args.since}: in the future")
-    store = open_store(command_settings(args), existing=True)
+    settings = command_settings(args)
+    store = open_store(settings, existing=True)
     try:
         st = operator_status(store, now=now, since=since, recent_since=now - RECENT, cluster=args.cluster)
+        held = held_lineages(store, settings, now, cluster=args.cluster)
     finally:
         store.close()
     doc = as_dict(st, now, since)
+    doc["gate"] = held
     if args.output == "json":
         print(json.dumps(doc, indent=2))
     elif args.output == "yaml":

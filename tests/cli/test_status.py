@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from fake_clock import FakeClock
@@ -126,3 +127,30 @@ def test_actions_since_in_yaml(db: str, capsys: pytest.CaptureFixture[str]) -> N
     assert sorted(r["job"] for r in rows) == ["Job/a1", "Job/b1"] and {r["state"] for r in rows} == {"skipped"}
     assert main(["actions", "--since", (T0 + timedelta(minutes=1)).isoformat(), "--db", db, "-o", "yaml"]) == 0
     assert yaml.safe_load(capsys.readouterr().out) == []
+
+
+def test_status_lists_the_lineages_the_gate_holds(db: str, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The gate's rules (the shipped hold rule) over the store's lineage histories: a lineage
+    flagged 3 times is held; the same history acknowledged is not."""
+    import shutil
+
+    from gate_objects import record_runs
+
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    shutil.copy(Path(__file__).parents[2] / "policies/gate/hold-repeated-low-sm.yaml", policies)
+    cfg = tmp_path / "settings.yaml"
+    cfg.write_text(f"policies: {{builtin: false, dir: {policies}}}\ngate: {{mode: enforce}}\n")
+    store = Store.open(db)
+    try:
+        for lineage in ("train", "fixed"):
+            record_runs(store, LineageKey("c1", "ns-a", lineage), ["low_sm_efficiency"] * 3, T0)
+        AckLog(store).acknowledge(LineageKey("c1", "ns-a", "fixed"), "bob", None, "fixed the loader", T0)
+    finally:
+        store.close()
+    assert main(["status", "--db", db, "--config", str(cfg), "-o", "json"]) == 0
+    gate = json.loads(capsys.readouterr().out)["gate"]
+    assert gate["mode"] == "enforce" and gate["rules"] == 1
+    assert [h["lineage"] for h in gate["held"]] == ["ns-a/train"] and gate["held"][0]["rule"] == "hold-repeated-low-sm"
+    assert main(["status", "--db", db, "--config", str(cfg)]) == 0
+    assert "lineages held: 1" in capsys.readouterr().out
