@@ -67,6 +67,8 @@ class Informer(Generic[T]):
         #: API requests made (lists, pages and watch requests), for the benchmark and /metrics
         self.requests = 0
         self.lists = 0
+        #: changes of the cache so far (a list, an applied event): equal numbers, equal contents
+        self.version = 0
 
     # ------------------------------------------------------------------ public
 
@@ -92,6 +94,11 @@ class Informer(Generic[T]):
         """A snapshot of the cache."""
         with self._lock:
             return dict(self._items)
+
+    def snapshot(self) -> tuple[int, dict[str, T]]:
+        """:attr:`version` and a snapshot of the cache, taken together."""
+        with self._lock:
+            return self.version, dict(self._items)
 
     def get(self, key: str) -> T | None:
         with self._lock:
@@ -161,6 +168,7 @@ class Informer(Generic[T]):
                     self.absent = True
                     with self._lock:
                         old, self._items = self._items, {}
+                        self.version += 1
                     self._notify_deleted(old)
                     self._synced.set()
                     return None
@@ -183,6 +191,7 @@ class Informer(Generic[T]):
         self.forbidden = False
         with self._lock:
             old, self._items = self._items, fresh
+            self.version += 1
         self._notify_deleted({k: v for k, v in old.items() if k not in fresh})
         self._synced.set()
         return rv
@@ -230,11 +239,13 @@ class Informer(Generic[T]):
         if kind == "DELETED":
             with self._lock:
                 old = self._items.pop(key, None)
+                self.version += 1
             if old is not None and self.on_delete:
                 self.on_delete(key, old)
             return
         value = self.transform(obj)
         with self._lock:
+            self.version += 1
             if value is None:
                 old = self._items.pop(key, None)
             else:

@@ -1,9 +1,12 @@
 """The resolver's cache of owner objects (metadata only, by uid), filled from the API on first sight.
 
 An owner's labels are trusted for :data:`OWNER_TTL` seconds and a missing owner is remembered
-for :data:`MISSING_TTL`, so in steady state a cycle makes no API request; a new job costs one
-GET per level of its owner chain. Only the kinds of :data:`auditor.core.kinds.BY_GROUP_KIND`
-are fetched (the operator's RBAC allows exactly those).
+for :data:`MISSING_TTL`, so in steady state a cycle makes no API request. New (or stale) owners
+come in bulk where there are many of a kind (:meth:`OwnerCache.prefetch`: one paged metadata list
+of the kind, so a first sighting of 10,000 pods costs a few requests per owner kind, not one per
+job); the rest cost one GET per level of the chain. Only the kinds of
+:data:`auditor.core.kinds.BY_GROUP_KIND` are read (the operator's RBAC allows get and list of
+exactly those).
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from collections import defaultdict
+from typing import Callable, Iterable
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -24,6 +28,10 @@ log = logging.getLogger("auditor.kube.resolver")
 
 OWNER_TTL = 600.0  # seconds an owner's labels are trusted before they are fetched again
 MISSING_TTL = 60.0  # seconds a missing owner is remembered as missing
+#: at least this many owners of one kind to fetch: one paged list of the kind instead of a GET each
+LIST_AT = 8
+PAGE = 500
+METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 
 
 class OwnerCache:
@@ -61,6 +69,86 @@ class OwnerCache:
                 ref.api_version, ref.kind, ref.name, ref.uid, {}, None, now, missing=True
             )
         return obj
+
+    def prefetch(self, wanted: Iterable[tuple[str, OwnerRef]]) -> list[tuple[str, OwnerMeta]]:
+        """Fill the cache for many owners at once; the metadata of those known afterwards.
+
+        Owners of a kind the cache lacks (or holds stale) are fetched with one paged,
+        metadata-only list of that kind across the cluster when there are at least
+        :data:`LIST_AT` of them (a first sighting of a thousand Jobs costs two requests, not a
+        thousand); fewer are left to :meth:`lookup`'s GET. An owner the list does not hold
+        (deleted, or a new object under its name) is remembered as missing, as a GET's 404 is.
+        A list that fails leaves its owners to :meth:`lookup`.
+        """
+        now = time.monotonic()
+        known: list[tuple[str, OwnerMeta]] = []
+        todo: dict[tuple[str, str, str], dict[str, tuple[str, OwnerRef]]] = defaultdict(dict)
+        with self._lock:
+            for namespace, ref in wanted:
+                cached = self._objects.get(ref.uid)
+                if cached is not None and now - cached.fetched < (MISSING_TTL if cached.missing else OWNER_TTL):
+                    if not cached.missing:
+                        known.append((namespace, cached))
+                    continue
+                if ref.kind != "Pod" and (ref.group, ref.kind) in BY_GROUP_KIND:
+                    todo[(ref.api_version, ref.group, ref.kind)][ref.uid] = (namespace, ref)
+        for (api_version, group, kind), refs in sorted(todo.items()):
+            if len(refs) < LIST_AT:
+                continue
+            found = self._list(api_version, BY_GROUP_KIND[(group, kind)].plural, refs)
+            if found is None:
+                continue
+            with self._lock:
+                if len(self._objects) + len(refs) > 50_000:
+                    self._objects.clear()
+                for uid, (namespace, ref) in refs.items():
+                    meta = found.get(uid)
+                    self._objects[uid] = meta or OwnerMeta(
+                        ref.api_version, ref.kind, ref.name, ref.uid, {}, None, now, missing=True
+                    )
+                    if meta is not None:
+                        known.append((namespace, meta))
+        return known
+
+    def _list(
+        self, api_version: str, plural: str, refs: dict[str, tuple[str, OwnerRef]]
+    ) -> dict[str, OwnerMeta] | None:
+        """The wanted owners (by uid) among one paged metadata list of the kind; None on failure."""
+        path = resource_path(api_version, plural)
+        out: dict[str, OwnerMeta] = {}
+        cont: str | None = None
+        while True:
+            query: list[tuple[str, object]] = [("limit", PAGE)]
+            if cont:
+                query.append(("continue", cont))
+            self.requests += 1
+            try:
+                doc = call_json(self.api, path, query=query, accept=METADATA_LIST_ACCEPT, timeout=120)
+            except ApiException as exc:
+                log.info("cannot list %s (%s %s): owners are read one by one", plural, exc.status, exc.reason)
+                return None
+            except Exception as exc:  # noqa: BLE001 - a broken connection: lookups read them one by one
+                log.info("cannot list %s (%s): owners are read one by one", plural, exc)
+                return None
+            fetched = time.monotonic()
+            for item in doc.get("items") or []:
+                meta = item.get("metadata") or {}
+                want = refs.get(meta.get("uid", ""))
+                if want is None or want[1].name != meta.get("name") or want[0] != meta.get("namespace"):
+                    continue
+                ref = want[1]
+                out[ref.uid] = OwnerMeta(
+                    ref.api_version,
+                    ref.kind,
+                    ref.name,
+                    ref.uid,
+                    dict(meta.get("labels") or {}),
+                    controller_of(meta),
+                    fetched,
+                )
+            cont = (doc.get("metadata") or {}).get("continue")
+            if not cont:
+                return out
 
     def _fetch(self, namespace: str, ref: OwnerRef, plural: str) -> OwnerMeta | None:
         path = resource_path(ref.api_version, plural, namespace, ref.name)

@@ -3,7 +3,8 @@
 :class:`KubeResolver` implements the engine's ``JobResolver`` from informer caches (pods,
 namespaces, Kueue Workloads and LocalQueues: listed once, then watched) plus a cache of owner
 objects fetched by uid on first sight (metadata only). In steady state a cycle makes no API
-request at all; a new job costs one GET per level of its owner chain.
+request at all; new jobs cost a paged metadata list per owner kind where there are many of
+one kind (a first sighting), else one GET per level of the owner chain (auditor/kube/owners.py).
 
 Owner chains are followed through ``ownerReferences`` (the controller reference, else the first),
 which covers every supported kind with one rule:
@@ -42,9 +43,8 @@ from auditor.core.kinds import KUEUE_QUEUE_LABEL as KUEUE_QUEUE_LABEL  # re-expo
 from auditor.core.model import JobRef, PodRef
 from auditor.kube.client import preferred_version
 from auditor.kube.informer import Informer
-from auditor.kube.jobview import JobInfo as JobInfo  # re-exported
-from auditor.kube.jobview import OwnerRef as OwnerRef  # re-exported
 from auditor.kube.jobview import (
+    MAX_DEPTH,
     PodInfo,
     attribute,
     labels_only,
@@ -54,6 +54,8 @@ from auditor.kube.jobview import (
     workload_doc,
     workload_index,
 )
+from auditor.kube.jobview import JobInfo as JobInfo  # re-exported
+from auditor.kube.jobview import OwnerRef as OwnerRef  # re-exported
 from auditor.kube.owners import OwnerCache
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,8 @@ log = logging.getLogger(__name__)
 #: auditor/permissions.yaml (a test checks it).
 KINDS: Mapping[tuple[str, str], str] = MappingProxyType({gk: k.plural for gk, k in BY_GROUP_KIND.items()})
 KUEUE_JOB_UID = KUEUE_JOB_UID_LABEL
+#: seconds a view from :meth:`KubeResolver.jobs` may serve :meth:`KubeResolver.resolve` unchanged
+VIEW_REUSE_S = 60.0
 
 
 class KubeResolver:
@@ -98,6 +102,8 @@ class KubeResolver:
         self.deleted_pod_memory = deleted_pod_memory
         self._lock = threading.Lock()
         self._tombstones: dict[str, PodInfo] = {}
+        #: the last view (:meth:`jobs`): when it was made (monotonic), the pod informer's version, the view
+        self._view: tuple[float, int, dict[str, JobInfo]] | None = None
         self.pods = Informer(api, "v1", "pods", pod_info, on_delete=self._pod_deleted, name="pods")
         self._owners = OwnerCache(api, self.pods.get)
         self.namespaces = Informer(api, "v1", "namespaces", labels_only, name="namespaces")
@@ -151,12 +157,21 @@ class KubeResolver:
     # ------------------------------------------------------------------ JobResolver
 
     def resolve(self, pods: Iterable[PodRef]) -> dict[PodRef, JobRef]:
-        """The job of each metric pod; unknown pods become ``Pod/<name>`` (or are left out)."""
-        jobs = self.jobs()
-        by_pod: dict[tuple[str, str], JobRef] = {}
-        for job in jobs.values():
-            for p in job.pods:
-                by_pod[(p.namespace, p.name)] = job.ref
+        """The job of each metric pod; unknown pods become ``Pod/<name>`` (or are left out).
+
+        A cycle asks for :meth:`jobs` and then resolves its pods: a view made less than
+        :data:`VIEW_REUSE_S` ago is reused instead of walking every pod's owner chain again, as
+        long as it holds every pod asked for or the pod informer saw no change since (a pod the
+        view lacks may be new: then a fresh view)."""
+        pods = list(pods)
+        view = self._view
+        by_pod = None
+        if view is not None and time.monotonic() - view[0] < VIEW_REUSE_S:
+            by_pod = self._by_pod(view[2])
+            if view[1] != self.pods.version and any((pr.namespace, pr.pod) not in by_pod for pr in pods):
+                by_pod = None
+        if by_pod is None:
+            by_pod = self._by_pod(self.jobs())
         out: dict[PodRef, JobRef] = {}
         ns_labels = self.namespaces.items()
         for pr in pods:
@@ -175,20 +190,27 @@ class KubeResolver:
 
     # ------------------------------------------------------------------ the view
 
+    @staticmethod
+    def _by_pod(jobs: dict[str, JobInfo]) -> dict[tuple[str, str], JobRef]:
+        return {(p.namespace, p.name): job.ref for job in jobs.values() for p in job.pods}
+
     def jobs(self, now: datetime | None = None) -> dict[str, JobInfo]:
         """Every job with GPU pods (live, or deleted within ``deleted_pod_memory``), by job key."""
         now = now or datetime.now(timezone.utc)
-        live = self.pods.items()
         with self._lock:
             cutoff = now - self.deleted_pod_memory
-            for k in [k for k, p in self._tombstones.items() if (p.deleted or now) < cutoff]:
+            expired = [k for k, p in self._tombstones.items() if (p.deleted or now) < cutoff]
+            for k in expired:
                 del self._tombstones[k]
+        version, live = self.pods.snapshot()
+        with self._lock:
             pods = dict(self._tombstones)
         pods.update(live)  # a live pod wins over the tombstone of its namesake
         ns_labels = self.namespaces.items()
         wl_index = self._workload_index()
         lqs = self.local_queues.items() if self.local_queues else {}
-        return attribute(
+        self._prefetch_owners(pods.values())
+        view = attribute(
             pods.values(),
             self._owners.lookup,
             cluster=self.cluster,
@@ -197,6 +219,8 @@ class KubeResolver:
             wl_index=wl_index,
             lqs=lqs,
         )
+        self._view = (time.monotonic(), version, view)
+        return view
 
     def forget(self, job: JobInfo) -> None:
         """Drop the remembered deleted pods of a job whose final summary is written."""
@@ -207,6 +231,18 @@ class KubeResolver:
                     del self._tombstones[p.key]
 
     # ------------------------------------------------------------------ internals
+
+    def _prefetch_owners(self, pods: Iterable[PodInfo]) -> None:
+        """Owner metadata for every level of the pods' chains, a paged list per kind where many
+        are new (:meth:`OwnerCache.prefetch`), before :func:`attribute` walks the chains."""
+        level = [(p.namespace, p.owner) for p in pods if p.owner is not None]
+        seen: set[str] = set()
+        for _ in range(MAX_DEPTH):
+            level = [(ns, ref) for ns, ref in level if ref.uid not in seen]
+            if not level:
+                return
+            seen.update(ref.uid for _, ref in level)
+            level = [(ns, meta.owner) for ns, meta in self._owners.prefetch(level) if meta.owner is not None]
 
     def _pod_deleted(self, key: str, info: PodInfo) -> None:
         info.deleted = info.finished or datetime.now(timezone.utc)

@@ -241,6 +241,7 @@ class PrometheusSource:
             last_open=aligned.end > window.end,
         )
         # 3. runs of clean buckets and the dirty buckets to re-read, in series order
+        scales = {name: scale_of(name, naming) for name in names}
         for s, pod, gpu in attributed:
             cnts = s.aggs.get("count")
             if cnts is None:  # an incomplete answer: no counts, so re-read whatever it has raw
@@ -252,7 +253,7 @@ class PrometheusSource:
                 # the buckets stay as the series' arrays until a caller needs them as objects
                 sums, mins, maxs = (s.aggs.get(a) or nans(len(cnts)) for a in ("sum", "min", "max"))
                 groups.setdefault((pod, gpu.key, s.metric), []).append(
-                    BucketRun(pod, gpu, s.metric, scale_of(s.name, naming), spans, sums, cnts, mins, maxs, idx)
+                    BucketRun(pod, gpu, s.metric, scales[s.name], spans, sums, cnts, mins, maxs, idx)
                 )
             if bad:
                 dirty.setdefault(s.name, []).append((s, pod, gpu, bad))

@@ -22,13 +22,18 @@ class Aggregates:
 
     def __init__(self, db: Database) -> None:
         self._db = db
+        # built once: a cycle reads and saves the aggregate of every job (thousands)
+        self._read_stmt = sa.select(AGGREGATES.c.state).where(AGGREGATES.c.job_id == sa.bindparam("job_id"))
+        upsert = db.insert(AGGREGATES)
+        self._upsert_stmt = upsert.on_conflict_do_update(
+            index_elements=["job_id"], set_={k: upsert.excluded[k] for k in ("through", "updated", "state")}
+        )
 
     def aggregate(self, job_id: int) -> JobAggregate | None:
         """The job's folded statistics (None when there are none, or they cannot be read: they
         are derived from the buckets, and the caller rebuilds them from there)."""
-        q = sa.select(AGGREGATES.c.state).where(AGGREGATES.c.job_id == job_id)
         with self._db.reading(f"read the aggregate of job {job_id}") as conn:
-            state = conn.execute(q).scalar_one_or_none()
+            state = conn.execute(self._read_stmt, {"job_id": job_id}).scalar_one_or_none()
         if state is None:
             return None
         try:
@@ -54,9 +59,5 @@ class Aggregates:
                 "updated": aware(now, "now"),
                 "state": orjson.dumps(agg.to_json()),
             }
-        stmt = self._db.insert(AGGREGATES).values(**values)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["job_id"], set_={k: stmt.excluded[k] for k in values if k != "job_id"}
-        )
         with self._db.writing(where) as conn:
-            conn.execute(stmt)
+            conn.execute(self._upsert_stmt, values)

@@ -50,6 +50,10 @@ class BucketRollup:
         self._db = db
         self._claims = claims
         self._bucket_sql = self._make_bucket_sql()
+        a = AGGREGATES.c
+        self._stale_aggregate = sa.delete(AGGREGATES).where(
+            a.job_id == sa.bindparam("job_id"), a.through > sa.bindparam("earliest")
+        )
         # SQLAlchemy's own conversion (UTC, and SQLite's fixed text format), once per distinct time.
         dialect = db.engine.dialect
         self._time_to_db = _cached(BUCKETS.c.start.type.dialect_impl(dialect).bind_processor(dialect) or (lambda v: v))
@@ -147,8 +151,7 @@ class BucketRollup:
             else:
                 self._copy_buckets(conn, rows.values())
             # an aggregate that already folded buckets from here on no longer matches them
-            a = AGGREGATES.c
-            conn.execute(sa.delete(AGGREGATES).where(a.job_id == job_id, a.through > earliest))
+            conn.execute(self._stale_aggregate, {"job_id": job_id, "earliest": earliest})
             return self._claims.claim(conn, job_id, buckets)
 
     def buckets(self, job_id: int, window: Window | None = None) -> list[Bucket]:

@@ -78,19 +78,50 @@ def _insert(conn: sa.Connection) -> Any:
     return sqlite_dialect.insert if conn.dialect.name == "sqlite" else pg_dialect.insert
 
 
+#: (dialect, with team) → the lineage upsert; (dialect,) → the run upsert: built once, as a cycle
+#: records a run per job (thousands) and building a statement cost more than executing it
+_STATEMENTS: dict[tuple, Any] = {}
+
+
+def _lineage_upsert(conn: sa.Connection, with_team: bool) -> Any:
+    key = ("lineage", conn.dialect.name, with_team)
+    stmt = _STATEMENTS.get(key)
+    if stmt is None:
+        ins = _insert(conn)(lineages)
+        greatest = sa.func.max if conn.dialect.name == "sqlite" else sa.func.greatest
+        update: dict[str, Any] = {"last_seen": greatest(lineages.c.last_seen, ins.excluded.last_seen)}
+        if with_team:
+            update["team"] = ins.excluded.team
+        stmt = _STATEMENTS[key] = ins.on_conflict_do_update(
+            index_elements=["cluster", "namespace", "lineage"], set_=update
+        )
+    return stmt
+
+
+_LINEAGE_ID = sa.select(lineages.c.id).where(
+    lineages.c.cluster == sa.bindparam("k_cluster"),
+    lineages.c.namespace == sa.bindparam("k_namespace"),
+    lineages.c.lineage == sa.bindparam("k_lineage"),
+)
+
+
 def lineage_id_of(conn: sa.Connection, key: LineageKey, now: datetime, team: str = "") -> int:
     """The lineage's row id, created (or its ``last_seen``/team advanced) on the way."""
-    stmt = _insert(conn)(lineages).values(
-        cluster=key.cluster, namespace=key.namespace, lineage=key.lineage, team=team, first_seen=now, last_seen=now
+    conn.execute(
+        _lineage_upsert(conn, bool(team)),
+        {
+            "cluster": key.cluster,
+            "namespace": key.namespace,
+            "lineage": key.lineage,
+            "team": team,
+            "first_seen": now,
+            "last_seen": now,
+        },
     )
-    update: dict[str, Any] = {"last_seen": sa.func.max(lineages.c.last_seen, stmt.excluded.last_seen)}
-    if conn.dialect.name != "sqlite":
-        update["last_seen"] = sa.func.greatest(lineages.c.last_seen, stmt.excluded.last_seen)
-    if team:
-        update["team"] = stmt.excluded.team
-    stmt = stmt.on_conflict_do_update(index_elements=["cluster", "namespace", "lineage"], set_=update)
-    conn.execute(stmt)
-    return int(conn.execute(sa.select(lineages.c.id).where(is_lineage(key))).scalar_one())
+    found = conn.execute(
+        _LINEAGE_ID, {"k_cluster": key.cluster, "k_namespace": key.namespace, "k_lineage": key.lineage}
+    )
+    return int(found.scalar_one())
 
 
 def is_lineage(key: LineageKey) -> sa.ColumnElement[bool]:
@@ -155,13 +186,22 @@ def record_run(conn: sa.Connection, key: LineageKey, run: LineageRun, now: datet
         "final": run.final,
         "recorded_at": now,
     }
-    stmt = _insert(conn)(lineage_runs).values(**values)
-    keys = ("lineage_id", "job_kind", "job_name", "job_uid")
-    conn.execute(
-        stmt.on_conflict_do_update(
-            index_elements=list(keys), set_={k: stmt.excluded[k] for k in values if k not in keys}
+    conn.execute(_run_upsert(conn), values)
+
+
+_RUN_KEY = ("lineage_id", "job_kind", "job_name", "job_uid")
+
+
+def _run_upsert(conn: sa.Connection) -> Any:
+    key = ("run", conn.dialect.name)
+    stmt = _STATEMENTS.get(key)
+    if stmt is None:
+        ins = _insert(conn)(lineage_runs)
+        stmt = _STATEMENTS[key] = ins.on_conflict_do_update(
+            index_elements=list(_RUN_KEY),
+            set_={c.name: ins.excluded[c.name] for c in lineage_runs.columns if c.name not in _RUN_KEY},
         )
-    )
+    return stmt
 
 
 def record_summary(conn: sa.Connection, job: JobRef, summary: Mapping[str, Any], now: datetime) -> LineageKey:
