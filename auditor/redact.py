@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from typing import Callable
 from urllib.parse import urlsplit
 
 MASK = "***"
@@ -127,19 +128,26 @@ def _mask_patterns(text: str) -> str:
 
 
 class RedactingFormatter(logging.Formatter):
-    """Formats as the formatter it wraps, then masks the whole line, traceback included."""
+    """Formats as the formatter it wraps, then masks the whole line, traceback included. With
+    ``clean`` (the CLI's neutraliser of control characters) the message itself passes through it
+    first: a message may quote a pod name, and a newline in one would forge a log line; the
+    traceback's own lines stay lines."""
 
-    def __init__(self, inner: logging.Formatter | None = None) -> None:
+    def __init__(self, inner: logging.Formatter | None = None, clean: Callable[[str], str] | None = None) -> None:
         super().__init__()
         self.inner = inner or logging.Formatter()
+        self.clean = clean
 
     def format(self, record: logging.LogRecord) -> str:
+        if self.clean is not None:
+            record = logging.makeLogRecord(record.__dict__)  # the other handlers get it as it was
+            record.msg, record.args = self.clean(record.getMessage()), None
         return mask_text(self.inner.format(record))
 
 
-def install(logger: logging.Logger | None = None) -> None:
+def install(logger: logging.Logger | None = None, clean: Callable[[str], str] | None = None) -> None:
     """Wrap the formatter of each handler of ``logger`` (the root logger by default) in a
     :class:`RedactingFormatter`: every record that reaches them is masked, whoever logged it."""
     for handler in (logger or logging.getLogger()).handlers:
         if not isinstance(handler.formatter, RedactingFormatter):
-            handler.setFormatter(RedactingFormatter(handler.formatter))
+            handler.setFormatter(RedactingFormatter(handler.formatter, clean))

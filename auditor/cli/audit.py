@@ -17,6 +17,7 @@ from auditor.cli.output import add_output_flag, print_jobs
 from auditor.cli.promopts import add_prometheus_flags, command_source, prometheus_overrides
 from auditor.cli.storeopts import add_store_flags
 from auditor.errors import BadInput
+from auditor.render.safe_text import terminal_safe
 from auditor.timeparse import check_range, format_time, parse_duration, parse_time
 
 if TYPE_CHECKING:
@@ -186,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         )
     print(note, file=sys.stderr)
     for w in report.warnings:
-        print(f"warning: {w}", file=sys.stderr)
+        print(f"warning: {terminal_safe(w)}", file=sys.stderr)  # warnings quote pod names
     return 1 if wrong else 0
 
 

@@ -64,7 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     quiet_libraries(args.verbose)
-    redact.install()  # every record, ours or a library's (urllib3 logs request paths at -vv)
+    from auditor.render.safe_text import terminal_safe
+
+    # every record, ours or a library's (urllib3 logs request paths at -vv): masked, and each
+    # line's control characters neutralised
+    redact.install(clean=terminal_safe)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)

@@ -16,6 +16,7 @@ from typing import IO, Mapping, Sequence
 
 from auditor.cli.storeopts import add_store_flags
 from auditor.errors import BadInput
+from auditor.render.safe_text import terminal_safe
 from auditor.timeparse import parse_duration
 
 #: the shipped policies (repository checkout); the image installs them at the same relative place
@@ -169,7 +170,8 @@ def print_decisions(decisions: Sequence, *, act: bool, file: IO[str]) -> int:
     for d in decisions:
         ok, _ = d.outcome()
         wrong += not ok
-        print(f"policy {d.policy} on {d.job}: {d.reason} → step {d.step}: {d.summary_line()}", file=file)
+        line = f"policy {d.policy} on {d.job}: {d.reason} → step {d.step}: {d.summary_line()}"
+        print(terminal_safe(line), file=file)  # the job's name and the reason come from the cluster
     if not act:
         print("policies: dry run; add --act to carry out the actions", file=file)
     elif wrong:

@@ -21,6 +21,7 @@ from auditor.cli.output import add_output_flag, print_jobs
 from auditor.cli.promopts import add_prometheus_flags, prometheus_auth, prometheus_overrides
 from auditor.cli.storeopts import CONFIG_HELP
 from auditor.core.identity import JobKey
+from auditor.render.safe_text import terminal_safe
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             wrong = _print_undone(result.decisions, op.last_delivery)
         for warning in result.warnings:
-            print(f"warning: {warning}", file=sys.stderr)
+            print(f"warning: {terminal_safe(warning)}", file=sys.stderr)
         return 1 if wrong else 0
 
     if args.dry_run:

@@ -81,3 +81,19 @@ def test_a_non_finite_settings_threshold_is_refused(tmp_path: Path, capsys) -> N
     rc, err = cli(capsys, "explain", "ns/Pod/p", "--config", str(tmp_path / "s.yaml"))
     assert rc == 2
     assert err.strip() == f"gpu-auditor: error: {tmp_path}/s.yaml: thresholds.low_sm: nan is not a finite number"
+
+
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("cluster: a\ncluster: b\n", "s.yaml:2: not valid YAML: duplicate key 'cluster'"),
+        ("cluster: a\nprometheus:\n  url: [x\n", "s.yaml:4: not valid YAML: expected ',' or ']'"),
+    ],
+)
+def test_a_broken_settings_file_is_one_line_with_file_and_line(text: str, line: str, tmp_path: Path, capsys) -> None:
+    """Probes of the issue's list (a 7-line YAML message without file:line; duplicate keys taken
+    silently), found fixed with the YAML bounds at this commit and kept."""
+    (tmp_path / "s.yaml").write_text(text)
+    rc, err = cli(capsys, "explain", "ns/Pod/p", "--config", str(tmp_path / "s.yaml"))
+    assert rc == 2
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"gpu-auditor: error: settings file {tmp_path}/{line}")

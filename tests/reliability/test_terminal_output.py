@@ -8,17 +8,21 @@ whose GPU_UTIL samples were all garbage was footnoted as MIG.
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import math
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from auditor import redact
 from auditor.cli.explain import _points, render, timeline
 from auditor.core.identity import JobKey
 from auditor.core.job_summary import JobSummary
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, Finding, GpuId, PodRef
+from auditor.render.safe_text import terminal_safe
 from auditor.render.table import format_table
 
 GOLDEN = Path(__file__).parents[1] / "golden"
@@ -98,3 +102,26 @@ def test_gr_engine_utilization_is_footnoted_as_mig_only_on_mig() -> None:
     mig = replace(whole, per_gpu=tuple(replace(g, mig_instance="1") for g in whole.per_gpu))
     out = format_table([mig])
     assert "50%*" in out and "* = MIG" in out and "GPU_UTIL samples" not in out
+
+
+def test_a_log_line_quoting_a_hostile_name_stays_one_line() -> None:
+    """The CLI's log formatter (cli/main.py installs it on the root handler) neutralises the
+    message: a newline or an ANSI escape in a logged pod name cannot forge or repaint a line."""
+    stream = io.StringIO()
+    logger = logging.getLogger("tests.reliability.hostile")
+    handler = logging.StreamHandler(stream)
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        redact.install(logger, clean=terminal_safe)
+        logger.warning("pod %s could not be attributed", EVIL)
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logger.exception("failed on %s", "x\ny")
+    finally:
+        logger.removeHandler(handler)
+    lines = stream.getvalue().splitlines()
+    assert_inert(stream.getvalue())
+    assert lines[0] == "pod " + terminal_safe(EVIL) + " could not be attributed"
+    assert lines[1] == "failed on x\\ny" and lines[2] == "Traceback (most recent call last):"  # its own lines stay
