@@ -186,6 +186,12 @@ def families(st: Any, cluster: str, team_of: Callable[[str], str]) -> list[Gauge
         ("gpu_auditor_open_violations", "Open policy violations, by policy", ["policy"], _by(st.open_violations, 1)),
         ("gpu_auditor_lineage_acks", "Acknowledgements and snoozes in force, by kind", ["kind"], st.acks_active),
         (
+            "gpu_auditor_policy_action_states",
+            "Policy actions of the last 7 days by action and state as the store holds them (failed: a delivery or action that failed)",
+            ["action", "state"],
+            st.actions,
+        ),
+        (
             "gpu_auditor_report_deliveries",
             "Weekly report deliveries of the last 7 days, by channel and status (sent, failed, claimed)",
             ["channel", "status"],

@@ -131,6 +131,7 @@ def _exported() -> set[str]:
         open_violations={("llm", "p"): 1},
         acks_active={"ack": 1},
         deliveries={("slack", "sent"): 1},
+        actions={("notify", "failed"): 1},
     )
     m.fleet.snapshot.replace(families(st, "demo", lambda t: t))
     m.fleet.snapshot.held = lambda: 0

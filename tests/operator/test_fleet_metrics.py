@@ -26,6 +26,8 @@ from auditor.core.model import JobRef, Window
 from auditor.operator_loop import fleet_metrics
 from auditor.operator_loop.health import HealthServer, OperatorMetrics
 from auditor.policy.decision import Decision
+from auditor.policy.loader import parse_policies
+from auditor.policy.runner import PolicyRunner, RunnerConfig
 from auditor.store import Store
 from auditor.store.lineage import AckLog
 from auditor.store.tables import JOBS, SUMMARIES
@@ -34,6 +36,18 @@ DOCS = json.loads((Path(__file__).parents[1] / "golden/audit/demo.json").read_te
 NOW = datetime(2026, 11, 25, 15, 5, tzinfo=timezone.utc)
 #: the last 30 minutes of the demo's window: each job's GPUs × 0.5 h (every demo job runs to its end)
 WINDOW = Window(NOW - timedelta(minutes=35), NOW - timedelta(minutes=5))
+
+
+WARN = """
+apiVersion: gpu-auditor.io/v1alpha1
+kind: GpuPolicy
+metadata: {name: warn-low-sm}
+spec:
+  mode: warn
+  verdicts: [low_sm_efficiency]
+  escalation:
+    - actions: [notify]
+"""
 
 
 def seed(store: Store) -> list[JobSummary]:
@@ -46,6 +60,11 @@ def seed(store: Store) -> list[JobSummary]:
         summaries.append(s)
     log = store.decision_log()
     log.open_violation(JobKey.of("demo", "llm", "Job/kernel-debug"), "alert-low-sm", NOW, {})
+    # a real policy run: its alerts have no destination, so they are stored as skipped actions
+    flagged = [s for s in summaries if s.verdict.value == "low_sm_efficiency"]
+    PolicyRunner(parse_policies(WARN, "p.yaml"), store, None, RunnerConfig(cluster="demo")).run_cycle(
+        flagged, now=NOW, act=True
+    )
     AckLog(store).acknowledge(LineageKey("demo", "llm", "kernel-debug"), "alice", None, "known", NOW)
     return summaries
 
@@ -102,6 +121,9 @@ def test_store_gauges_jobs_efficiency_violations_acks_actions(scrape: dict[str, 
     assert eff["vision"] > eff["llm"]  # llm's 4-GPU finetune runs at 4 % SM activity
     assert _value(scrape["gpu_auditor_open_violations"], policy="alert-low-sm") == 1
     assert _value(scrape["gpu_auditor_lineage_acks"], kind="ack") == 1
+    flagged = sum(d["verdict"] == "low_sm_efficiency" for d in DOCS)
+    assert _value(scrape["gpu_auditor_open_violations"], policy="warn-low-sm") == flagged
+    assert _value(scrape["gpu_auditor_policy_action_states"], action="notify", state="skipped") == flagged
     actions = scrape["gpu_auditor_policy_actions_total"]
     assert _value(actions, action="notify", outcome="skipped") == 1
     assert _value(actions, action="annotate", outcome="done") == 1
