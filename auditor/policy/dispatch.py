@@ -112,6 +112,13 @@ class StepActions:
         self._sleep = sleep
         #: teams already warned about having no alert destination (once per team and process)
         self._unrouted: set[str] = set()
+        #: receivers that gave no answer in this cycle: not tried again until the next one, so one
+        #: hung receiver costs one deadline per cycle, not one per alert
+        self._unanswering: set[str] = set()
+
+    def new_cycle(self) -> None:
+        """Forget the receivers that gave no answer (each cycle tries them again)."""
+        self._unanswering.clear()
 
     def run(
         self,
@@ -210,7 +217,7 @@ class StepActions:
                     "deadline": (now + self.config.queue_deadline).isoformat(),
                 }
             else:
-                out[channel] = send_alert(route, channel, message, retry=self.config.retry, sleep=self._sleep).as_dict()
+                out[channel] = self._send_now(route, channel, message).as_dict()
         if self.config.queue_alerts and self._queue_full(now):
             for channel, entry in out.items():
                 if isinstance(entry, dict) and entry.get("pending"):
@@ -220,6 +227,15 @@ class StepActions:
                         "error": f"the delivery queue is full ({self.config.queue_limit} alerts waiting)",
                     }
         return summarize_channels(out)
+
+    def _send_now(self, route: Route, channel: str, message: dict) -> Delivery:
+        url = (route.slack_url if channel == "slack" else route.webhook_url) or ""
+        if url in self._unanswering:
+            return Delivery(False, None, 0, error="not sent: this receiver gave no answer earlier in this cycle")
+        d = send_alert(route, channel, message, retry=self.config.retry, sleep=self._sleep)
+        if d.status is None and not d.ok and d.attempts:
+            self._unanswering.add(url)
+        return d
 
     def _queue_full(self, now: datetime) -> bool:
         waiting = self._record.count_actions("notify", since=_EPOCH, states=(QUEUED,), cluster=self.config.cluster)

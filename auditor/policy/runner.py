@@ -113,6 +113,7 @@ class PolicyRunner:
         policies = self.policies
         out: list[Decision] = []
         if act:
+            self._actions.new_cycle()
             out += self._recovery.resume(now)
         for s in summaries:
             if not s.cluster:

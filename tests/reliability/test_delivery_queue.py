@@ -112,6 +112,23 @@ def test_a_hung_slack_costs_one_alert_it_may_have_got_and_the_rest_go_out_once(d
     assert len(texts) == 3 and len(set(texts)) == 3, "each alert reached Slack exactly once"
 
 
+def test_alerts_sent_within_a_command_cost_one_deadline_per_hung_receiver(db, fault_proxy, receiver) -> None:
+    proxy = fault_proxy(receiver.url).always(Fault.hang(10))
+    store = Store.open(db)
+    try:
+        cfg = RunnerConfig(cluster="east", routes={"t": Route(webhook_url=proxy.url, webhook_secret="k")}, retry=SHORT)
+        runner = PolicyRunner(parse_policies(POLICY, "p.yaml"), store, None, cfg)  # audit --act: no queue
+        t = time.monotonic()
+        decisions = runner.run_cycle(jobs(5), now=T0, act=True)
+        took = time.monotonic() - t
+    finally:
+        store.close()
+    assert took < 2.5, f"{took:.1f} s for 5 alerts to one hung receiver (deadline 1 s)"
+    errors = [d.results["notify"]["error"] for d in decisions]
+    assert all(d.results["notify"]["state"] == "failed" for d in decisions) and len(proxy.requests) <= 3
+    assert errors[1:] == ["webhook: not sent: this receiver gave no answer earlier in this cycle"] * 4
+
+
 def test_the_queue_is_bounded_and_says_so(db, receiver) -> None:
     store = Store.open(db)
     try:
