@@ -18,13 +18,13 @@ from auditor.cli.names import cluster_name
 from auditor.cli.storeopts import add_store_flags
 from auditor.errors import BadInput
 
-STATES = ("claimed", "done", "failed", "skipped", "waiting")
+STATES = ("claimed", "done", "failed", "skipped", "waiting", "queued")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "actions",
-        help="list the policy actions recorded in the store (done, skipped, failed, waiting)",
+        help="list the policy actions recorded in the store (done, skipped, failed, waiting, queued)",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     p.add_argument(
