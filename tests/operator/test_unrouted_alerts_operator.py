@@ -95,3 +95,15 @@ def test_operator_counts_alerts_without_destination(
         "gpu_auditor_policy_alerts_undelivered_total", {"team": "nohook", "reason": "no_destination"}
     )
     assert value == 2.0
+
+    # the per-team series of that real cycle (tests/operator/test_fleet_metrics.py has the rest):
+    # the team's GPU-hours accrued, its two jobs now, their two alerts skipped in the store
+    samples = [(s.name, s.labels, s.value) for fam in op.metrics.registry.collect() for s in fam.samples]
+
+    def total(name: str, **labels: str) -> float:
+        return sum(v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items()))
+
+    assert total("gpu_auditor_gpu_hours_total", cluster="t", team="nohook") > 0
+    assert total("gpu_auditor_team_jobs", cluster="t", team="nohook") == 2
+    assert total("gpu_auditor_policy_action_states", cluster="t", action="notify", state="skipped") == 2
+    assert not [lab for _, lab, _ in samples if "pod" in lab or "job" in lab]
