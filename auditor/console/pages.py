@@ -189,7 +189,7 @@ def teams(base: str, rows: Sequence[TeamWeek], weeks: Sequence[str], currency: s
     headers = ["team", "week", "jobs", "GPU-hours", "waste GPU-hours", "efficiency", "most waste from"]
     headers += [currency] if priced else []
     body = []
-    for r in sorted(rows, key=lambda r: (r.week, -r.waste_gpu_hours), reverse=True):
+    for r in sorted(rows, key=lambda r: (r.week, r.waste_gpu_hours), reverse=True):  # newest week, most waste first
         cells = [
             f'<a href="{base}/jobs?{urlencode({"team": r.team})}">{esc(r.team)}</a>',
             esc(r.week),

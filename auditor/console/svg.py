@@ -119,7 +119,7 @@ def lines(
     height: int = 200,
 ) -> str:
     """Lines over categories (weeks), one per series (team), with a legend below."""
-    left, right, top = 48, 12, 22
+    left, right, top = 48, 36, 22  # room for the last category's label, centred on its point
     legend_rows = (len(series) + 3) // 4
     bottom = 22 + 16 * legend_rows
     w, h = width - left - right, height - top - bottom

@@ -67,21 +67,24 @@ def _like(text: str) -> str:
 
 
 def _job_row(r: Any, when: Any = lambda v: v) -> JobRow:
+    """A row of :data:`_ROW_COLUMNS` (unpacked by position: a page may hold 10,000, and a Row's
+    attribute lookups cost more than the rest of the conversion)."""
+    jid, cluster, namespace, kind, name, ended_at, team, verdict, gh, waste, sm, tensor, start, end = tuple(r)[:14]
     return JobRow(
-        id=r.id,
-        cluster=r.cluster,
-        namespace=r.namespace,
-        kind=r.kind,
-        name=r.name,
-        team=r.team or "",
-        verdict=r.verdict or "",
-        gpu_hours=r.gpu_hours,
-        waste_gpu_hours=r.waste_gpu_hours,
-        sm_active=r.sm_active,
-        tensor_active=r.tensor_active,
-        start=when(r.start),
-        end=when(r.end),
-        running=r.ended_at is None,
+        jid,
+        cluster,
+        namespace,
+        kind,
+        name,
+        team or "",
+        verdict or "",
+        gh,
+        waste,
+        sm,
+        tensor,
+        when(start),
+        when(end),
+        ended_at is None,
     )
 
 
@@ -271,7 +274,8 @@ class ConsoleQueries:
             found: dict[int, JobRow] = {}
             for k in range(0, len(ids), 500):
                 for r in conn.execute(rows_q.where(_s.job_id.in_(ids[k : k + 500]))):
-                    found[r.id] = _job_row(r, when)
+                    row = _job_row(r, when)
+                    found[row.id] = row
             teams = conn.execute(sa.select(_s.team).distinct().order_by(_s.team)).scalars().all()
             namespaces = conn.execute(sa.select(_s.namespace).distinct().order_by(_s.namespace)).scalars().all()
             verdicts = conn.execute(sa.select(_s.verdict).distinct().order_by(_s.verdict)).scalars().all()
