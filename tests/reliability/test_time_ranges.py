@@ -3,8 +3,10 @@
 The probe: ``audit --start 0001-01-01T00:00:00Z`` ended in a MemoryError traceback, and a
 10-year range over 3 pods took 2.6 GB, because a read keeps one value per bucket of every
 series for the whole range. A range is now bounded by the ``max_audit_range`` setting (31 d by
-default) and by 100,000 buckets per series, times before 1970 and out-of-range dates are bad
-input (exit 2), and an audit of the longest allowed range over the bed's pods stays small.
+default) and by 100,000 buckets per series, and times before 1970 and out-of-range dates are
+bad input (exit 2). Within the bound a read still keeps dense per-bucket arrays for every series
+it finds (auditor/sources/prometheus.py, scale's), so a short-lived pod in a long range costs
+the whole range: the bound keeps that at 26,784 buckets of 5 min per series.
 """
 
 from __future__ import annotations
@@ -124,11 +126,22 @@ def test_audit_refuses_an_unbounded_range_in_one_line_before_reading(
     assert not (tmp_path / "a.db").exists()
 
 
-def test_the_longest_allowed_range_over_the_beds_pods_stays_small(prometheus, tmp_path: Path) -> None:
-    """31 days (the default bound) over the bed's few pods: memory follows the data. Measured
-    here: 94 MB for 1 h, 113 MB for 31 d (the probe's 10 years took 2.6 GB). The range is
-    relative to now only because the bed's data is; nothing asserted depends on the clock."""
-    r = audit("--prometheus", prometheus.url, "--start", "now-31d", "--db", f"sqlite:///{tmp_path}/a.db")
+def test_the_length_of_an_allowed_range_costs_no_memory_by_itself(prometheus, tmp_path: Path) -> None:
+    """31 days (the default bound) of a selection that matches no series: the read costs what
+    the interpreter costs (measured here: 92.6 MB for 31 d, 92.5 MB for 1 h; the probe's
+    10 years over 3 pods took 2.6 GB). Not asserted on the bed's own pods: other tests and
+    benchmarks load the shared bed's Prometheus (31 d of it took 113 MB one hour, 746 MB the
+    next). The range is relative to now; nothing asserted depends on the clock."""
+    r = audit(
+        "--prometheus",
+        prometheus.url,
+        "--match",
+        "namespace=no-such-namespace-harden",
+        "--start",
+        "now-31d",
+        "--db",
+        f"sqlite:///{tmp_path}/a.db",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     rss_mb = int(r.stderr.rsplit("maxrss_kb", 1)[1].split()[0]) / 1024
-    assert rss_mb < 200, f"{rss_mb:.0f} MB"
+    assert rss_mb < 150, f"{rss_mb:.0f} MB"
