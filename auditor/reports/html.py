@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import jinja2
+from markupsafe import Markup
 
 from auditor.reports import charts
 from auditor.reports.aggregate import VERDICTS, fmt, lineage_note, priced, shown_figures
@@ -34,6 +35,7 @@ th,td{border-bottom:1px solid var(--bd);padding:.3rem .45rem;text-align:right;wh
 th{background:#fafafa;position:sticky;top:0;white-space:normal;vertical-align:bottom} .l{text-align:left}
 td.l{white-space:normal;overflow-wrap:break-word} td.job{min-width:11rem}
 td.advice{white-space:normal;text-align:left;min-width:18rem;max-width:40rem;font-size:.8rem;color:#333}
+.nw{white-space:nowrap}
 .v{color:#fff;border-radius:4px;padding:.05rem .35rem;font-size:.75rem;white-space:nowrap}
 figure{margin:.8rem 0} figure img{width:100%;max-width:760px;height:auto;display:block} figcaption{color:var(--mut);font-size:.8rem}
 .note{background:#fff8e1;border-left:4px solid #f9a825;padding:.5rem .8rem;margin:.6rem 0}
@@ -50,13 +52,13 @@ _TEMPLATE = """<!DOCTYPE html>
 <p class="sub">ISO week <b data-k="week">{{ r.week }}</b> · {{ r.start }} – {{ r.end }} ({{ r.timezone }}, {{ r.hours_in_week }} h){% if r.cluster %} · cluster {{ r.cluster }}{% endif %} · generated {{ r.generated_at }}{% if r.store is defined and r.store %} from store <span data-k="store">{{ r.store }}</span>{% endif %}</p>
 {% macro kpis(t) -%}
 <div class="kpis">
-{% for key, label, kind in figures %}<div class="kpi"><b data-k="{{ key }}">{{ f(kind, t[key]) }}</b><span>{{ label }}</span></div>{% endfor %}
+{% for key, label, kind in figures %}<div class="kpi"><b data-k="{{ key }}">{{ f(kind, t[key]) }}</b><span>{{ label|nw }}</span></div>{% endfor %}
 <div class="kpi"><b data-k="actions_total">{{ t.actions_total }}</b><span>policy actions</span></div>
 </div>
 {%- endmacro %}
 {% macro top(t) -%}
 {% if t.top_jobs %}<div class="scroll"><table data-table="top_jobs">
-<tr><th class="l">job</th>{% if show_team %}<th class="l">team</th>{% endif %}<th>GPU-h</th><th>SM</th><th>tensor</th><th>waste GPU-h</th>{% if priced %}<th>waste cost</th>{% endif %}<th class="l">verdict</th><th class="l">why, and what to try</th></tr>
+<tr><th class="l">job</th>{% if show_team %}<th class="l">team</th>{% endif %}<th>{{ "GPU-h"|nw }}</th><th>SM</th><th>tensor</th><th>{{ "waste GPU-h"|nw }}</th>{% if priced %}<th>waste cost</th>{% endif %}<th class="l">verdict</th><th class="l">why, and what to try</th></tr>
 {% for j in t.top_jobs %}<tr data-job="{{ j.namespace }}/{{ j.job }}"><td class="l job">{{ j.namespace }}/<wbr>{{ j.job }}{% if j.split != "inside" %} <small title="share of the job in this week, split by {{ j.split }}">({{ f("ratio", j.week_fraction) }} in week)</small>{% endif %}{% if "lineage" in j %} <small data-k="lineage">{{ lineage_note(j) }}</small>{% endif %}</td>
 {% if show_team %}<td class="l">{{ j.team }}</td>{% endif %}<td data-k="gpu_hours">{{ f("hours", j.gpu_hours) }}</td><td data-k="sm_active">{{ f("ratio", j.sm_active) }}</td><td data-k="tensor_active">{{ f("ratio", j.tensor_active) }}</td>
 <td data-k="waste_gpu_hours">{{ f("hours", j.waste_gpu_hours) }}</td>{% if priced %}<td data-k="waste_cost">{{ f("money", j.waste_cost) }}</td>{% endif %}
@@ -75,7 +77,7 @@ which the SMs had work. “GPU utilization” only says that <i>some</i> kernel 
 {% if r.scope == "cluster" %}
 <h2>Teams</h2>
 <div class="scroll"><table data-table="teams">
-<tr><th class="l">team</th>{% for key, label, kind in figures %}<th>{{ label }}</th>{% endfor %}<th>actions</th></tr>
+<tr><th class="l">team</th>{% for key, label, kind in figures %}<th>{{ label|nw }}</th>{% endfor %}<th>actions</th></tr>
 {% for t in r.teams %}<tr data-team="{{ t.team }}"><td class="l">{{ t.team }}</td>{% if t.jobs %}{% for key, label, kind in figures %}<td data-k="{{ key }}">{{ f(kind, t[key]) }}</td>{% endfor %}{% else %}<td data-k="no_data" colspan="{{ figures|length }}" class="l">no data</td>{% endif %}<td data-k="actions_total">{{ t.actions_total }}</td></tr>
 {% endfor %}<tr data-team="{{ r.total.team }}"><th class="l">total</th>{% for key, label, kind in figures %}<th data-k="{{ key }}">{{ f(kind, r.total[key]) }}</th>{% endfor %}<th data-k="actions_total">{{ r.total.actions_total }}</th></tr>
 </table></div>
@@ -94,7 +96,7 @@ which the SMs had work. “GPU utilization” only says that <i>some</i> kernel 
 {% endif %}
 {% if r.total.actions %}<h3>Policy actions taken</h3><p>{% for a, n in r.total.actions.items() %}{{ a }}: <b>{{ n }}</b>{% if not loop.last %} · {% endif %}{% endfor %}</p>{% endif %}
 <h2>Trend</h2>
-<div class="scroll"><table data-table="trend"><tr><th class="l">week</th><th>GPU-hours</th><th>efficiency</th><th>waste GPU-h</th><th>unmeasured GPU-h</th></tr>
+<div class="scroll"><table data-table="trend"><tr><th class="l">week</th><th>{{ "GPU-hours"|nw }}</th><th>efficiency</th><th>{{ "waste GPU-h"|nw }}</th><th>{{ "unmeasured GPU-h"|nw }}</th></tr>
 {% for p in r.total.trend %}<tr data-week="{{ p.week }}"><td class="l">{{ p.week }}</td>{% if p.jobs %}<td data-k="gpu_hours">{{ f("hours", p.gpu_hours) }}</td><td data-k="efficiency">{{ f("ratio", p.efficiency) }}</td>
 <td data-k="waste_gpu_hours">{{ f("hours", p.waste_gpu_hours) }}</td><td data-k="unmeasured_gpu_hours">{{ f("hours", p.unmeasured_gpu_hours) }}</td>{% else %}<td data-k="no_data" colspan="4" class="l">no data</td>{% endif %}</tr>{% endfor %}
 </table></div>
@@ -111,6 +113,14 @@ which the SMs had work. “GPU utilization” only says that <i>some</i> kernel 
 """
 
 _env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=False)
+
+
+def _no_break_in_words(label: str) -> Markup:
+    """A header that wraps only between words: "waste GPU-h" never breaks as "waste GPU-" / "h"."""
+    return Markup(" ").join(Markup('<span class="nw">{}</span>').format(w) if "-" in w else w for w in label.split(" "))
+
+
+_env.filters["nw"] = _no_break_in_words
 _tpl = _env.from_string(_TEMPLATE)
 
 
