@@ -61,9 +61,16 @@ def is_true(obj: dict, kind: str) -> bool:
 
 @contextmanager
 def gate_queue(
-    api: Any, namespace: str, *, gpus: int = 1, strategy: str = "BestEffortFIFO", check: str | None = None
+    api: Any,
+    namespace: str,
+    *,
+    gpus: int = 1,
+    strategy: str = "BestEffortFIFO",
+    check: str | None = None,
+    on_flavors: bool = True,
 ) -> Iterator[GateQueue]:
-    """``check``: an AdmissionCheck that exists (the chart's), else one is made for the test."""
+    """``check``: an AdmissionCheck that exists (the chart's), else one is made for the test.
+    ``on_flavors`` False: the check runs for every flavor (Kueue adds it at the Workload's creation)."""
     case = uuid.uuid4().hex[:8]
     gpu, cpu, cq = f"gpu-{case}", f"cpu-{case}", f"cq-{case}"
     ac = check or f"gpu-efficiency-{case}"
@@ -108,7 +115,9 @@ def gate_queue(
                         "flavors": [{"name": cpu, "resources": [{"name": "cpu", "nominalQuota": "4"}]}],
                     },
                 ],
-                "admissionChecksStrategy": {"admissionChecks": [{"name": ac, "onFlavors": [gpu]}]},
+                "admissionChecksStrategy": {
+                    "admissionChecks": [{"name": ac, "onFlavors": [gpu]} if on_flavors else {"name": ac}]
+                },
             },
         },
     )

@@ -175,6 +175,9 @@ class GateController:
         self.started_at: datetime | None = None
         self._attempts: dict[str, int] = {}
         self._requeues: dict[str, _Requeue] = {}
+        #: Workload → the resourceVersion our last answer produced: older versions (a watch event in
+        #: flight when we wrote) still show the check Pending and are not answered twice
+        self._answered: dict[str, int] = {}
         self._checks_informer = Informer(api, KV, "admissionchecks", self._on_check, name="gate-admissionchecks")
         self._workloads: Informer[None] = Informer(api, KV, "workloads", self._on_workload, name="gate-workloads")
         #: Kueue-queued batch Jobs, slimmed: the owner of a Workload is read here, not from the API
@@ -246,15 +249,26 @@ class GateController:
         return [n for n, c in view.checks.items() if n in names and c.get("state") == "Pending"]
 
     def _backing_off(self, key: str, view: WorkloadView) -> _Requeue | None:
-        """The requeue to give its backoff now: Kueue is evicting the Workload (our ``Retry``)."""
+        """The requeue to give its backoff now: Kueue is evicting the Workload (our ``Retry``), or
+        has already taken its quota back (the backoff then keeps it waiting, holding nothing)."""
         with self._lock:
             rq = self._requeues.get(key)
-        return rq if rq is not None and view.evicted and not rq.backed_off else None
+        if rq is None or rq.backed_off or not (view.evicted or not view.quota_reserved):
+            return None
+        return rq if any(n in self.check_names for n in view.checks) else None
+
+    def _stale(self, key: str, obj: Mapping[str, Any]) -> bool:
+        try:
+            return int((obj.get("metadata") or {}).get("resourceVersion") or 0) <= self._answered.get(key, 0)
+        except ValueError:  # an opaque resourceVersion: answer, twice at worst
+            return False
 
     def _on_workload(self, obj: dict) -> None:
         view = WorkloadView.parse(obj)
         key = f"{view.namespace}/{view.name}"
-        if self._backing_off(key, view) or (view.awaits_checks and self._ours_pending(view)):
+        if self._stale(key, obj):
+            return None
+        if self._backing_off(key, view) or (view.answerable and self._ours_pending(view)):
             with self._lock:
                 fresh = key not in self._latest
                 seen = self._latest[key][1] if not fresh else time.monotonic()
@@ -320,7 +334,7 @@ class GateController:
             self._back_off(view, rq)
             return None
         pending = self._ours_pending(view)
-        if not (view.awaits_checks and pending):
+        if not (view.answerable and pending) or self._stale(wkey, obj):
             return None
         with self._lock:
             rq = self._requeues.pop(wkey, None)
@@ -350,8 +364,9 @@ class GateController:
         ltt = rfc3339(now)
         states = {n: {"state": verdict.state, "message": verdict.message, "lastTransitionTime": ltt} for n in pending}
         t_write = time.monotonic()
-        self.kube.write_checks(view, states)
+        written = self.kube.write_checks(view, states)
         wrote = time.monotonic()
+        self._remember_answer(wkey, written)
         done = Decided(
             view.namespace,
             view.name,
@@ -373,6 +388,16 @@ class GateController:
             return verdict
         self._tell.submit(self._after, view, key, verdict, now)
         return verdict
+
+    def _remember_answer(self, key: str, written: Mapping[str, Any]) -> None:
+        try:
+            rv = int((written.get("metadata") or {}).get("resourceVersion") or 0)
+        except ValueError:
+            return
+        with self._lock:
+            if len(self._answered) > 50000:  # finished Workloads are not removed one by one
+                self._answered.clear()
+            self._answered[key] = rv
 
     def _missed(self, view: WorkloadView, now: datetime) -> str | None:
         """Why the deadline passed without us, when it did: the Workload reserved quota while no
@@ -574,6 +599,13 @@ class GateController:
                     self.holds.set(v.key, kind, v.decision.reason)
         return released
 
+    def _still_held(self, view: WorkloadView) -> bool:
+        """Rejected by our check and not re-admitted: deactivated by Kueue (it had quota), or, when
+        rejected while queued, kept out of admission by the Rejected state (Kueue deactivates only
+        Workloads holding quota). Deleting it lets Kueue recreate it from the suspended Job."""
+        ours = [c for n, c in view.checks.items() if n in self.check_names]
+        return not view.active or (not view.quota_reserved and any(c.get("state") == REJECTED for c in ours))
+
     def _release(self, job: dict, key: LineageKey, v: Verdict, now: datetime) -> bool:
         meta = job["metadata"]
         ns, name = meta["namespace"], meta["name"]
@@ -585,7 +617,7 @@ class GateController:
         workload = held_by_check(job)
         if workload:
             for wl in self.kube.workloads_of(ns, str(meta.get("uid") or "")):
-                if wl["metadata"]["name"] == workload and (wl.get("spec") or {}).get("active") is False:
+                if wl["metadata"]["name"] == workload and self._still_held(WorkloadView.parse(wl)):
                     self.kube.delete_workload(ns, workload)
             self.kube.actions.annotate(
                 ActionTarget.of_ref(summary),

@@ -121,6 +121,16 @@ class WorkloadView:
         return self.quota_reserved and not self.evicted and not self.finished
 
     @property
+    def answerable(self) -> bool:
+        """Its checks may be answered: holding quota for them (:attr:`awaits_checks`), or still
+        queued, before quota. Kueue puts a check on a queued Workload when the check runs for
+        every flavor of its ClusterQueue (it can match ``onFlavors`` only once a flavor is
+        assigned), keeps an answer given then, and admits at the reservation itself."""
+        return self.awaits_checks or (
+            not self.quota_reserved and self.active and not self.evicted and not self.finished
+        )
+
+    @property
     def job(self) -> dict[str, str]:
         """The owner as the policy actions address a job (``{"namespace", "job": "Kind/name"}``)."""
         return {"namespace": self.namespace, "job": f"{self.owner_kind}/{self.owner_name}", "uid": self.owner_uid}

@@ -457,3 +457,58 @@ def test_an_answer_the_api_refused_is_tried_again_until_it_is_written(kube_admin
                     call_json(api, f"/apis/rbac.authorization.k8s.io/v1/{plural}/{name}", method="DELETE")
                 except Exception:  # noqa: BLE001 - the binding may never have been made
                     pass
+
+
+def test_with_the_check_on_every_flavor_the_gate_answers_before_quota(kube_admin, namespace, store):
+    """A check that runs for every flavor of its ClusterQueue is put on a Workload at its creation
+    (Kueue matches ``onFlavors`` only once a flavor is assigned, so a check scoped to some flavors
+    waits for the reservation). The gate answers it while the job is still queued: Kueue keeps a
+    Ready and admits at the reservation itself (nothing decided after it); a Rejected keeps the
+    Workload out of admission without its ever taking quota (Kueue deactivates only Workloads
+    holding quota), and an acknowledgement releases it (the Workload recreated, then admitted)."""
+    api, ns = kube_admin, namespace
+    key = LineageKey("default", ns, "train")
+    record_runs(store, key, FLAGGED, _now())
+    with gate_queue(api, ns, on_flavors=False) as q, running_gate(api, store, mode="enforce") as ctl:
+        until(lambda: is_true(cluster_queue(api, q.cluster_queue), "Active"), "the ClusterQueue Active")
+        first = workload_of(api, ns, gpu_job(api, ns, "first"))["metadata"]["name"]
+        until(lambda: is_true(_wl(api, ns, first), "Admitted"), "the first job admitted")
+        held = workload_of(api, ns, gpu_job(api, ns, "train-p2k7d", lineage="train"))
+        clean = workload_of(api, ns, gpu_job(api, ns, "clean-b5n8x"))["metadata"]["name"]
+        queued = until(
+            lambda: (w := _wl(api, ns, clean)) and check_state(w, q.check).get("state") == "Ready" and w,
+            "the queued job answered before quota",
+        )
+        assert not is_true(queued, "QuotaReserved")
+        h = until(
+            lambda: (
+                (w := _wl(api, ns, held["metadata"]["name"]))
+                and check_state(w, q.check).get("state") == "Rejected"
+                and w
+            ),
+            "the flagged one held while queued",
+        )
+        assert h["spec"].get("active") is not False and not is_true(h, "QuotaReserved")
+        freed = time.monotonic()
+        call_json(
+            api,
+            resource_path("batch/v1", "jobs", ns, "first"),
+            method="DELETE",
+            query=[("propagationPolicy", "Background")],
+        )
+        until(lambda: is_true(_wl(api, ns, clean), "Admitted"), "admitted at its reservation")
+        answers = [d for d in ctl.decided if d.workload == clean]
+        assert answers and all(d.state == "Ready" and d.wrote_at < freed for d in answers)  # none after quota
+        assert not is_true(_wl(api, ns, held["metadata"]["name"]), "QuotaReserved")  # the clean one got it
+
+        AckLog(store).acknowledge(key, "alice@example.com", None, "fixed the input pipeline", _now())
+        uid = job(api, ns, "train-p2k7d")["metadata"]["uid"]
+
+        def recreated():
+            items = call_json(
+                api, resource_path(KV, "workloads", ns), query=[("labelSelector", f"kueue.x-k8s.io/job-uid={uid}")]
+            )["items"]
+            return next((w for w in items if w["metadata"]["uid"] != held["metadata"]["uid"]), None)
+
+        fresh = until(lambda: (w := recreated()) and check_state(w, q.check).get("state") == "Ready" and w, "released")
+        assert "acknowledged" in check_state(fresh, q.check)["message"]
