@@ -64,6 +64,7 @@ SLOW_MODULES = {
 #: Tests that need the bed's real node (kubelet + containerd, docs/testbed.md): a private bed
 #: started for a session holding them gets the node, and its images are built before the run.
 NODE_TESTS = "tests/node/"
+NODE_IMAGE_ENV = "GPU_AUDITOR_NODE_TEST_IMAGE"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -102,22 +103,29 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Build the Go binaries (and, for the node tests, the images) before the run if needed: a
     cold build takes minutes, longer than the per-test timeout, which would otherwise count it
     against the first test."""
-    if not any(item.get_closest_marker("testbed") for item in session.items) or _attach_shared() is not None:
+    if not any(item.get_closest_marker("testbed") for item in session.items):
         return
     from auditor.testbed import binaries, image, node
 
     switch = os.environ.get(node.NODE_SWITCH, "").strip().lower()
     with_node = _wants_node(session) and switch not in ("0", "false", "no", "off")
-    if with_node:
+    shared = _attach_shared()
+    if with_node and shared is None:
         os.environ[node.NODE_SWITCH] = "1"  # the private bed this session starts gets the node
     capture = session.config.pluginmanager.getplugin("capturemanager")
     try:
         with capture.global_and_fixture_disabled():
-            binaries.build()
-            binaries.crd_files()
+            if shared is None:
+                binaries.build()
+                binaries.crd_files()
+            # the node tests run this tree's image (on a shared bed too: it may be older)
             if with_node and not node.missing_packages():
                 image.build_pause()
-                image.build_product()
+                # built once per session, from the tree as the run starts (others may edit it
+                # meanwhile); the node tests import this one (tests/node/conftest.py). An archive
+                # named in the environment beforehand is tested instead.
+                if not os.environ.get(NODE_IMAGE_ENV):
+                    os.environ[NODE_IMAGE_ENV] = str(image.build_product().archive)
     except Exception as exc:  # noqa: BLE001 - reported by the `testbed` fixture as a failure
         _PREPARE_ERROR.append(exc)
 

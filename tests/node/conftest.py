@@ -10,6 +10,9 @@ them when the module ends: other tests' pods (default scheduler name) are never 
 
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
 import subprocess
 import uuid
 from dataclasses import dataclass
@@ -21,7 +24,7 @@ import pytest
 import yaml
 from nodelib import SCHEDULER
 
-from auditor.testbed import config, node, process
+from auditor.testbed import config, image, node, process
 from auditor.testbed.state import State
 
 WORKLOAD_CONTROLLERS = ("deployment-controller", "replicaset-controller", "daemonset-controller")
@@ -46,9 +49,16 @@ def bed_node(testbed) -> Node:
             f"{node.NODE_SWITCH}=0, or the running bed was started without it (restart it)"
         )
         pytest.fail(f"the test bed has no node: {why}", pytrace=False)
-    # The image the bed built when it started (GPU_AUDITOR_IMAGE): rebuilding for every change of
-    # the tree would cost minutes per session; a bed restart builds the current tree.
-    repository, tag = testbed.image.rsplit(":", 1)
+    # The image of this tree (the chart under test renders settings this tree's code reads), built
+    # before the run (tests/conftest.py, NODE_IMAGE_ENV); the bed's own is that of the tree it
+    # started from. On a fresh clone both are the same.
+    archive = os.environ.get("GPU_AUDITOR_NODE_TEST_IMAGE")
+    if not archive:
+        pytest.fail("no image was built before the run for the node tests", pytrace=False)
+    tag = Path(archive).stem.removeprefix("gpu-auditor-")
+    repository = image.REPOSITORY
+    if f"{repository}:{tag}" != testbed.image:
+        node.import_image(state, Path(archive))
     return Node(
         name=testbed.node_name,
         image_repository=repository,
@@ -57,6 +67,13 @@ def bed_node(testbed) -> Node:
         pod_logs_dir=Path(state.values["pki_dir"]).parent / "node" / "pod-logs",
         state=state,
     )
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the thread that started it ends (pytest's main
+    thread, so: when pytest ends, however it ends; a killed run leaves no scheduler behind)."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +115,14 @@ def workload_controllers(testbed, bed_node, tmp_path_factory) -> Iterator[None]:
     procs = []
     for name, argv in argvs.items():
         log = open(work / f"{name}.log", "wb")
-        procs.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))
+        procs.append(
+            (
+                subprocess.Popen(
+                    argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent
+                ),
+                log,
+            )
+        )
     try:
         yield
     finally:

@@ -32,11 +32,13 @@ def postrender_args(testbed, devices: Sequence[str], trace: str, phase: str) -> 
     ]
 
 
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 180, explain: Callable[[], str] = str) -> T:
-    deadline = time.monotonic() + timeout
+def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 90, explain: Callable[[], str] = str) -> T:
+    t0 = time.monotonic()
+    deadline = t0 + timeout
     while time.monotonic() < deadline:
         got = fn()
         if got:
+            print(f"node tests: {what}: {time.monotonic() - t0:.1f} s", file=sys.stderr)
             return got
         time.sleep(1)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{explain()}")
@@ -84,13 +86,18 @@ def process_environ(pid: int) -> dict[str, str]:
     return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
 
 
-def cluster_view(testbed, namespace: str) -> str:
-    """What a person would look at when a pod does not come up: objects and events."""
+def cluster_view(testbed, namespace: str, pod_logs: Path) -> str:
+    """What a person would look at when a pod does not come up: objects, events and the last
+    lines of the namespace's container logs (read on the node: the kubelet listens on loopback,
+    where the apiserver's ``kubectl logs`` cannot reach it)."""
     kubectl = [testbed.kubectl, f"--kubeconfig={testbed.kubeconfig}", "-n", namespace]
     out = []
     for what in (["get", "deploy,rs,ds,pods", "-o", "wide"], ["get", "events", "--sort-by=.lastTimestamp"]):
         proc = subprocess.run(kubectl + what, capture_output=True, text=True, timeout=60)
         out.append(proc.stdout + proc.stderr)
+    for log in sorted(pod_logs.glob(f"{namespace}_*/*/*.log")):
+        lines = log.read_text(errors="replace").splitlines()[-40:]
+        out.append(f"--- {log.relative_to(pod_logs)}\n" + "\n".join(lines))
     return "\n".join(out)
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 import re
 import subprocess
+import sys
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -73,8 +75,10 @@ class Release:
     gpu_pod: str
     values: list[str]
 
+    pod_logs: Path
+
     def explain(self, testbed) -> str:
-        return cluster_view(testbed, self.namespace)
+        return cluster_view(testbed, self.namespace, self.pod_logs)
 
 
 def _gpu_pod(namespace: str, job: dict, node_name: str, pause_image: str) -> dict:
@@ -146,6 +150,7 @@ def release(testbed, bed_node, workload_controllers, module_database, tmp_path_f
                 "enabled": True,
                 "port": process.free_port(),
                 "podResourcesPath": str(bed_node.pod_resources_dir),
+                "serviceMonitor": {"interval": "2s", "scrapeTimeout": "2s"},
             },
         }
         values_file = tmp_path_factory.mktemp("release") / "values.yaml"
@@ -164,6 +169,7 @@ def release(testbed, bed_node, workload_controllers, module_database, tmp_path_f
             slack=slack,
             gpu_pod=pod["metadata"]["name"],
             values=["-f", str(values_file), *post],
+            pod_logs=bed_node.pod_logs_dir,
         )
     finally:
         slack.close()
@@ -250,6 +256,74 @@ def test_agent_serves_the_pods_gpu_as_the_kubelet_allocated_it(testbed, bed_node
     assert float(line.rsplit(" ", 1)[1]) < 0.05, line
 
 
+def _scrape_config(monitor: dict, service: dict, agent: k8s.V1Pod) -> dict:
+    """What the Prometheus Operator makes of the chart's ServiceMonitor for this one agent pod:
+    its endpoint's path, interval, timeout and honorLabels, the target being the pod behind the
+    Service port the endpoint names (the bed runs no endpoints controller, so it is resolved here)."""
+    (ep,) = monitor["spec"]["endpoints"]
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == ep["port"]]
+    (container,) = agent.spec.containers
+    (target_port,) = [p.container_port for p in container.ports if p.name == port["targetPort"]]
+    return {
+        "job_name": f"serviceMonitor/{monitor['metadata']['namespace']}/{monitor['metadata']['name']}/0",
+        "metrics_path": ep["path"],
+        "honor_labels": ep["honorLabels"],
+        "scrape_interval": ep["interval"],
+        "scrape_timeout": ep["scrapeTimeout"],
+        "static_configs": [{"targets": [f"{agent.status.pod_ip}:{target_port}"]}],
+    }
+
+
+def test_prometheus_scrapes_the_agent_as_the_service_monitor_says(testbed, release, tmp_path):
+    (agent,) = ready_pods(release.core, release.namespace, "node-agent")
+    custom = k8s.CustomObjectsApi(release.core.api_client)
+    name = f"{release.name}-gpu-auditor-node-agent"
+    monitor = custom.get_namespaced_custom_object(
+        "monitoring.coreos.com", "v1", release.namespace, "servicemonitors", name
+    )
+    service = release.core.read_namespaced_service(name, release.namespace).to_dict()
+    service["spec"]["ports"] = [{"name": p["name"], "targetPort": p["target_port"]} for p in service["spec"]["ports"]]
+    scrape = _scrape_config(monitor, service, agent)
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({"scrape_configs": [scrape]}))
+    port = process.free_port()
+    prom = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        def scraped() -> list | None:
+            try:
+                resp = requests.get(
+                    f"http://127.0.0.1:{port}/api/v1/query",
+                    params={"query": f'DCGM_FI_PROF_SM_ACTIVE{{pod="{release.gpu_pod}"}}'},
+                    timeout=5,
+                )
+            except requests.ConnectionError:
+                return None
+            return resp.json()["data"]["result"] or None
+
+        (series,) = wait_for("the agent's series in Prometheus", scraped, timeout=60)
+    finally:
+        prom.terminate()
+        prom.wait(timeout=30)
+    labels = series["metric"]
+    # honorLabels true: the workload's labels as the agent set them, not the scrape target's
+    assert (labels["namespace"], labels["pod"], labels["container"]) == (
+        release.work_namespace,
+        release.gpu_pod,
+        "main",
+    )
+    assert labels["job"] == scrape["job_name"] and labels["source"] == "gpu-auditor-agent", labels
+
+
 def test_deleting_the_operator_pod_hands_the_lease_to_its_replacement(testbed, release):
     (pod,) = ready_pods(release.core, release.namespace, "operator")
     release.core.delete_namespaced_pod(pod.metadata.name, release.namespace, grace_period_seconds=5)
@@ -304,7 +378,9 @@ def test_upgrade_rolls_the_operator_and_uninstall_leaves_nothing(testbed, releas
 
     wait_for("the upgraded operator pod Ready, the old one gone", rolled, explain=lambda: release.explain(testbed))
 
+    t0 = time.monotonic()
     helm(testbed, "uninstall", release.name, "-n", release.namespace, "--wait", "--timeout=120s")
+    print(f"node tests: helm uninstall --wait: {time.monotonic() - t0:.1f} s", file=sys.stderr)
     selector = f"app.kubernetes.io/instance={release.name}"
     kubectl = [testbed.kubectl, f"--kubeconfig={testbed.kubeconfig}", "get", RELEASE_KINDS, "-A", "-l", selector]
 
