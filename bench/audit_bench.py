@@ -31,7 +31,7 @@ from pathlib import Path
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import REPO, PrivatePrometheus, log, write_history
+from benchlib import REPO, PrivatePrometheus, log, prometheus_cpu, write_history
 
 GPUS = 8
 INTERVAL_S = 30
@@ -96,15 +96,140 @@ def child(mode: str, url: str, namespace: str, jobs: int, start: float, end: flo
     print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak_kb / 1024, "jobs_found": found}))
 
 
+def load_child(url: str, db: str, start: float, end: float) -> None:
+    """``gpu-auditor audit --no-kube --db URL`` over the window, its own wall, CPU and peak RSS."""
+    import contextlib
+    import io
+
+    from auditor.cli.main import main as cli
+
+    def iso(t: float) -> str:
+        return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = cli(["audit", "--prometheus", url, "--no-kube", "--start", iso(start), "--end", iso(end), "--db", db])
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak_kb / 1024, "rc": rc}))
+
+
+def load_figure(args: argparse.Namespace) -> int:
+    """Issue 20's load figure: 2,000 pods x 2 GPUs x 6 h at 30 s, ``audit`` into each store."""
+    from auditor.testbed import attach
+
+    bed = attach()
+    if bed is None and "postgresql" in args.store:
+        raise SystemExit("--store postgresql needs the running test bed")
+    codes: list[tuple[str, str | None]] = [("before", args.baseline)] if args.baseline else []
+    codes.append(("after" if args.baseline else "current", args.after))
+    work = Path(tempfile.mkdtemp(prefix="gpa-bench-load-"))
+    (work / "data").mkdir()
+    end = int(time.time()) // 300 * 300 - 300
+    seconds = 6 * 3600
+    log("load figure: writing 2000 pods x 2 GPUs x 6 h at 30 s")
+    write_history(work / "data", jobs=2000, gpus=2, end=end, seconds=seconds, interval=30, namespace="load")
+    prom = PrivatePrometheus(work / "data")
+    rows = []
+    try:
+        for rep in range(args.repeat):
+            for code, code_dir in codes:
+                for store in args.store.split(","):
+                    name = f"loadbench_{os.getpid()}_{len(rows)}"
+                    db = f"sqlite:///{work / (name + '.db')}" if store == "sqlite" else _database(bed, name, True)
+                    env = dict(os.environ)
+                    if code_dir:
+                        env["PYTHONPATH"] = os.pathsep.join(filter(None, [code_dir, env.get("PYTHONPATH")]))
+                    load = os.getloadavg()[0]
+                    try:
+                        out = subprocess.run(
+                            [sys.executable, __file__, "--load-child", prom.url, db, str(end - seconds), str(end)],
+                            capture_output=True,
+                            text=True,
+                            env=env,
+                            cwd=work,
+                        )
+                    finally:
+                        if store == "postgresql":
+                            _database(bed, name, False)
+                    if out.returncode != 0:
+                        raise RuntimeError(f"audit failed:\n{out.stderr[-3000:]}")
+                    res = json.loads(out.stdout.strip().splitlines()[-1])
+                    res.update(
+                        {
+                            "code": code,
+                            "store": store,
+                            "repeat": rep,
+                            "load": [round(load, 2), round(os.getloadavg()[0], 2)],
+                        }
+                    )
+                    log(f"load figure {code} {store}: {res}")
+                    rows.append(res)
+    finally:
+        prom.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    day = datetime.now(timezone.utc).strftime("%Y-%m-%d") + (f"-{args.tag}" if args.tag else "")
+    _write(
+        Path(args.out),
+        f"audit-load-{day}",
+        rows,
+        [
+            f"# Audit load figure (issue 20), {day}",
+            "",
+            "Machine: {machine}. 2,000 pods x 2 GPUs x 6 h at 30 s, 9 DCGM metrics; `gpu-auditor audit --no-kube "
+            "--db URL` over the 6 h in a fresh process (SQLite file; a fresh database in the test bed's PostgreSQL "
+            "15). Load: the 1-minute load average before / after.",
+            "",
+            "| code | store | wall s | CPU s | peak RSS MB | load |",
+            "|---|---|---:|---:|---:|---|",
+        ],
+        lambda r: (
+            f"| {r['code']} | {r['store']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | {r['peak_rss_mb']:.0f} | "
+            f"{' / '.join(str(x) for x in r['load'])} |"
+        ),
+    )
+    return 0
+
+
+def _database(bed, name: str, create: bool) -> str:
+    """Create (or drop) a database beside the test bed's maintenance one; its URL."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    with psycopg.connect(bed.postgres_admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"' if create else f'DROP DATABASE IF EXISTS "{name}"')
+    parts = urlsplit(bed.postgres_admin_url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         mode, url, ns, jobs, start, end = sys.argv[2:8]
         child(mode, url, ns, int(jobs), float(start), float(end))
         return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "--load-child":
+        url, db, start, end = sys.argv[2:6]
+        load_child(url, db, float(start), float(end))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", default="100,1000", help="comma-separated job counts")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"), help="where to write results")
+    ap.add_argument(
+        "--load-figure",
+        action="store_true",
+        help="issue 20's figure instead: 2,000 pods x 2 GPUs x 6 h at 30 s, `audit` into each --store",
+    )
+    ap.add_argument("--store", default="sqlite,postgresql", help="with --load-figure: sqlite, postgresql or both")
+    ap.add_argument("--baseline", metavar="DIR", help="with --load-figure: also the product at DIR, before")
+    ap.add_argument("--after", metavar="DIR", help="with --load-figure: the product measured as 'after' from DIR")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--windows", default="5m,2h", help="comma-separated, of 5m, 2h")
+    ap.add_argument("--tag", default="")
     args = ap.parse_args()
+    if args.load_figure:
+        return load_figure(args)
     rows = []
     for n in [int(x) for x in args.jobs.split(",")]:
         work = Path(tempfile.mkdtemp(prefix=f"gpa-bench-{n}-"))
@@ -125,12 +250,14 @@ def main() -> int:
         log(f"N={n}: block written in {time.perf_counter() - t:.1f} s; starting Prometheus")
         prom = PrivatePrometheus(data)
         try:
-            for label, seconds in (("5m", 300), ("2h", int(HISTORY.total_seconds()))):
+            windows = {"5m": 300, "2h": int(HISTORY.total_seconds())}
+            for label, seconds in ((w, windows[w]) for w in args.windows.split(",")):
                 start = end - seconds
                 for mode in ("batched", "per-job"):
-                    before = prom.query_requests()
+                    before, cpu0 = prom.query_requests(), prometheus_cpu(prom.url)
                     res = measure(mode, prom.url, "bench", n, start, end)
                     res["queries"] = prom.query_requests() - before
+                    res["prometheus_cpu_s"] = prometheus_cpu(prom.url) - cpu0
                     res.update({"jobs": n, "window": label, "mode": mode})
                     log(f"N={n} window={label} {mode}: {res}")
                     rows.append(res)
@@ -142,24 +269,33 @@ def main() -> int:
 
 
 def write_results(out: Path, rows: list[dict]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
     day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    machine = f"{platform.node()} ({os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()})"
-    (out / f"audit-{day}.json").write_text(json.dumps({"date": day, "machine": machine, "rows": rows}, indent=2))
-    lines = [
-        f"# Audit benchmark, {day}",
-        "",
-        f"Machine: {machine}. History: {GPUS} GPUs per job, {HISTORY} at {INTERVAL_S} s, 9 DCGM metrics.",
-        "",
-        "| jobs | window | mode | queries | wall s | auditor CPU s | CPU/wall | peak RSS MB |",
-        "|---:|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
+    _write(
+        out,
+        f"audit-{day}",
+        rows,
+        [
+            f"# Audit benchmark, {day}",
+            "",
+            f"Machine: {{machine}}. History: {GPUS} GPUs per job, {HISTORY} at {INTERVAL_S} s, 9 DCGM metrics.",
+            "",
+            "| jobs | window | mode | queries | wall s | auditor CPU s | CPU/wall | peak RSS MB |",
+            "|---:|---|---|---:|---:|---:|---:|---:|",
+        ],
+        lambda r: (
             f"| {r['jobs']} | {r['window']} | {r['mode']} | {r['queries']} | {r['wall_s']:.2f} | "
             f"{r['cpu_s']:.2f} | {r['cpu_s'] / r['wall_s']:.0%} | {r['peak_rss_mb']:.0f} |"
-        )
-    (out / f"audit-{day}.md").write_text("\n".join(lines) + "\n")
+        ),
+    )
+
+
+def _write(out: Path, stem: str, rows: list[dict], head: list[str], row_line) -> None:
+    """``STEM.json`` (the rows, the machine) and ``STEM.md`` (``head`` with ``{machine}``, a line per row)."""
+    out.mkdir(parents=True, exist_ok=True)
+    machine = f"{platform.node()} ({os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()})"
+    (out / f"{stem}.json").write_text(json.dumps({"name": stem, "machine": machine, "rows": rows}, indent=2))
+    lines = [h.replace("{machine}", machine) for h in head] + [row_line(r) for r in rows]
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -57,6 +57,7 @@ def write_history(
     seconds: int,
     interval: int,
     namespace: str,
+    namespaces: int = 0,
 ) -> None:
     """Write one block of synthetic dcgm-exporter history (pods ``job-NNNNN-P``) into ``out``."""
     subprocess.run(
@@ -70,6 +71,7 @@ def write_history(
             f"-duration={seconds}s",
             f"-interval={interval}s",
             f"-namespace={namespace}",
+            f"-namespaces={namespaces}",
         ],
         check=True,
         stdout=subprocess.DEVNULL,
@@ -92,6 +94,14 @@ def query_requests(url: str) -> int:
         ):
             total += float(line.rsplit(" ", 1)[1])
     return int(total)
+
+
+def prometheus_cpu(url: str) -> float:
+    """CPU seconds the Prometheus process has used (its own ``process_cpu_seconds_total``)."""
+    for line in requests.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line.startswith("process_cpu_seconds_total "):
+            return float(line.split()[1])
+    return 0.0
 
 
 class PrivatePrometheus:

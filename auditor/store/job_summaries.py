@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 
 import orjson
@@ -29,6 +30,15 @@ _WRITTEN = (
     "namespace",
     "team",
 )
+
+
+def _json_text(doc: object) -> str:
+    """The JSON text of a plain-JSON document: orjson's, or the standard library's for what
+    orjson does not write (integers beyond 64 bits)."""
+    try:
+        return orjson.dumps(doc).decode()
+    except TypeError:
+        return json.dumps(doc)
 
 
 class SummaryRecords:
@@ -85,7 +95,7 @@ class SummaryRecords:
                 team=summary.get("team") or job["team"] or "",
             )
             params = {k: v for k, v in values.items() if k != "data"}
-            params["data_json"] = orjson.dumps(values["data"]).decode()
+            params["data_json"] = _json_text(values["data"])
             conn.execute(self._upsert_stmt, params)
             # the job's run of its lineage, in the same transaction: the efficiency gate reads it
             record_summary(conn, job_ref(job), summary, values["computed_at"])
