@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from auditor.cli.names import cluster_name
 from auditor.cli.storeopts import add_store_flags
 from auditor.errors import BadInput
+from auditor.render.safe_text import terminal_safe
 from auditor.timeparse import format_time, parse_duration, parse_time
 
 if TYPE_CHECKING:  # imported where used: every subcommand imports this module for --help
@@ -120,11 +121,13 @@ def ack(args: argparse.Namespace) -> int:
     what = "snoozed" if args.snooze else "acknowledged"
     end = f" until {doc['until']}" if doc["until"] else " (no end)"
     print(
-        f"{what} {key} (cluster {key.cluster}){end} as {recorded.by}"
-        + (f": {recorded.reason}" if recorded.reason else "")
+        terminal_safe(
+            f"{what} {key} (cluster {key.cluster}){end} as {recorded.by}"
+            + (f": {recorded.reason}" if recorded.reason else "")
+        )
     )
     if decision is not None:
-        print(f"the gate now: {decision['action']} — {decision['reason']}")
+        print(terminal_safe(f"the gate now: {decision['action']} — {decision['reason']}"))
     return 0
 
 

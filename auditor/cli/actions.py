@@ -17,6 +17,7 @@ from typing import Any
 from auditor.cli.names import cluster_name
 from auditor.cli.storeopts import add_store_flags
 from auditor.errors import BadInput
+from auditor.render.safe_text import terminal_safe
 
 STATES = ("claimed", "done", "failed", "skipped", "waiting", "queued")
 
@@ -73,7 +74,9 @@ def as_dict(row: Any) -> dict:
 
 
 def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
+    """At most ``width`` characters, control characters neutralised (names and errors come
+    from the cluster and from receivers)."""
+    return terminal_safe(text, width)
 
 
 def table(rows: list[dict]) -> str:

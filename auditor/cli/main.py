@@ -66,8 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_libraries(args.verbose)
     from auditor.render.safe_text import terminal_safe
 
-    # every record, ours or a library's (urllib3 logs request paths at -vv): masked, and each
-    # line's control characters neutralised
+    # every record, ours or a library's (urllib3 logs request paths at -vv): masked, and its
+    # message's control characters neutralised
     redact.install(clean=terminal_safe)
     handler = getattr(args, "handler", None)
     if handler is None:

@@ -125,3 +125,12 @@ def test_a_log_line_quoting_a_hostile_name_stays_one_line() -> None:
     assert_inert(stream.getvalue())
     assert lines[0] == "pod " + terminal_safe(EVIL) + " could not be attributed"
     assert lines[1] == "failed on x\\ny" and lines[2] == "Traceback (most recent call last):"  # its own lines stay
+
+
+def test_the_actions_list_keeps_one_line_per_action() -> None:
+    from auditor.cli.actions import table
+
+    row = {"updated_at": "2026-11-30T09:00:00Z", "state": "failed", "action": "notify", "policy": "p\x1b[2J"}
+    out = table([{**row, "namespace": "ns", "job": EVIL, "error": "HTTP 500: " + EVIL, "why": None}])
+    assert_inert(out)
+    assert len(out.splitlines()) == 2 and max(len(line) for line in out.splitlines()) <= 120
