@@ -200,6 +200,7 @@ class ConsoleApp:
                 self.reader.open_violations(),
                 self.config.ladders,
                 self.reader.actions(now - timedelta(days=7)),
+                now,
             )
             return self._page(200, "Policy ladder", body_html, "policy")
         if path == "gate":

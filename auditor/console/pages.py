@@ -500,8 +500,9 @@ def job(base: str, d: JobDetail, writes: Writes | None) -> str:
 # ---------------------------------------------------------------------- policy
 
 
-def next_step(v: ViolationRow, ladder: Sequence[Step] | None) -> tuple[str, str]:
-    """(what the next step does, when it is due) of an open violation."""
+def next_step(v: ViolationRow, ladder: Sequence[Step] | None, now: datetime) -> tuple[str, str]:
+    """(what the next step does, when it is due) of an open violation; a step already due runs
+    at the operator's next cycle."""
     if ladder is None:
         return "policy not loaded here", ""
     if v.next_step >= len(ladder):
@@ -510,15 +511,20 @@ def next_step(v: ViolationRow, ladder: Sequence[Step] | None) -> tuple[str, str]
     due = v.opened_at + step.after
     if v.last_step_at is not None:
         due = max(due, v.last_step_at + step.cooldown)
-    return f"step {v.next_step + 1}: {', '.join(step.actions)}", t(due)
+    when = f"next cycle (due since {t(due)})" if due <= now else t(due)
+    return f"step {v.next_step + 1}: {', '.join(step.actions)}", when
 
 
 def policy(
-    base: str, open_: Sequence[ViolationRow], ladders: Mapping[str, Sequence[Step]], recent: Sequence[ActionRow]
+    base: str,
+    open_: Sequence[ViolationRow],
+    ladders: Mapping[str, Sequence[Step]],
+    recent: Sequence[ActionRow],
+    now: datetime,
 ) -> str:
     rows = []
     for v in open_:
-        what, when = next_step(v, ladders.get(v.policy))
+        what, when = next_step(v, ladders.get(v.policy), now)
         rows.append(
             (job_link(base, v.job_id, v.job), esc(v.policy), t(v.opened_at), t(v.last_step_at), esc(what), when)
         )

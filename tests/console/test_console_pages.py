@@ -57,7 +57,16 @@ def rows(page: str) -> list[str]:
         ("/", ["GPU-hours by verdict", "low_sm_efficiency", "Waste GPU-hours by team, week 2026-W48", "running jobs"]),
         ("/teams", ["2026-W48", "llm", "research", "efficiency"]),
         ("/jobs", ["llm/PyTorchJob/llm-finetune", "of 16 jobs"]),
-        ("/policy", ["high-util-low-sm", "step 2: notify", "slack: 503 Service Unavailable", "Open violations (1)"]),
+        (
+            "/policy",
+            [
+                "high-util-low-sm",
+                "step 2: notify",
+                "next cycle (due since 2026-11-25 09:00)",
+                "slack: 503 Service Unavailable",
+                "Open violations (1)",
+            ],
+        ),
         ("/gate", [f"llm/{HELD_LINEAGE}", "hold-repeated-low-sm", "would hold", "kube:bob", "input pipeline fix"]),
         ("/deliveries", ["2026-W48", "webhook: timed out", "failed", "sent", "slack: 503"]),
     ],
@@ -171,3 +180,20 @@ def test_console_command_serves_a_store(console: Console, capsys: pytest.Capture
 def test_console_command_refuses_a_bad_listen_address(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["console", "--db", "sqlite:///nowhere.db", "--listen", "localhost"]) == 2
     assert "--listen 'localhost': expected HOST:PORT" in capsys.readouterr().err
+
+
+def test_next_step_is_due_after_its_wait_and_cooldown() -> None:
+    from auditor.console.pages import Step, next_step
+    from auditor.console.ports import ViolationRow
+
+    ladder = [
+        Step(("annotate",), timedelta(0), timedelta(0)),
+        Step(("requeue",), timedelta(hours=2), timedelta(hours=1)),
+    ]
+    v = ViolationRow(1, "c", "ns/Job/a", None, "p", 1, NOW - timedelta(minutes=90), NOW, 1, NOW - timedelta(minutes=10))
+    assert next_step(v, ladder, NOW) == ("step 2: requeue", "2026-11-25 12:50")  # last step + 1 h cooldown
+    fresh = ViolationRow(1, "c", "ns/Job/a", None, "p", 1, NOW - timedelta(minutes=90), NOW, 1, None)
+    assert next_step(fresh, ladder, NOW)[1] == "2026-11-25 12:30"  # opened + 2 h
+    done = ViolationRow(1, "c", "ns/Job/a", None, "p", 1, NOW, NOW, 2, NOW)
+    assert next_step(done, ladder, NOW) == ("ladder done", "")
+    assert next_step(v, None, NOW) == ("policy not loaded here", "")
