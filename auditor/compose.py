@@ -319,5 +319,6 @@ def console(
         ladders=ladders,
         gate_rules=[g.rule() for g in registry.gate_policies],
         gate_mode=GateMode(settings.gate.mode),
+        gate_enabled=settings.gate.enabled,
     )
     return ConsoleApp(ConsoleQueries(store), clock, config, acks=AckLog(store) if writes else None)

@@ -62,6 +62,8 @@ class ConsoleConfig:
     ladders: Mapping[str, Sequence[Step]] = field(default_factory=dict)
     gate_rules: Sequence[GateRule] = ()
     gate_mode: GateMode = GateMode.OBSERVE
+    #: whether the operator runs the gate (``gate.enabled``); off, the page says what its rules would do
+    gate_enabled: bool = False
     #: a job without an end seen within this long counts as running
     running_within: timedelta = timedelta(minutes=15)
     weeks: int = 8
@@ -206,7 +208,14 @@ class ConsoleApp:
         if path == "gate":
             histories = self.reader.lineages(now - timedelta(days=30))
             decisions = {(h.key.cluster, h.key.namespace, h.key.lineage): self._decide(h, now) for h in histories}
-            body_html = pages.gate(self.config.base, histories, decisions, now, rules=len(self.config.gate_rules))
+            body_html = pages.gate(
+                self.config.base,
+                histories,
+                decisions,
+                now,
+                rules=len(self.config.gate_rules),
+                on=self.config.gate_enabled,
+            )
             return self._page(200, "Efficiency gate", body_html, "gate")
         if path == "deliveries":
             since = iso_weeks(now, 5)[0][0]

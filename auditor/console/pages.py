@@ -569,6 +569,7 @@ def gate(
     now: datetime,
     *,
     rules: int,
+    on: bool = True,
 ) -> str:
     rows = []
     acks = []
@@ -615,6 +616,11 @@ def gate(
         if rules
         else '<p class="hint">No gate rules (GatePolicy) are loaded here: lineages with unacknowledged findings are listed.</p>'
     )
+    if not on:
+        note += (
+            '<p class="hint">The gate is off (gate.enabled: false): nothing is held; the table says what its '
+            "rules would decide for each lineage's next submission.</p>"
+        )
     return (
         f"<h2>Held and deprioritized lineages ({len(rows)})</h2>"
         + note

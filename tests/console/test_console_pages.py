@@ -67,7 +67,17 @@ def rows(page: str) -> list[str]:
                 "Open violations (1)",
             ],
         ),
-        ("/gate", [f"llm/{HELD_LINEAGE}", "hold-repeated-low-sm", "would hold", "kube:bob", "input pipeline fix"]),
+        (
+            "/gate",
+            [
+                f"llm/{HELD_LINEAGE}",
+                "hold-repeated-low-sm",
+                "would hold",
+                "kube:bob",
+                "input pipeline fix",
+                "gate is off",
+            ],
+        ),
         ("/deliveries", ["2026-W48", "webhook: timed out", "failed", "sent", "slack: 503"]),
     ],
 )
