@@ -207,3 +207,18 @@ def test_next_step_is_due_after_its_wait_and_cooldown() -> None:
     done = ViolationRow(1, "c", "ns/Job/a", None, "p", 1, NOW, NOW, 2, NOW)
     assert next_step(done, ladder, NOW) == ("ladder done", "")
     assert next_step(v, None, NOW) == ("policy not loaded here", "")
+
+
+def test_teams_show_cost_only_when_priced(console: Console) -> None:
+    priced = ConsoleApp(
+        ConsoleQueries(console.store), lambda: NOW, ConsoleConfig(prices={"NVIDIA H200": 3.5}, currency="EUR")
+    )
+    page = priced.handle("GET", "/teams", "", {}, b"").body.decode()
+    assert "<th>EUR</th>" in page
+    llm = re.search(r">llm</a></td><td>2026-W48</td><td>\d+</td><td>([\d.,]+)</td>.*?<td>([\d.,]+)</td></tr>", page)
+    assert llm is not None and float(llm.group(2).replace(",", "")) == pytest.approx(
+        3.5 * float(llm.group(1).replace(",", "")),
+        abs=0.2,  # hours shown to 0.1
+    )
+    _, unpriced = get(console.url + "/teams")
+    assert "<th>USD</th>" not in unpriced and "<th>EUR</th>" not in unpriced
