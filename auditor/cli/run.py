@@ -124,7 +124,10 @@ def run(args: argparse.Namespace) -> int:
     )
     # every adapter (Prometheus with the flags' credentials, store, API client, clock) from the
     # composition root: the same as audit's and doctor's
-    op = compose.operator(settings, auth=prometheus_auth(args), dry_run=args.dry_run)
+    # one cycle: an API server that cannot be reached is one line before any watch starts (the
+    # long-running operator keeps retrying instead, its informers say so in the log)
+    given = {"api": compose.kube_api(settings, dry_run=args.dry_run, check=True)} if args.once else {}
+    op = compose.operator(settings, auth=prometheus_auth(args), dry_run=args.dry_run, **given)
     if args.once:
         result = op.run_once()
         # the stored documents (with the operator's final/ended and kube)

@@ -67,3 +67,21 @@ def test_doctor_reports_the_api_server_down_as_a_failed_check(closed_kubeconfig,
     assert "Traceback" not in r.stderr + r.stdout
     assert f"[FAIL] Kubernetes API reachable: Kubernetes API at {server}: unreachable: Connection refused" in r.stdout
     assert "Prometheus reachable" in r.stdout  # the rest of the checklist is still there
+
+
+def test_run_once_with_the_api_server_down_is_one_line(closed_kubeconfig, prometheus, tmp_path: Path) -> None:
+    kubeconfig, server = closed_kubeconfig
+    r = cli(
+        "run",
+        "--once",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--prometheus",
+        prometheus.url,
+        "--db",
+        f"sqlite:///{tmp_path}/a.db",
+    )
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        f"gpu-auditor: failed (retryable): Kubernetes API at {server}: unreachable: Connection refused"
+    ]
