@@ -78,7 +78,12 @@ def open_store(settings: "Settings", *, existing: bool = False, read_only: bool 
             and not Path(sa_url.database).exists()
         ):
             raise PermanentError(f"store {display_url(sa_url)}: no such file, so no audited jobs. {ELSEWHERE}")
-    store = compose.store(settings, read_only=read_only)
+    from auditor.store.database import NoSchema
+
+    try:
+        store = compose.store(settings, read_only=read_only)
+    except NoSchema:  # an empty database, as a store with no job: the same message
+        raise PermanentError(f"store {display_url(resolve(url))} holds no audited jobs. {ELSEWHERE}") from None
     print(f"gpu-auditor: reading store {store.display_url}", file=sys.stderr)
     return store
 

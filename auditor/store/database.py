@@ -49,6 +49,10 @@ _SQLITE_TRANSIENT = re.compile(r"locked|busy|disk i/o|unable to open|readonly da
 _SQLITE_PERMISSION = re.compile(r"unable to open|readonly database", re.I)
 
 
+class NoSchema(StoreError):
+    """A store opened read-only that gpu-auditor never wrote (no schema at all): no jobs."""
+
+
 class Database:
     """One engine with the store's transactions and error policy; safe to share between threads."""
 
@@ -101,6 +105,8 @@ class Database:
         head = ScriptDirectory.from_config(cfg).get_current_head()
         with self._guard("read the schema version"), self._connect() as conn:
             current = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+        if current is None:  # never written by gpu-auditor: nothing to read, and nothing is wrong
+            raise NoSchema(f"store {self.display_url} holds no audited jobs (no gpu-auditor schema yet)")
         if current != head:
             raise StoreError(
                 f"store {self.display_url}: its schema is at revision {current or 'none'}, this gpu-auditor "
