@@ -35,6 +35,7 @@ func main() {
 	duration := flag.Duration("duration", 2*time.Hour, "length of the history")
 	interval := flag.Duration("interval", 30*time.Second, "sample interval")
 	namespace := flag.String("namespace", "bench", "namespace label of every pod")
+	namespaces := flag.Int("namespaces", 0, "spread the jobs over this many namespaces <namespace>-NNN (job j in j mod N); 0: all in -namespace")
 	flag.Parse()
 	if *out == "" {
 		fmt.Fprintln(os.Stderr, "tsdbgen: -out is required")
@@ -69,11 +70,15 @@ func main() {
 	for j := 0; j < *jobs; j++ {
 		for p := 0; p < *podsPerJob; p++ {
 			pod := fmt.Sprintf("job-%05d-%d", j, p)
+			ns := *namespace
+			if *namespaces > 0 {
+				ns = fmt.Sprintf("%s-%03d", *namespace, j%*namespaces)
+			}
 			host := fmt.Sprintf("node-%04d-%d", j, p)
 			for g := 0; g < *gpus; g++ {
 				for _, m := range metrics {
 					lbls := labels.FromStrings(
-						"__name__", m.name, "namespace", *namespace, "pod", pod, "container", "main",
+						"__name__", m.name, "namespace", ns, "pod", pod, "container", "main",
 						"gpu", fmt.Sprint(g), "UUID", fmt.Sprintf("GPU-%08d-%04d-%04d", j, p, g),
 						"device", fmt.Sprintf("nvidia%d", g), "modelName", "NVIDIA H200", "Hostname", host,
 					)
