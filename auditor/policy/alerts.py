@@ -8,8 +8,8 @@ from typing import Any
 
 from auditor.core.action_target import ActionTarget
 from auditor.core.job_summary import JobSummary
-from auditor.render.slack_blocks import context, fields, header, section, slack_escape
 from auditor.policy.schema import Policy
+from auditor.render.slack_blocks import context, fields, header, section, slack_escape
 
 
 def job_annotations(
