@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     if since > now:
         raise BadInput(f"--since {args.since}: in the future")
     settings = command_settings(args)
-    store = open_store(settings, existing=True)
+    store = open_store(settings, read_only=True)  # status only reads: a read-only store is enough
     try:
         st = operator_status(store, now=now, since=since, recent_since=now - RECENT, cluster=args.cluster)
         held = held_lineages(store, settings, now, cluster=args.cluster)
