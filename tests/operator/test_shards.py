@@ -126,3 +126,35 @@ def test_shard_settings_follow_the_statefulset_ordinal() -> None:
     # the split is stable and even enough: 1,000 namespaces over 4 shards
     counts = [sum(namespace_shard(f"team-{i}", 4) == k for i in range(1000)) for k in range(4)]
     assert min(counts) > 200 and sum(counts) == 1000
+
+
+def test_a_sharded_operator_takes_its_own_lease_and_leaves_cluster_work_to_shard_0(tmp_path, monkeypatch) -> None:
+    from kubernetes import client as k8s
+
+    from auditor.operator_loop.service import Operator
+    from auditor.settings import load_settings
+
+    monkeypatch.delenv("POD_NAME", raising=False)
+
+    def operator(shard: int) -> Operator:
+        settings = load_settings(
+            None,
+            environ={},
+            overrides={
+                "store": {"url": f"sqlite:///{tmp_path}/s{shard}.db"},
+                "leader_election": {"namespace": "gpu-auditor", "identity": f"gpu-auditor-{shard}"},
+                "policies": {"builtin": False},
+                "prometheus": {"url": "http://127.0.0.1:9"},
+                "gate": {"enabled": True},
+                "sharding": {"total_shards": 3},  # the shard from the identity's ordinal
+            },
+        )
+        return Operator(settings, api=k8s.ApiClient())
+
+    first, last = operator(0), operator(2)
+    assert (first.shard, last.shard) == (Shard(0, 3), Shard(2, 3))
+    assert first.elector is not None and first.elector.name == "gpu-auditor-shard-0"
+    assert last.elector is not None and last.elector.name == "gpu-auditor-shard-2"
+    assert isinstance(last.resolver, ShardResolver) and isinstance(last.source, ShardSource)
+    assert first.gate is not None and last.gate is None  # the gate (and reports, retention) in shard 0 only
+    assert last.runner.shard == Shard(2, 3)
