@@ -206,6 +206,12 @@ def import_image(state: State, archive: Path) -> None:
     _ctr(state, "images", "import", "--no-unpack", str(archive))
 
 
+def remove_image(state: State, ref: str) -> None:
+    """Drop an image imported by ``import_image`` (containerd collects its content and snapshots
+    once no container uses them)."""
+    _ctr(state, "images", "rm", ref)
+
+
 def _write_cni(state: State, conf_dir: Path) -> None:
     """A bridge network of the bed's own (name and /24 derived from the state directory)."""
     key = _key(state.dir)

@@ -41,7 +41,7 @@ class Node:
 
 
 @pytest.fixture(scope="module")
-def bed_node(testbed) -> Node:
+def bed_node(testbed) -> Iterator[Node]:
     state = State.load(Path(testbed.state_dir))
     assert state is not None
     if not testbed.node_name:
@@ -57,9 +57,10 @@ def bed_node(testbed) -> Node:
         pytest.fail("no image was built before the run for the node tests", pytrace=False)
     tag = Path(archive).stem.removeprefix("gpu-auditor-")
     repository = image.REPOSITORY
-    if f"{repository}:{tag}" != testbed.image:
+    imported = f"{repository}:{tag}" != testbed.image
+    if imported:
         node.import_image(state, Path(archive))
-    return Node(
+    yield Node(
         name=testbed.node_name,
         image_repository=repository,
         image_tag=tag,
@@ -67,6 +68,8 @@ def bed_node(testbed) -> Node:
         pod_logs_dir=Path(state.values["pki_dir"]).parent / "node" / "pod-logs",
         state=state,
     )
+    if imported:  # ~1.2 GB in the long-lived shared bed's containerd per session otherwise
+        node.remove_image(state, f"{repository}:{tag}")
 
 
 def _die_with_parent() -> None:

@@ -32,7 +32,7 @@ def postrender_args(testbed, devices: Sequence[str], trace: str, phase: str) -> 
     ]
 
 
-def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 90, explain: Callable[[], str] = str) -> T:
+def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 180, explain: Callable[[], str] = str) -> T:
     t0 = time.monotonic()
     deadline = t0 + timeout
     while time.monotonic() < deadline:
