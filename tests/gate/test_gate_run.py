@@ -11,6 +11,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,11 @@ import yaml
 from gate_objects import check_state, cluster_queue, gate_queue, gpu_job, is_true, until, workload_of
 from kueue_objects import KV, kueue_running
 
+from auditor.core.gate import LineageRun
+from auditor.core.lineage import LineageKey
 from auditor.kube.client import call_json, resource_path
+from auditor.store.lineage import LineageRecorder
+from auditor.store.store import Store
 
 pytestmark = [
     pytest.mark.testbed,
@@ -45,15 +50,35 @@ def _metrics(log: Path) -> str:
     return text if code == 200 else ""
 
 
+HOLD = """apiVersion: gpu-auditor.io/v1alpha1
+kind: GatePolicy
+metadata: {name: hold-low-sm}
+spec: {action: hold, verdicts: [low_sm_efficiency], atLeast: 2, ofLast: 5}
+"""
+
+
 def test_run_answers_the_check_as_leader(kube_admin, namespace, testbed, tmp_path):
+    """Also: its gate rules follow the policy files without a restart (a rule added to the
+    directory decides the next submission), and a missing link key leaves it running."""
     api, ns = kube_admin, namespace
+    db = f"sqlite:///{tmp_path}/s.db"
+    now = datetime.now(timezone.utc)  # the operator decides at its own clock: history is laid out before it
+    store = Store.open(db)
+    try:
+        for i in range(2):
+            run = LineageRun(f"Job/train-{i}", "low_sm_efficiency", start=now - timedelta(hours=4 - i))
+            LineageRecorder(store).record(LineageKey("default", ns, "train"), run, now)
+    finally:
+        store.close()
+    policies = tmp_path / "policies"
+    policies.mkdir()
     cfg = tmp_path / "settings.yaml"
     cfg.write_text(
         yaml.safe_dump(
             {
                 "interval": "1h",
                 "http": {"port": 0, "host": "127.0.0.1"},
-                "policies": {"builtin": False},
+                "policies": {"builtin": False, "dir": str(policies)},
                 "leader_election": {"namespace": ns, "lease_name": "gpu-auditor"},
                 # the chart's optional key Secret not created: the operator runs, links are off
                 "gate": {
@@ -80,7 +105,7 @@ def test_run_answers_the_check_as_leader(kube_admin, namespace, testbed, tmp_pat
                 "--prometheus",
                 testbed.prometheus_url,
                 "--db",
-                f"sqlite:///{tmp_path}/s.db",
+                db,
             ],
             env={**os.environ, "GPU_AUDITOR_LEADER_ELECTION__IDENTITY": "gate-run-test"},
             stdout=log.open("w"),
@@ -111,6 +136,24 @@ def test_run_answers_the_check_as_leader(kube_admin, namespace, testbed, tmp_pat
             code, page = _get(log, "/gate/ack?action=ack")
             assert code == 503 and "no-such-key: cannot read" in page, page
             assert "signed acknowledgement links are off: gate.ack_link_key_file" in log.read_text()
+
+            # a gate rule added to the policy files decides the lineage's next submission
+            assert "efficiency gate: 0 rule(s): none" in log.read_text()
+            call_json(
+                api,
+                resource_path("batch/v1", "jobs", ns, "train-m2n4p"),
+                method="DELETE",
+                body={"propagationPolicy": "Background"},
+            )
+            (policies / "gate.yaml").write_text(HOLD)
+            until(lambda: "rules changed, now 1: hold-low-sm" in log.read_text(), "the new rule taken", 15)
+            wl2 = workload_of(api, ns, gpu_job(api, ns, "train-b4x2z"))["metadata"]["name"]
+            wl2_obj = until(
+                lambda: (w := call_json(api, resource_path(KV, "workloads", ns, wl2))) and is_true(w, "Admitted") and w,
+                "the next submission admitted (observe)",
+            )
+            message = check_state(wl2_obj, q.check)["message"]
+            assert "would hold" in message and "(rule hold-low-sm)" in message, message
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             assert proc.wait(30) == 0, log.read_text()
