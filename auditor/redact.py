@@ -57,6 +57,8 @@ _URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 _SLACK_PATH = re.compile(r"(/services/)[A-Za-z0-9_-]+(?:/[A-Za-z0-9_-]+)*")
 #: a secret shorter than this is not looked for in free text (it would mask ordinary words)
 MIN_SECRET = 6
+#: a URL path segment at least this long is taken for a token (a webhook's secret path)
+TOKEN_SEGMENT = 12
 
 _secrets: set[str] = set()
 _lock = threading.Lock()
@@ -80,11 +82,13 @@ def register_url(url: str | None) -> None:
         register_secret(parts.password)
     except ValueError:
         return
-    if parts.path not in ("", "/"):
-        register_secret(parts.path + (f"?{parts.query}" if parts.query else ""))
-        register_secret(parts.path)
     if parts.query:
         register_secret(parts.query)
+    # a path is a secret only where a segment looks like a token (``/hooks/9f3c1a…``); an
+    # ordinary path (``/api/v1/alerts``) masked everywhere would only hide what a log says
+    if any(len(segment) >= TOKEN_SEGMENT for segment in parts.path.split("/")):
+        register_secret(parts.path + (f"?{parts.query}" if parts.query else ""))
+        register_secret(parts.path)
 
 
 def mask_url(url: str) -> str:

@@ -156,3 +156,9 @@ def test_a_failed_delivery_records_no_secret() -> None:
     )
     d = hook.send("test", {"event": "test"})
     assert not d.ok and d.error and SECRET not in d.error
+
+
+def test_an_ordinary_webhook_path_is_not_taken_for_a_secret() -> None:
+    redact.register_url("https://alerts.example/api/v1/alerts?token=" + SECRET)
+    assert mask_text("POST /api/v1/query_range 200") == "POST /api/v1/query_range 200"
+    assert mask_text(f"POST /api/v1/alerts?token={SECRET} 200") == "POST /api/v1/alerts?token=*** 200"
