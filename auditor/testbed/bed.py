@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from auditor.testbed import binaries, config, kube, kueue, node, postgres, process, prometheus, watchdog
+from auditor.testbed import binaries, config, kube, kueue, node, postgres, process, prometheus
 from auditor.testbed.errors import TestbedError
 from auditor.testbed.pki import Pki, generate
 from auditor.testbed.state import State
@@ -210,6 +210,9 @@ def _up(state_dir: Path, build_log: Path | None, owner_pid: int | None = None) -
         shutil.rmtree(state_dir)
     state_dir.mkdir(parents=True)
     if owner_pid is not None:
+        # imported here: `python -m auditor.testbed.watchdog` must not find it imported already
+        from auditor.testbed import watchdog
+
         State(state_dir).set(watchdog_pid=watchdog.spawn(state_dir, owner_pid), owner_pid=owner_pid)
 
     bins = binaries.locate(build_log)
