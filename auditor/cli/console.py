@@ -60,7 +60,8 @@ def run_console(
 
     host, port = parse_listen(args.listen)
     settings = command_settings(args)
-    store = open_store(settings, existing=True)
+    # read-only unless writes are on: nothing is written, so a store the user may only read can be served
+    store = open_store(settings, existing=True, read_only=not args.writes)
     try:
         app = compose.console(settings, store, compose.clock().now, writes=bool(args.writes), base=BASE)
         index = (
