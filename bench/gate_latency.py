@@ -13,7 +13,10 @@ watch event to the status write, and the store read + decision alone) are report
     .venv/bin/python bench/gate_latency.py --jobs 300 --out bench/results
 
 Reuses a healthy running test bed (``make testbed-up``), else starts one; writes
-``gate-latency-<date>.{json,md}`` into ``--out``.
+``gate-latency-<date>.{json,md}`` into ``--out``. Run it alone: any other gate controller running
+against the bed (a gate test's) answers the bench's checks too. ``--all-flavors`` runs the check
+on every flavor, so Kueue puts it on each Workload at creation and the gate may answer before the
+quota reservation; the breakdown rows cut the watcher's view at the controller's own timestamps.
 """
 
 from __future__ import annotations
