@@ -57,6 +57,17 @@ class BucketRollup:
         # SQLAlchemy's own conversion (UTC, and SQLite's fixed text format), once per distinct time.
         dialect = db.engine.dialect
         self._time_to_db = _cached(BUCKETS.c.start.type.dialect_impl(dialect).bind_processor(dialect) or (lambda v: v))
+        # reads: the times as the driver returns them, then the column type's result processor
+        self._time_from_db = BUCKETS.c.start.type.dialect_impl(dialect).result_processor(dialect, None) or (lambda v: v)
+        raw = sa.String() if db.is_sqlite else sa.DateTime(timezone=True)
+        b = BUCKETS.c
+        self._read_columns = (
+            *(b[c] for c in ("pod_namespace", "pod_name", "container", "gpu_uuid", "gpu_instance")),
+            *(b[c] for c in ("hostname", "gpu_index", "gpu_model", "mig_profile", "metric")),
+            sa.type_coerce(b.start, raw),
+            sa.type_coerce(b.end, raw),
+            *(b[c] for c in ("total", "count", "minimum", "maximum", "dropped")),
+        )
 
     def _make_bucket_sql(self) -> str:
         """The bucket upsert as driver SQL.
@@ -155,14 +166,49 @@ class BucketRollup:
             return self._claims.claim(conn, job_id, buckets)
 
     def buckets(self, job_id: int, window: Window | None = None) -> list[Bucket]:
-        """The job's buckets (those overlapping ``window`` when given), in time order."""
+        """The job's buckets (those overlapping ``window`` when given), in time order.
+
+        An audit reads back every bucket it wrote (hundreds of thousands), so rows come as plain
+        tuples: the times as the driver gives them, converted by the column type's own result
+        processor once per distinct value, and one pod and GPU object per distinct identity.
+        """
         b = BUCKETS.c
-        q = sa.select(BUCKETS).where(b.job_id == job_id)
+        q = sa.select(*self._read_columns).where(b.job_id == job_id)
         if window is not None:
             q = q.where(b.start < window.end, b.end > window.start)
         q = q.order_by(b.start, b.pod_namespace, b.pod_name, b.container, b.gpu_uuid, b.gpu_instance, b.metric)
+        times: dict[Any, Any] = {}
+        pods: dict[tuple, PodRef] = {}
+        gpus: dict[tuple, GpuId] = {}
+        metrics = {m.value: m for m in Metric}
+        from_db, nan, new = self._time_from_db, math.nan, tuple.__new__
+        out: list[Bucket] = []
         with self._db.reading(f"read buckets of job {job_id}") as conn:
-            return [_bucket(r) for r in conn.execute(q).mappings()]
+            for ns, name, ctr, uuid, inst, host, idx, model, mig, metric, t0, t1, tot, n, lo, hi, d in conn.execute(q):
+                pk = (ns, name, ctr)
+                pod = pods.get(pk)
+                if pod is None:
+                    pod = pods[pk] = PodRef(ns, name, ctr)
+                gk = (uuid, inst, host, idx, model, mig)
+                gpu = gpus.get(gk)
+                if gpu is None:
+                    gpu = gpus[gk] = GpuId(
+                        uuid=uuid, instance=inst, hostname=host, index=idx, model=model, mig_profile=mig
+                    )
+                start = times.get(t0)
+                if start is None:
+                    start = times[t0] = from_db(t0)
+                end = times.get(t1)
+                if end is None:
+                    end = times[t1] = from_db(t1)
+                m = metrics.get(metric) or Metric(metric)
+                out.append(
+                    new(
+                        Bucket,
+                        (pod, gpu, m, start, end, tot, n, nan if lo is None else lo, nan if hi is None else hi, d),
+                    )
+                )
+        return out
 
 
 def _cached(convert: Any) -> Any:
@@ -230,25 +276,3 @@ def _describe(b: Any) -> str:
         return f"{b.pod.namespace}/{b.pod.pod} {b.gpu.key} {b.metric} at {b.start.isoformat()}"
     except Exception:  # noqa: BLE001 - only for the message about an already-bad bucket
         return repr(b)[:200]
-
-
-def _bucket(r: Any) -> Bucket:
-    return Bucket(
-        pod=PodRef(r["pod_namespace"], r["pod_name"], r["container"]),
-        gpu=GpuId(
-            uuid=r["gpu_uuid"],
-            instance=r["gpu_instance"],
-            hostname=r["hostname"],
-            index=r["gpu_index"],
-            model=r["gpu_model"],
-            mig_profile=r["mig_profile"],
-        ),
-        metric=Metric(r["metric"]),
-        start=r["start"],
-        end=r["end"],
-        total=r["total"],
-        count=r["count"],
-        minimum=math.nan if r["minimum"] is None else r["minimum"],
-        maximum=math.nan if r["maximum"] is None else r["maximum"],
-        dropped=r["dropped"],
-    )
