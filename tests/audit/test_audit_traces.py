@@ -392,7 +392,7 @@ def test_unreachable_prometheus_exits_1_naming_the_url(tmp_path):
         (["--no-kube", "--start", "now-1h", "--policies", "/nonexistent-policies"], "not a directory of policies"),
         (["--no-kube", "--start", "now-1h", "--bucket", "5x"], "--bucket"),
         (["--no-kube", "--start", "now-1h", "--match", "nolabel"], "--match"),
-        (["--no-kube", "--start", "now-1h", "--output", "yaml"], "invalid choice"),
+        (["--no-kube", "--start", "now-1h", "--output", "xml"], "invalid choice"),
         (["--no-kube"], "--start"),
     ],
 )
