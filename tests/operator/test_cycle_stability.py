@@ -120,7 +120,7 @@ def test_two_cycles_8s_apart_over_prometheus_data_that_ended_mid_bucket_agree(pr
     import time
     import uuid
 
-    from test_prometheus_source import _const, _gpu, _om
+    from tests.sources.test_prometheus_source import _const, _gpu, _om
 
     from auditor.sources.prometheus import PrometheusSource
 
