@@ -279,12 +279,13 @@ def write_results(out: Path, rows: list[dict]) -> None:
             "",
             f"Machine: {{machine}}. History: {GPUS} GPUs per job, {HISTORY} at {INTERVAL_S} s, 9 DCGM metrics.",
             "",
-            "| jobs | window | mode | queries | wall s | auditor CPU s | CPU/wall | peak RSS MB |",
-            "|---:|---|---|---:|---:|---:|---:|---:|",
+            "| jobs | window | mode | queries | wall s | auditor CPU s | CPU/wall | Prometheus CPU s | peak RSS MB |",
+            "|---:|---|---|---:|---:|---:|---:|---:|---:|",
         ],
         lambda r: (
             f"| {r['jobs']} | {r['window']} | {r['mode']} | {r['queries']} | {r['wall_s']:.2f} | "
-            f"{r['cpu_s']:.2f} | {r['cpu_s'] / r['wall_s']:.0%} | {r['peak_rss_mb']:.0f} |"
+            f"{r['cpu_s']:.2f} | {r['cpu_s'] / r['wall_s']:.0%} | {r.get('prometheus_cpu_s', 0):.2f} | "
+            f"{r['peak_rss_mb']:.0f} |"
         ),
     )
 
