@@ -120,9 +120,8 @@ def test_two_cycles_8s_apart_over_prometheus_data_that_ended_mid_bucket_agree(pr
     import time
     import uuid
 
-    from tests.sources.test_prometheus_source import _const, _gpu, _om
-
     from auditor.sources.prometheus import PrometheusSource
+    from tests.sources.test_prometheus_source import _const, _gpu, _om
 
     case = f"c{uuid.uuid4().hex[:8]}"
     start = (int(time.time()) // 300 * 300) - 3 * 3600  # Prometheus's backfill wants the past
