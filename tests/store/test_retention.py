@@ -345,7 +345,10 @@ def test_store_prune_command_reads_the_settings_and_prints_per_table(
     assert doc["deleted"] == {t: 0 for t in TABLE_ORDER} | {"gpu_buckets": 4, "gpu_pod_owners": 2, "job_aggregates": 2}
     assert _counts(store_url)["west"] == before["west"]
 
-    assert main(["store", "prune", "--config", str(config), "--cluster", "", "--as-of", as_of]) == 2
+    with pytest.raises(SystemExit) as refused:  # argparse refuses the empty name (exit 2, naming --cluster)
+        main(["store", "prune", "--config", str(config), "--cluster", "", "--as-of", as_of])
+    assert refused.value.code == 2
+    assert "--cluster" in capsys.readouterr().err
     assert main(["store", "prune", "--db", store_url, "--as-of", "yesterday"]) == 2
 
 
