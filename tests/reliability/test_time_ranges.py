@@ -24,9 +24,13 @@ from auditor.errors import BadInput
 from auditor.timeparse import MAX_BUCKETS, check_range, format_duration, parse_duration, parse_time
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+#: the child's own peak (VmHWM of its address space): ru_maxrss would not do, Linux carries the
+#: parent's high-water mark into the child across fork + exec, so late in a suite the pytest
+#: process's size (364 MB in CI) was read as the audit's
 MEASURE = (
-    "import resource, sys; from auditor.cli.main import main; rc = main(sys.argv[1:]); "
-    "print('maxrss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)"
+    "import sys; from auditor.cli.main import main; rc = main(sys.argv[1:]); "
+    "hwm = next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')); "
+    "print('maxrss_kb', hwm, file=sys.stderr); sys.exit(rc)"
 )
 
 
