@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -151,3 +152,22 @@ class ServiceAccount:
                 f"kubectl {' '.join(args)} should be Forbidden: {res.err or res.out}"
             )
         return res.out
+
+    def run_once_admitted(self, *args: str, input: str | None = None, within_s: float = 30.0) -> str:
+        """Run a call that a `helm upgrade` just allowed. The apiserver applies new RBAC and a
+        changed ValidatingAdmissionPolicy from its informers, a moment after the objects change,
+        so the first call may still meet the old rules: retry it until the new ones hold."""
+        deadline = time.monotonic() + within_s
+        while True:
+            res = self.chart.kubectl(*args, *self.as_args, input=input, check=False)
+            if res.rc == 0:
+                return res.out
+            assert time.monotonic() < deadline, f"kubectl {' '.join(args)} as the ServiceAccount: {res.err}"
+            time.sleep(0.5)
+
+    def can_within(self, expected: bool, *args: str, within_s: float = 30.0) -> bool:
+        """`can`, waiting up to `within_s` for the authorizer's cache to reach `expected`."""
+        deadline = time.monotonic() + within_s
+        while self.can(*args) != expected and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return self.can(*args)
