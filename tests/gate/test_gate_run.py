@@ -59,7 +59,8 @@ spec: {action: hold, verdicts: [low_sm_efficiency], atLeast: 2, ofLast: 5}
 
 def test_run_answers_the_check_as_leader(kube_admin, namespace, testbed, tmp_path):
     """Also: its gate rules follow the policy files without a restart (a rule added to the
-    directory decides the next submission), and a missing link key leaves it running."""
+    directory decides the next submission), `gpu-auditor ack` against its store releases the
+    lineage for the one after, and a missing link key leaves it running."""
     api, ns = kube_admin, namespace
     db = f"sqlite:///{tmp_path}/s.db"
     now = datetime.now(timezone.utc)  # the operator decides at its own clock: history is laid out before it
@@ -154,6 +155,27 @@ def test_run_answers_the_check_as_leader(kube_admin, namespace, testbed, tmp_pat
             )
             message = check_state(wl2_obj, q.check)["message"]
             assert "would hold" in message and "(rule hold-low-sm)" in message, message
+            assert f"lineage {ns}/train flagged low_sm_efficiency in 2 of its last 5 runs" in message
+
+            # acknowledged through the CLI, the next submission is admitted clean of the rule
+            # (the one before it deleted: it holds the quota)
+            call_json(
+                api,
+                resource_path("batch/v1", "jobs", ns, "train-b4x2z"),
+                method="DELETE",
+                body={"propagationPolicy": "Background"},
+            )
+            acked = subprocess.run(
+                [str(exe), "ack", f"{ns}/train", "--by", "owner", "--db", db], capture_output=True, text=True
+            )
+            assert acked.returncode == 0, acked.stderr
+            wl3 = workload_of(api, ns, gpu_job(api, ns, "train-k8v5t"))["metadata"]["name"]
+            wl3_obj = until(
+                lambda: (w := call_json(api, resource_path(KV, "workloads", ns, wl3))) and is_true(w, "Admitted") and w,
+                "the acknowledged lineage admitted",
+            )
+            message = check_state(wl3_obj, q.check)["message"]
+            assert "would hold" not in message and "acknowledged" in message and "owner" in message, message
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             assert proc.wait(30) == 0, log.read_text()
