@@ -11,12 +11,12 @@ import urllib.request
 from datetime import timedelta
 
 import kubernetes.client as k8s
+from operator_settings import operator_settings
 
 from auditor.core.gate import LineageRun
 from auditor.core.lineage import LineageKey
 from auditor.core.model import JobRef
 from auditor.operator_loop.service import Operator
-from auditor.settings import load_settings
 from auditor.store import Store
 from auditor.store.lineage import AckLog, LineageRecorder
 from tests.console.data import NOW
@@ -27,19 +27,8 @@ KEY = LineageKey("east", "ml", "train")
 def operator(tmp_path, api: k8s.ApiClient, *, start: bool = True, **console: bool) -> Operator:
     tmp_path.mkdir(parents=True, exist_ok=True)
     url = f"sqlite:///{tmp_path}/store.db"
-    settings = load_settings(
-        None,
-        environ={},
-        overrides={
-            "cluster": "east",
-            "store": {"url": url},
-            "leader_election": {"enabled": False},
-            "policies": {"builtin": False},
-            "prometheus": {"url": "http://127.0.0.1:9"},
-            "reports": {"weekly_schedule": ""},
-            "http": {"host": "127.0.0.1", "port": 0},
-            "console": console,
-        },
+    settings = operator_settings(
+        tmp_path, cluster="east", store={"url": url}, prometheus={"url": "http://127.0.0.1:9"}, console=console
     )
     store = Store.open(url)
     jid = store.upsert_job(JobRef("east", "ml", "Job", "train", uid="u1", team="ml"), NOW - timedelta(hours=2), NOW)

@@ -9,12 +9,12 @@ from datetime import datetime, timedelta, timezone
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from kubernetes import client as k8s
+from operator_settings import operator_settings
 
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, GpuId, JobRef, PodRef
 from auditor.operator_loop import Operator
 from auditor.operator_loop.retention import EVERY, FIRST_AFTER, JOB_ID
-from auditor.settings import load_settings
 from auditor.store import Store
 
 NOW = datetime(2026, 11, 30, 9, 0, tzinfo=timezone.utc)
@@ -23,17 +23,11 @@ OLD = NOW - timedelta(days=50)
 
 def _operator(tmp_path, *, dry_run: bool = False) -> tuple[Operator, Store]:
     url = f"sqlite:///{tmp_path}/store.db"
-    settings = load_settings(
-        None,
-        environ={},
-        overrides={
-            "cluster": "east",
-            "store": {"url": url, "retention": {"buckets": "35d", "summaries": "400d"}},
-            "leader_election": {"enabled": False},
-            "policies": {"builtin": False},
-            "prometheus": {"url": "http://127.0.0.1:9"},
-            "reports": {"weekly_schedule": ""},
-        },
+    settings = operator_settings(
+        tmp_path,
+        cluster="east",
+        store={"url": url, "retention": {"buckets": "35d", "summaries": "400d"}},
+        prometheus={"url": "http://127.0.0.1:9"},
     )
     store = Store.open(url)
     return Operator(settings, store=store, api=k8s.ApiClient(), clock=lambda: NOW, dry_run=dry_run), store

@@ -12,10 +12,10 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from operator_settings import operator_settings
 
 from auditor.core.model import PodRef
 from auditor.operator_loop import Operator
-from auditor.settings import load_settings
 from auditor.sources.replay import ReplaySource
 from auditor.store import Store
 from auditor.traces import TraceJob, load_trace, make_gpus
@@ -29,15 +29,7 @@ def _one_cycle(api, tmp_path, name: str, thresholds: dict | None) -> dict[str, d
     trace = load_trace("h200-microbench")
     jobs = [TraceJob(PodRef(ns, "spin", "main"), make_gpus(1, f"{ns}-node"), "one_sm_spin")]
     source = ReplaySource([(trace, jobs)], end=now, duration=timedelta(minutes=30))
-    overrides: dict = {
-        "cluster": f"c-{name}",
-        "leader_election": {"enabled": False},
-        "policies": {"builtin": False},
-        "reports": {"weekly_schedule": ""},
-    }
-    if thresholds is not None:
-        overrides["thresholds"] = thresholds
-    settings = load_settings(None, environ={}, overrides=overrides)
+    settings = operator_settings(tmp_path / name, cluster=f"c-{name}", thresholds=thresholds or {})
     store = Store.open(f"sqlite:///{tmp_path / name}.db")
     try:
         result = Operator(settings, store=store, source=source, api=api).run_once()

@@ -16,26 +16,16 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from kubeobjects import create_pod
+from operator_settings import NOTIFY_LOW_SM, operator_settings
 
 from auditor import traces
 from auditor.core.model import PodRef
 from auditor.operator_loop import Operator
-from auditor.settings import load_settings
 from auditor.store.decisions import DecisionStore
 
 pytestmark = pytest.mark.testbed
 
 INTERVAL = timedelta(seconds=15)
-POLICY = """\
-apiVersion: gpu-auditor.io/v1alpha1
-kind: GpuPolicy
-metadata: {name: tell-low-sm}
-spec:
-  mode: warn
-  verdicts: [low_sm_efficiency]
-  escalation:
-    - actions: [notify]
-"""
 
 
 def test_operator_counts_alerts_without_destination(
@@ -61,22 +51,11 @@ def test_operator_counts_alerts_without_destination(
     text = traces.trace_to_openmetrics(trace, jobs, end=end, duration=duration, interval=INTERVAL)
     prometheus.backfill(re.sub(r"^([A-Za-z_:][A-Za-z0-9_:]*)\{", rf'\1{{case="{case}",', text, flags=re.M))
 
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    (policies / "tell.yaml").write_text(POLICY)
-    settings = load_settings(
-        None,
-        environ={},
-        overrides={
-            "cluster": "t",
-            "kubernetes": {"kubeconfig": testbed.kubeconfig},
-            "prometheus": {"url": prometheus.url, "matchers": {"case": case}, "label_convention": "pod"},
-            "store": {"url": f"sqlite:///{tmp_path}/s.db"},
-            "leader_election": {"enabled": False},
-            "policies": {"builtin": False, "dir": str(policies)},
-            "reports": {"weekly_schedule": ""},
-            "http": {"port": 0},
-        },
+    settings = operator_settings(
+        tmp_path,
+        policy=NOTIFY_LOW_SM,
+        kubernetes={"kubeconfig": testbed.kubeconfig},
+        prometheus={"url": prometheus.url, "matchers": {"case": case}, "label_convention": "pod"},
     )
     op = Operator(settings)
     try:

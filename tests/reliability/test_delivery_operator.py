@@ -14,23 +14,12 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 from faultproxy import Fault
+from operator_settings import NOTIFY_LOW_SM, operator_settings
 
 from auditor.core.model import PodRef
 from auditor.operator_loop import Operator
-from auditor.settings import load_settings
 from auditor.sources.replay import ReplaySource
 from auditor.traces import TraceJob, load_trace, make_gpus
-
-POLICY = """\
-apiVersion: gpu-auditor.io/v1alpha1
-kind: GpuPolicy
-metadata: {name: tell-low-sm}
-spec:
-  mode: warn
-  verdicts: [low_sm_efficiency]
-  escalation:
-    - actions: [notify]
-"""
 
 
 def test_a_hung_receiver_never_holds_up_the_operators_cycle(
@@ -44,24 +33,13 @@ def test_a_hung_receiver_never_holds_up_the_operators_cycle(
     proxy = fault_proxy(receiver.url).always(Fault.hang(10))
     monkeypatch.setenv("DQ_HOOK_URL", proxy.url)
     monkeypatch.setenv("DQ_HOOK_KEY", "k")
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    (policies / "tell.yaml").write_text(POLICY)
-    settings = load_settings(
-        None,
-        environ={},
-        overrides={
-            "cluster": "t",
-            "store": {"url": f"sqlite:///{tmp_path}/s.db"},
-            "leader_election": {"enabled": False},
-            "policies": {"builtin": False, "dir": str(policies)},
-            "reports": {"weekly_schedule": ""},
-            "notifications": {
-                "webhook": {"url_env": "DQ_HOOK_URL", "hmac_key_env": "DQ_HOOK_KEY"},
-                "timeout": "500ms",
-                "deadline": "1s",
-            },
-            "http": {"port": 0},
+    settings = operator_settings(
+        tmp_path,
+        policy=NOTIFY_LOW_SM,
+        notifications={
+            "webhook": {"url_env": "DQ_HOOK_URL", "hmac_key_env": "DQ_HOOK_KEY"},
+            "timeout": "500ms",
+            "deadline": "1s",
         },
     )
     op = Operator(settings, source=source, api=kube_admin)
