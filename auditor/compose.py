@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # each adapter is imported where it is built: `--help` loads 
     from auditor.kube.lease import LeaderElector
     from auditor.kube.resolver import KubeResolver
     from auditor.operator_loop.service import Operator
-    from auditor.ports import Clock
+    from auditor.ports import CheckRequeue, Clock
     from auditor.reports import Destinations
     from auditor.settings import Settings
     from auditor.sources.prometheus import PrometheusSource
@@ -202,6 +202,15 @@ def kube_actions(api: "ApiClient", instance: str | None = None) -> "KubeActions"
     from auditor.actions import KubeActions
 
     return KubeActions(api) if instance is None else KubeActions(api, instance=instance)
+
+
+def check_requeue(gate: Any) -> "CheckRequeue":
+    """The policy ladder's requeue through the efficiency gate's AdmissionCheck, on the controller
+    that ``gate`` (the operator's :class:`auditor.gate.stage.GateStage`) runs while this replica
+    leads (:class:`auditor.gate.requeue.GateRequeue`)."""
+    from auditor.gate.requeue import GateRequeue
+
+    return GateRequeue(lambda: gate.controller)
 
 
 def lease_elector(

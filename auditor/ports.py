@@ -22,6 +22,7 @@ from auditor.correlate import JobResolver
 
 __all__ = [
     "ChatNotifier",
+    "CheckRequeue",
     "Clock",
     "ClusterActions",
     "DecisionLog",
@@ -162,6 +163,24 @@ class ClusterActions(Protocol):
     def holds_quota(self, target: Mapping[str, Any]) -> bool | None: ...
 
     def reactivate(self, target: dict) -> dict: ...
+
+
+class CheckRequeue(Protocol):
+    """The policy ladder's requeue through the efficiency gate's AdmissionCheck
+    (:class:`auditor.gate.requeue.GateRequeue`): Kueue evicts the running Workload (check
+    ``Retry``), keeps it out of its queue for the backoff and queues it again behind the Workloads
+    that were waiting, counting the retry itself. Used only where it helps: the gate runs in this
+    replica, its check is on the Workload, and the Workload's ClusterQueue has Workloads pending;
+    otherwise the ladder uses the ``spec.active`` path (:meth:`ClusterActions.deactivate`)."""
+
+    def requeue(
+        self, workload: Mapping[str, Any], message: str, *, backoff_s: int, lower_priority_by: int, now: datetime
+    ) -> dict:
+        """Requeue ``workload`` (a :meth:`ClusterActions.requeue_target` of type ``workload``)
+        through the check. Returns ``{"used": True, ...}`` with what was written (``checks``,
+        ``cluster_queue``, ``pending_workloads``), or ``{"used": False, "why": ...}`` when the check
+        path does not apply (nothing written)."""
+        ...
 
 
 class ChatNotifier(Protocol):

@@ -72,6 +72,15 @@ def _priority_boost(wl: Mapping[str, Any]) -> int:
         return 0
 
 
+def _lowered(target: Mapping[str, Any], by: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The metadata patch lowering a Workload's priority boost by ``by``, and what to record."""
+    boost = int(target.get("priority_boost") or 0) - by
+    extra: dict[str, Any] = {"new_priority_boost": boost}
+    if isinstance(target.get("priority"), int):
+        extra["effective_priority"] = target["priority"] + boost
+    return {"annotations": {KUEUE_PRIORITY_BOOST: str(boost)}}, extra
+
+
 def _clean_value(v: Any) -> str:
     s = "" if v is None else str(v)
     s = re.sub(r"[\x00-\x1f\x7f]", " ", s)
@@ -301,11 +310,7 @@ class KubeActions:
                 body: dict[str, Any] = {"spec": {"active": False}}
                 extra: dict[str, Any] = {}
                 if lower_priority_by:
-                    boost = int(target.get("priority_boost") or 0) - lower_priority_by
-                    body["metadata"] = {"annotations": {KUEUE_PRIORITY_BOOST: str(boost)}}
-                    extra["new_priority_boost"] = boost
-                    if isinstance(target.get("priority"), int):
-                        extra["effective_priority"] = target["priority"] + boost
+                    body["metadata"], extra = _lowered(target, lower_priority_by)
                 self._call("PATCH", self._workload_path(ns, name), body)
                 return {**target, "active": False, **extra}
             self._call("PATCH", _api_path("Job", ns, name), {"spec": {"suspend": True}})
@@ -314,6 +319,20 @@ class KubeActions:
             if exc.status == 404:
                 raise RequeueRefused(f"{target['type']} {ns}/{name} is gone") from None
             raise _fail(exc, f"deactivate {target['type']} {ns}/{name}") from None
+
+    def lower_priority(self, target: Mapping[str, Any], by: int) -> dict:
+        """Lower a Workload's effective priority by ``by`` through ``kueue.x-k8s.io/priority-boost``
+        alone (the requeue through the gate's check, which leaves ``spec.active`` as it is); what
+        :meth:`deactivate` adds to its result for the same (``new_priority_boost``, ...)."""
+        ns, name = str(target["namespace"]), str(target["name"])
+        meta, extra = _lowered(target, by)
+        try:
+            self._call("PATCH", self._workload_path(ns, name), {"metadata": meta})
+        except ApiException as exc:
+            if exc.status == 404:
+                raise RequeueRefused(f"workload {ns}/{name} is gone") from None
+            raise _fail(exc, f"lower the priority of Workload {ns}/{name}") from None
+        return extra
 
     def holds_quota(self, target: Mapping[str, Any]) -> bool | None:
         """Whether a requeued Workload still has quota reserved (``QuotaReserved=True``): Kueue

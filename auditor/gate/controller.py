@@ -501,7 +501,14 @@ class GateController:
     # ------------------------------------------------------------------ requeue through the check
 
     def requeue(
-        self, namespace: str, workload: str, message: str, now: datetime | None = None, *, backoff: int = 10
+        self,
+        namespace: str,
+        workload: str,
+        message: str,
+        now: datetime | None = None,
+        *,
+        backoff: int = 10,
+        current: Mapping[str, Any] | None = None,
     ) -> dict | None:
         """Requeue an admitted Workload through our check, behind the Workloads waiting for its quota.
 
@@ -516,8 +523,9 @@ class GateController:
         ``status.requeueState.requeueAt``), the waiting Workload is admitted, and ours is queued
         behind it (queue order: its eviction time). ``backoff`` 0: the plain ``Retry``. Kueue counts
         the retry (``retryCount``). None when no check of ours is on the Workload, or it is not
-        admitted (the caller then uses the ``spec.active`` path)."""
-        obj = self.kube.workload(namespace, workload)
+        admitted (the caller then uses the ``spec.active`` path). ``current``: the Workload as just
+        read by the caller (else it is read here)."""
+        obj = current if current is not None else self.kube.workload(namespace, workload)
         if obj is None:
             return None
         view = WorkloadView.parse(obj)

@@ -23,7 +23,7 @@ from auditor.policy.config import runner_config
 from auditor.policy.loader import PolicyRegistry, read_dir
 from auditor.policy.outbox import AlertOutbox, DrainResult
 from auditor.policy.runner import Decision, PolicyRunner
-from auditor.ports import ClusterActions
+from auditor.ports import CheckRequeue, ClusterActions
 from auditor.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,15 @@ class PolicyStage:
     notification, no resumed action) and records each due step as a would-do decision instead.
     """
 
-    def __init__(self, settings: Settings, store: Any, actions: ClusterActions, *, dry_run: bool = False) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Any,
+        actions: ClusterActions,
+        *,
+        dry_run: bool = False,
+        check_requeue: CheckRequeue | None = None,
+    ) -> None:
         from auditor.store.decisions import DecisionStore
 
         self.settings = settings
@@ -73,7 +81,7 @@ class PolicyStage:
         # alerts wait in the persisted queue and go out from the delivery job (:meth:`deliver`),
         # so a slow receiver never holds up a cycle
         config = dataclasses.replace(runner_config(settings), queue_alerts=True)
-        self.runner = PolicyRunner(self.registry, store, actions, config)
+        self.runner = PolicyRunner(self.registry, store, actions, config, check_requeue=check_requeue)
         self.repo = DecisionStore(store)
         self.outbox = AlertOutbox(self.repo, config)
 

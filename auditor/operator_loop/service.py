@@ -119,16 +119,23 @@ class Operator:
             clock=self.time,
             shard=self.shard,
         )
+        #: the efficiency gate's AdmissionCheck controller (``gate.enabled``), run while leading
+        # once per cluster, by the first shard: the weekly reports, retention and the gate
+        self.gate = self._gate_stage() if settings.gate.enabled and not dry_run and self.shard.primary else None
         self.policies = (
-            PolicyStage(settings, self.store, compose.kube_actions(self.api, instance=self.identity), dry_run=dry_run)
+            PolicyStage(
+                settings,
+                self.store,
+                compose.kube_actions(self.api, instance=self.identity),
+                dry_run=dry_run,
+                # the ladder's requeue goes through the gate's check where that helps (issue 16 item 6)
+                check_requeue=compose.check_requeue(self.gate) if self.gate is not None else None,
+            )
             if (settings.policies.builtin or settings.policies.dir)
             else None
         )
         self.reports = ReportStage(settings, self.store, compose.report_destinations(settings))
         self.retention = RetentionStage(settings, self.store)
-        #: the efficiency gate's AdmissionCheck controller (``gate.enabled``), run while leading
-        # once per cluster, by the first shard: the weekly reports, retention and the gate
-        self.gate = self._gate_stage() if settings.gate.enabled and not dry_run and self.shard.primary else None
         self.metrics.fleet.snapshot.held = self._held_jobs
         self.scheduler: BackgroundScheduler | None = None
         self.health: HealthServer | None = None

@@ -24,7 +24,7 @@ from auditor.policy.runner_config import Route, RunnerConfig
 from auditor.policy.schema import ActionKind, Mode, Policy
 
 if TYPE_CHECKING:
-    from auditor.ports import ClusterActions
+    from auditor.ports import CheckRequeue, ClusterActions
 
 log = logging.getLogger("auditor.policy.runner")
 
@@ -105,11 +105,14 @@ class StepActions:
         kube: "ClusterActions | None",
         config: RunnerConfig,
         sleep: Callable[[float], None] | None = None,
+        check_requeue: "CheckRequeue | None" = None,
     ) -> None:
         self._record = record
         self.kube = kube
         self.config = config
         self._sleep = sleep
+        #: the requeue through the efficiency gate's AdmissionCheck (None: always ``spec.active``)
+        self.check_requeue = check_requeue
         #: teams already warned about having no alert destination (once per team and process)
         self._unrouted: set[str] = set()
         #: receivers that gave no answer in this cycle: not tried again until the next one, so one
@@ -291,7 +294,22 @@ class StepActions:
         except RequeueRefused as exc:
             repo.finish_action(key, SKIPPED, now, result={"why": str(exc)})
             return {"state": SKIPPED, "why": str(exc)}
+        not_via_check = None
+        if self.check_requeue is not None and patch["type"] == "workload" and patch.get("reserved"):
+            via = self.check_requeue.requeue(
+                patch,
+                f"gpu-auditor: requeued by policy {policy.name}: {reason}",
+                backoff_s=round(policy.spec.requeue.backoff.total_seconds()),
+                lower_priority_by=policy.spec.requeue.lower_priority_by,
+                now=now,
+            )
+            if via.pop("used", False):
+                return self._requeued_through_check(key, policy, target, reason, now, {**patch, **via})
+            not_via_check = via.get("why")
         result = self.kube.deactivate(patch, lower_priority_by=policy.spec.requeue.lower_priority_by)
+        result["path"] = "spec.active"
+        if not_via_check:
+            result["admission_check_not_used"] = not_via_check
         due = now + policy.spec.requeue.backoff
         result["reactivate_at"] = due.isoformat()
         result["backoff_s"] = policy.spec.requeue.backoff.total_seconds()
@@ -299,12 +317,28 @@ class StepActions:
             # nothing held (a plain Job, or a Workload without quota): the backoff starts now
             result["quota_released_at"] = now.isoformat()
         repo.finish_action(key, WAITING, now, result=result, due_at=due)
+        self._tell_requeued(
+            target,
+            key,
+            now,
+            {"gpu-auditor.io/reactivate-at": due.isoformat().replace("+00:00", "Z")},
+            f"gpu-auditor stopped this job to requeue it (policy {policy.name}: {reason}); "
+            f"it goes back to its queue after {policy.spec.requeue.backoff}.",
+            f"policy {policy.name}: {reason}",
+        )
+        return {"state": WAITING, **result}
+
+    def _tell_requeued(
+        self, target: ActionTarget, key: str, now: datetime, annotations: dict, note: str, why: str
+    ) -> None:
+        """The requeued job's annotations (when, why, and what the path adds) and its Event."""
+        assert self.kube is not None
         self.kube.annotate(
             dataclasses.replace(target, pods=()),
             {
                 "gpu-auditor.io/requeued-at": now.isoformat().replace("+00:00", "Z"),
-                "gpu-auditor.io/requeue-reason": f"policy {policy.name}: {reason}",
-                "gpu-auditor.io/reactivate-at": due.isoformat().replace("+00:00", "Z"),
+                "gpu-auditor.io/requeue-reason": why,
+                **annotations,
             },
         )
         self.kube.event(
@@ -313,7 +347,33 @@ class StepActions:
             reason="GpuAuditorRequeue",
             action="requeue",
             now=now,
-            note=f"gpu-auditor stopped this job to requeue it (policy {policy.name}: {reason}); "
-            f"it goes back to its queue after {policy.spec.requeue.backoff}. It restarts from its last checkpoint.",
+            note=f"{note} It restarts from its last checkpoint.",
         )
-        return {"state": WAITING, **result}
+
+    def _requeued_through_check(
+        self, key: str, policy: Policy, target: ActionTarget, reason: str, now: datetime, result: dict
+    ) -> dict:
+        """Record and tell a requeue made through the gate's check: done (Kueue brings the job back
+        after the backoff; there is nothing to reactivate), the path said in the row, the job's
+        annotations and the Event."""
+        backoff = policy.spec.requeue.backoff
+        due = now + backoff
+        result.update(
+            type="workload",
+            path="admission-check",
+            backoff_s=backoff.total_seconds(),
+            requeued_at=now.isoformat(),
+            back_in_queue_at=due.isoformat(),
+        )
+        self._record.finish_action(key, DONE, now, result=result)
+        self._tell_requeued(
+            target,
+            key,
+            now,
+            {"gpu-auditor.io/requeue-path": f"admission check {', '.join(result.get('checks') or [])}"},
+            f"gpu-auditor requeued this job through its admission check (policy {policy.name}: {reason}): "
+            f"Kueue evicts it and queues it again after {backoff}, behind the {result.get('pending_workloads')} "
+            f"Workload(s) waiting in ClusterQueue {result.get('cluster_queue')}.",
+            f"policy {policy.name}: {reason}",
+        )
+        return {"state": DONE, **result}

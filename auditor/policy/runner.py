@@ -41,7 +41,7 @@ from auditor.policy.runner_config import RunnerConfig
 from auditor.policy.schema import ActionKind, Mode, Policy
 
 if TYPE_CHECKING:
-    from auditor.ports import ClusterActions
+    from auditor.ports import CheckRequeue, ClusterActions
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,9 @@ class PolicyRunner:
         config: routing, requeue settings, retry policy of the notifiers.
         record: the escalation record (:class:`~auditor.policy.record.EscalationRecord`); by
             default the store's decision log. A fake of it runs the runner without a database.
+        check_requeue: the requeue through the efficiency gate's AdmissionCheck
+            (:class:`~auditor.ports.CheckRequeue`), tried first for a running Workload; None:
+            requeues always go through ``spec.active``.
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class PolicyRunner:
         *,
         sleep: Callable[[float], None] | None = None,
         record: EscalationRecord | None = None,
+        check_requeue: "CheckRequeue | None" = None,
     ) -> None:
         self._policies = policies
         self.store = store
@@ -85,7 +89,7 @@ class PolicyRunner:
             record = store.decision_log()
         self._repo = record
         if record is not None:
-            self._actions = StepActions(record, kube, self.config, sleep)
+            self._actions = StepActions(record, kube, self.config, sleep, check_requeue)
             self._recovery = Recovery(record, kube, self.config, self._actions, lambda: self.policies)
 
     @property
