@@ -17,6 +17,7 @@ import json
 import time
 import uuid
 from datetime import datetime, timezone
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -172,9 +173,10 @@ def test_the_gate_as_the_service_account(chart: Chart, namespace: str, kube_admi
         with gate_queue(kube_admin, other, check=check) as q:
             with running_gate(
                 as_sa, store, mode="enforce", holds_namespace=namespace, holds_name=holds, api_admin=kube_admin
-            ):
+            ) as ctl:
                 _hold_and_release(kube_admin, other, q, store, namespace, holds)
-                _probation(kube_admin, other, q, store, namespace, holds, probation)
+                running = _probation(kube_admin, other, q, store, namespace, holds, probation)
+                _requeue_through_the_check(kube_admin, other, q, ctl, running)
             _denied(as_sa, kube_admin, other, namespace, check)
     finally:
         store.close()
@@ -196,8 +198,10 @@ def _grants(sa: ServiceAccount, namespace: str, holds: str) -> None:
     assert not sa.can("patch", "configmaps", "-n", namespace)
     for verb in ("create", "update", "patch", "delete"):
         assert not sa.sar(verb, k, "admissionchecks"), verb
-    for verb in ("get", "patch"):
+    assert sa.sar("get", k, "clusterqueues")  # status.pendingWorkloads, for the ladder's requeue through the check
+    for verb in ("list", "watch", "update", "patch"):
         assert not sa.sar(verb, k, "clusterqueues"), verb
+    assert not sa.can("patch", "clusterqueues.kueue.x-k8s.io", "--subresource=status")
     assert not sa.sar("create", k, "workloads") and not sa.sar("patch", k, "workloadpriorityclasses")
 
 
@@ -274,7 +278,8 @@ def _hold_and_release(api: Any, ns: str, q: Any, store: Any, release_ns: str, ho
     _delete_job(api, ns, then)
 
 
-def _probation(api: Any, ns: str, q: Any, store: Any, release_ns: str, holds: str, probation: str) -> None:
+def _probation(api: Any, ns: str, q: Any, store: Any, release_ns: str, holds: str, probation: str) -> str:
+    """The probation lineage's re-submission admitted after a competing job; its Workload (running)."""
     key = LineageKey("default", ns, "sweep")
     record_runs(store, key, ["idle"], _now())
     # its first submission after the wasteful run: admitted on probation, the lineage listed
@@ -310,6 +315,29 @@ def _probation(api: Any, ns: str, q: Any, store: Any, release_ns: str, holds: st
     assert not is_true(_wl(api, ns, resubmitted), "QuotaReserved")
     _delete_job(api, ns, "normal")
     until(lambda: is_true(_wl(api, ns, resubmitted), "Admitted"), "the probation job admitted when nobody waits", 60)
+    return resubmitted
+
+
+def _requeue_through_the_check(api: Any, ns: str, q: Any, ctl: Any, running: str) -> None:
+    """The policy ladder's requeue through the check, as the ServiceAccount: it reads the
+    ClusterQueue's pending count and writes both Retry states through the fence; the job that
+    waited is admitted on the freed quota."""
+    from auditor import compose
+
+    waiting = workload_of(api, ns, gpu_job(api, ns, "queued"))["metadata"]["name"]
+    until(lambda: ctl.kube.pending_workloads(q.cluster_queue) == 1, "the ClusterQueue counts it pending (as the SA)")
+    port = compose.check_requeue(SimpleNamespace(controller=ctl))
+    done = port.requeue(
+        {"namespace": ns, "name": running},
+        "gpu-auditor: requeued by policy p",
+        backoff_s=2,
+        lower_priority_by=0,
+        now=_now(),
+    )
+    assert done["used"] and done["pending_workloads"] == 1 and done["checks"] == [q.check], done
+    until(lambda: is_true(_wl(api, ns, waiting), "Admitted"), "the waiting job admitted on the freed quota", 60)
+    evictions = _wl(api, ns, running)["status"]["schedulingStats"]["evictions"]
+    assert [(e["reason"], e["count"]) for e in evictions] == [("AdmissionCheck", 1)], evictions
 
 
 def _denied(as_sa: Any, api: Any, ns: str, release_ns: str, check: str) -> None:
