@@ -24,15 +24,16 @@ after its end (late scrapes included), and ``jobs.ended_at`` is set.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Callable
 
 from auditor.clock import SYSTEM_CLOCK
+from auditor.core.accumulate import JobAggregate
 from auditor.core.identity import JobKey
 from auditor.core.job_summary import JobSummary, sorted_summaries
 from auditor.core.model import Window
-from auditor.core.rfc3339 import format_rfc3339
+from auditor.core.rfc3339 import format_rfc3339, parse_rfc3339
 from auditor.core.shards import WHOLE, Shard
 from auditor.engine import align_down, run_audit
 from auditor.errors import AuditorError
@@ -73,17 +74,36 @@ class CycleResult:
 
 class _CycleStore:
     """The store as the engine sees it during a cycle: summaries get the Kubernetes view and
-    ``final``; runs get ``origin``/``cluster``/``holder`` (the cursor is read back from them)."""
+    ``final``; runs get ``origin``/``cluster``/``holder`` (the cursor is read back from them).
+
+    The chunk's summaries and aggregates are written together when the engine records its run
+    (one statement per table instead of several per job; the chunk is one transaction anyway),
+    or earlier where a read or delete of one must see them. Aggregates come from the runner's
+    copies where the store's stamp says they are what it holds (:class:`_KeptAggregates`).
+    """
 
     def __init__(
-        self, store: Any, view: dict[str, JobInfo], *, cycle_end: datetime, settle: timedelta, detail: dict
+        self,
+        store: Any,
+        view: dict[str, JobInfo],
+        *,
+        cycle_end: datetime,
+        settle: timedelta,
+        detail: dict,
+        kept: "_KeptAggregates",
     ) -> None:
         self._store = store
         self._view = view
         self._cycle_end = cycle_end
         self._settle = settle
         self._detail = detail
+        self._kept = kept
         self.saved: dict[str, tuple[int, dict]] = {}
+        #: the engine's own summaries of ``saved`` (None where another writer's document was saved)
+        self.made: dict[str, JobSummary | None] = {}
+        self._summaries: dict[int, dict] = {}
+        self._aggregates: dict[int, JobAggregate] = {}
+        self._aggregates_now: datetime | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
@@ -92,12 +112,128 @@ class _CycleStore:
         key = _job_key_of(summary)
         info = self._view.get(key)
         enrich(summary, info, self._cycle_end, self._settle)
-        self._store.save_summary(job_id, summary)
+        self._summaries.pop(job_id, None)
+        self._summaries[job_id] = summary
         self.saved[key] = (job_id, summary)
+        self.made[key] = None
+
+    def save_job_summary(self, job_id: int, summary: JobSummary) -> None:
+        """What the engine saves of its own summaries: the document, and the object kept so
+        that the cycle's result need not read the document back."""
+        doc = summary.to_json()
+        self.save_summary(job_id, doc)
+        self.made[_job_key_of(doc)] = summary
+
+    def save_aggregate(self, job_id: int, agg: JobAggregate, now: datetime) -> None:
+        if self._aggregates_now is not None and self._aggregates_now != now:
+            self.flush()
+        self._aggregates_now = now
+        self._aggregates.pop(job_id, None)
+        self._aggregates[job_id] = agg
+
+    def aggregate(self, job_id: int) -> JobAggregate | None:
+        if job_id in self._aggregates:
+            self.flush()
+        kept = self._kept.take(job_id)
+        return kept if kept is not None else self._store.aggregate(job_id)
+
+    def summary(self, job_id: int) -> dict | None:
+        self.flush()
+        return self._store.summary(job_id)
+
+    def delete_summary(self, job_id: int) -> bool:
+        self.flush()
+        return bool(self._store.delete_summary(job_id))
+
+    def replace_buckets(self, job_id: int, buckets: Any) -> Any:
+        displaced = self._store.replace_buckets(job_id, buckets)
+        if displaced:
+            # the store deleted the losers' aggregates with their buckets: neither a pending nor a
+            # kept copy may bring one back
+            for d in displaced:
+                for other in (d.job_id, d.owner):
+                    self._aggregates.pop(other, None)
+                    self._kept.forget(other)
+            self._kept.forget(job_id)
+        return displaced
+
+    def flush(self) -> None:
+        """Write the pending summaries and aggregates (one statement per table)."""
+        if self._aggregates:
+            items = list(self._aggregates.items())
+            self._aggregates.clear()
+            now = self._aggregates_now
+            assert now is not None
+            self._store.save_aggregates(items, now)
+            self._kept.saved(items, now)
+        if self._summaries:
+            docs = list(self._summaries.items())
+            self._summaries.clear()
+            self._store.save_summaries(docs)
 
     def record_run(self, window: Window, started: datetime, finished: datetime, **kw: Any) -> int:
+        if kw.get("status") == "failed":  # the chunk's transaction is rolled back: nothing to add
+            self._summaries.clear()
+            self._aggregates.clear()
+        else:
+            self.flush()
         kw["detail"] = {**kw.get("detail", {}), **self._detail}
         return self._store.record_run(window, started, finished, **kw)
+
+
+class _KeptAggregates:
+    """The job aggregates this runner saved, kept between cycles so that a steady cycle does not
+    read and decode each job's aggregate again. The store stays the truth: a kept copy is used
+    only while the store's ``(through, updated)`` of the job is still the one it was saved with
+    (read for all jobs of the cluster in one query per chunk), so one that another process wrote
+    or deleted since, a rolled-back cycle's, or one lost with a displacement is read again."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[tuple[datetime, datetime], JobAggregate]] = {}
+        self._stamps: dict[int, tuple[datetime, datetime]] = {}
+
+    def check(self, store: Any, cluster: str) -> None:
+        """Read the store's stamps (inside the chunk's transaction, before its writes)."""
+        self._stamps = store.aggregate_stamps(cluster) if self._kept else {}
+
+    def take(self, job_id: int) -> JobAggregate | None:
+        """The kept aggregate of the job when the store still holds it (the caller may change it:
+        it is no longer kept until saved again)."""
+        entry = self._kept.pop(job_id, None)
+        if entry is None or self._stamps.get(job_id) != entry[0]:
+            return None
+        return entry[1]
+
+    def forget(self, job_id: int) -> None:
+        self._kept.pop(job_id, None)
+
+    def saved(self, items: list[tuple[int, JobAggregate]], now: datetime) -> None:
+        for job_id, agg in items:
+            if agg.through is not None:
+                self._kept[job_id] = ((agg.through, now), agg)
+
+    def clear(self) -> None:
+        self._kept.clear()
+
+
+def _as_stored(made: JobSummary | None, doc: dict) -> JobSummary:
+    """The summary as stored (``doc``): the engine's object with what :func:`enrich` added to its
+    document (the same as ``JobSummary.from_json(doc)``, without reading it all back), or
+    ``doc`` read back where the engine did not make it (a final summary, a hand-over)."""
+    if made is None or made.extra or doc.get("verdict") != made.verdict.value:
+        return JobSummary.from_json(doc)
+    ended = doc.get("ended")
+    return replace(
+        made,
+        queue=doc.get("queue"),
+        final=doc.get("final"),
+        ended=parse_rfc3339(ended) if ended is not None else None,
+        extra={k: doc[k] for k in _ENRICHED_EXTRA if k in doc},
+    )
+
+
+#: what :func:`enrich` adds to a document beyond JobSummary's own fields
+_ENRICHED_EXTRA = ("kube",)
 
 
 def enrich(summary: dict, info: JobInfo | None, cycle_end: datetime, settle: timedelta) -> None:
@@ -151,6 +287,7 @@ class CycleRunner:
         #: "now" when ``run`` is given none, and the cycle's timing
         self.clock = clock
         self._covered: set[str] = set()  # job keys whose history this process has read
+        self._kept = _KeptAggregates()
         #: which namespaces this runner audits (auditor.core.shards); its runs carry the shard,
         #: so each shard continues from its own cursor and ends only its own jobs
         self.shard = shard
@@ -227,9 +364,11 @@ class CycleRunner:
             **({"shard": self._shard_label} if self._shard_label else {}),
         }
         touched: dict[str, tuple[int, dict]] = {}
+        summaries: dict[str, JobSummary] = {}  # the engine's own of ``touched``, by job key
         for chunk in self.chunks(window):
-            proxy = _CycleStore(self.store, view, cycle_end=now, settle=self.end_settle, detail=detail)
+            proxy = _CycleStore(self.store, view, cycle_end=now, settle=self.end_settle, detail=detail, kept=self._kept)
             with self.store.batch():
+                self._kept.check(self.store, self.cluster)
                 audit = run_audit(  # proxy is a SummaryStore (auditor.ports), as run_audit asks
                     self.source,
                     self.resolver,
@@ -244,6 +383,9 @@ class CycleRunner:
                 self._reopen(proxy.saved, open_jobs)
                 if not self.still_leader():
                     raise LostLeadership("the Lease was lost during the cycle; its writes are rolled back")
+            for key, made in proxy.made.items():
+                if made is not None:
+                    summaries[key] = made
             result.chunks += 1
             result.queries += audit.report.queries
             result.warnings.extend(audit.report.warnings)
@@ -258,7 +400,7 @@ class CycleRunner:
                 raise LostLeadership("the Lease was lost during the cycle; its writes are rolled back")
         result.finalized = self._finalize(now, view, open_jobs, touched)
         self._covered = set(view)
-        result.summaries = sorted_summaries([JobSummary.from_json(s) for _id, s in touched.values()])
+        result.summaries = sorted_summaries([_as_stored(summaries.get(k), doc) for k, (_id, doc) in touched.items()])
         result.seconds = self.clock.monotonic() - t0
         return result
 

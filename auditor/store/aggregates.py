@@ -4,6 +4,7 @@ cycle folds only its new buckets instead of re-reading a long job's whole histor
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 
 import orjson
@@ -11,7 +12,7 @@ import sqlalchemy as sa
 
 from auditor.core.accumulate import JobAggregate
 from auditor.store.database import Database
-from auditor.store.tables import AGGREGATES
+from auditor.store.tables import AGGREGATES, JOBS
 from auditor.store.values import Invalid, aware
 
 log = logging.getLogger("auditor.store.store")
@@ -49,15 +50,35 @@ class Aggregates:
 
     def save_aggregate(self, job_id: int, agg: JobAggregate, now: datetime) -> None:
         """Store the job's folded statistics, replacing the previous ones."""
-        where = f"save the aggregate of job {job_id}"
-        with self._db.checking(where):
-            if agg.through is None:
-                raise Invalid("an aggregate without 'through' cannot be stored")
-            values = {
-                "job_id": job_id,
-                "through": agg.through,
-                "updated": aware(now, "now"),
-                "state": orjson.dumps(agg.to_json()),
-            }
+        self.save_aggregates([(job_id, agg)], now)
+
+    def save_aggregates(self, items: Sequence[tuple[int, JobAggregate]], now: datetime) -> None:
+        """:meth:`save_aggregate` of several jobs in one statement (a job given twice keeps the
+        last); nothing is written if any is refused."""
+        values: dict[int, dict] = {}
+        for job_id, agg in items:
+            with self._db.checking(f"save the aggregate of job {job_id}"):
+                if agg.through is None:
+                    raise Invalid("an aggregate without 'through' cannot be stored")
+                values.pop(job_id, None)
+                values[job_id] = {
+                    "job_id": job_id,
+                    "through": agg.through,
+                    "updated": aware(now, "now"),
+                    "state": orjson.dumps(agg.to_json()),
+                }
+        if not values:
+            return
+        ids = list(values)
+        where = f"save the aggregate of job {ids[0]}" if len(ids) == 1 else f"save the aggregates of {len(ids)} jobs"
         with self._db.writing(where) as conn:
-            conn.execute(self._upsert_stmt, values)
+            conn.execute(self._upsert_stmt, list(values.values()))
+
+    def stamps(self, cluster: str) -> dict[int, tuple[datetime, datetime]]:
+        """``(through, updated)`` of every stored aggregate of ``cluster``'s jobs: what tells a
+        copy kept in memory (the operator's, between cycles) from the stored one, whoever wrote
+        or deleted it since."""
+        a = AGGREGATES.c
+        q = sa.select(a.job_id, a.through, a.updated).join(JOBS, JOBS.c.id == a.job_id).where(JOBS.c.cluster == cluster)
+        with self._db.reading(f"read the aggregates' stamps of cluster {cluster}") as conn:
+            return {int(job_id): (through, updated) for job_id, through, updated in conn.execute(q)}

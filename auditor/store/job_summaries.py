@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from datetime import datetime, timezone
+from typing import Any
 
-import orjson
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
+from auditor.core.model import JobRef
 from auditor.store.database import Database
 from auditor.store.jobs import job_ref
-from auditor.store.lineage_tables import record_summary
+from auditor.store.lineage_tables import record_summaries
 from auditor.store.summaries import SUMMARY_FIELDS, summary_columns
 from auditor.store.tables import JOBS, SUMMARIES
-from auditor.store.values import Invalid, aware, number, parse_time, plain_json
+from auditor.store.values import Invalid, aware, number, parse_time, plain_json_text
 
 #: the columns :meth:`SummaryRecords.save_summary` writes (besides ``job_id``)
 _WRITTEN = (
@@ -32,13 +33,25 @@ _WRITTEN = (
 )
 
 
-def _json_text(doc: object) -> str:
-    """The JSON text of a plain-JSON document: orjson's, or the standard library's for what
-    orjson does not write (integers beyond 64 bits)."""
-    try:
-        return orjson.dumps(doc).decode()
-    except TypeError:
-        return json.dumps(doc)
+def _summary_values(summary: dict) -> tuple[dict[str, Any], str]:
+    """The checked column values of one summary (without the job row's) and its JSON text;
+    :class:`Invalid` names what is refused."""
+    if not isinstance(summary, dict):
+        raise Invalid(f"summary must be a dict, got {type(summary).__name__}")
+    doc, text = plain_json_text(summary, "summary")
+    verdict = summary.get("verdict")
+    if not isinstance(verdict, str) or not verdict:
+        raise Invalid("summary has no verdict")
+    values = {
+        "verdict": verdict,
+        "start": parse_time(summary.get("start"), "start"),
+        "end": parse_time(summary.get("end"), "end"),
+        "gpu_hours": number(summary.get("gpu_hours"), "gpu_hours"),
+        "waste_gpu_hours": number(summary.get("waste_gpu_hours"), "waste_gpu_hours"),
+        "computed_at": parse_time(summary.get("computed_at"), "computed_at") or datetime.now(timezone.utc),
+        **summary_columns(doc),
+    }
+    return values, text
 
 
 class SummaryRecords:
@@ -48,7 +61,7 @@ class SummaryRecords:
         self._db = db
         # Built once: an operator cycle saves a summary per job (thousands), and building the
         # statement each time cost more than executing it.
-        self._job_stmt = sa.select(JOBS).where(JOBS.c.id == sa.bindparam("job_id"))
+        self._jobs_stmt = sa.select(JOBS).where(JOBS.c.id.in_(sa.bindparam("ids", expanding=True)))
         # The document goes in as the JSON text orjson writes (it is plain JSON by then): the
         # column type's own serializer (the standard library's) cost ~1 ms per summary.
         data = sa.bindparam("data_json", type_=sa.Text)
@@ -66,39 +79,47 @@ class SummaryRecords:
         :func:`summary_columns`); cluster and namespace come from the job row, the identity the
         summary belongs to.
         """
-        where = f"save summary of job {job_id}"
-        with self._db.checking(where):
-            if not isinstance(summary, dict):
-                raise Invalid(f"summary must be a dict, got {type(summary).__name__}")
-            doc = plain_json(summary, "summary")
-            verdict = summary.get("verdict")
-            if not isinstance(verdict, str) or not verdict:
-                raise Invalid("summary has no verdict")
-            values = {
-                "verdict": verdict,
-                "start": parse_time(summary.get("start"), "start"),
-                "end": parse_time(summary.get("end"), "end"),
-                "gpu_hours": number(summary.get("gpu_hours"), "gpu_hours"),
-                "waste_gpu_hours": number(summary.get("waste_gpu_hours"), "waste_gpu_hours"),
-                "computed_at": parse_time(summary.get("computed_at"), "computed_at") or datetime.now(timezone.utc),
-                "data": doc,
-                **summary_columns(doc),
-            }
+        self.save_summaries([(job_id, summary)])
+
+    def save_summaries(self, items: Sequence[tuple[int, dict]]) -> None:
+        """:meth:`save_summary` of several jobs in one transaction, with one statement per table
+        (an operator cycle saves a summary per job: thousands). A job given twice keeps the last;
+        nothing is written if any summary is refused."""
+        last: dict[int, dict] = {}
+        for job_id, summary in items:
+            last.pop(job_id, None)
+            last[job_id] = summary
+        if not last:
+            return
+        prepared: list[tuple[int, dict, dict[str, Any], str]] = []
+        for job_id, summary in last.items():
+            with self._db.checking(f"save summary of job {job_id}"):
+                prepared.append((job_id, summary, *_summary_values(summary)))
+        ids = list(last)
+        where = f"save summary of job {ids[0]}" if len(ids) == 1 else f"save the summaries of {len(ids)} jobs"
         with self._db.writing(where) as conn:
-            job = conn.execute(self._job_stmt, {"job_id": job_id}).mappings().first()
-            if job is None:
-                raise Invalid(f"no job with id {job_id}")
-            values.update(
-                job_id=job_id,
-                cluster=job["cluster"],
-                namespace=job["namespace"],
-                team=summary.get("team") or job["team"] or "",
-            )
-            params = {k: v for k, v in values.items() if k != "data"}
-            params["data_json"] = _json_text(values["data"])
+            jobs: dict[int, Any] = {}
+            for i in range(0, len(ids), 500):
+                for row in conn.execute(self._jobs_stmt, {"ids": ids[i : i + 500]}).mappings():
+                    jobs[int(row["id"])] = row
+            params: list[dict[str, Any]] = []
+            runs: list[tuple[JobRef, dict, datetime]] = []
+            for job_id, summary, values, text in prepared:
+                job = jobs.get(job_id)
+                if job is None:
+                    raise Invalid(f"no job with id {job_id}")
+                values.update(
+                    job_id=job_id,
+                    cluster=job["cluster"],
+                    namespace=job["namespace"],
+                    team=summary.get("team") or job["team"] or "",
+                    data_json=text,
+                )
+                params.append(values)
+                runs.append((job_ref(job), summary, values["computed_at"]))
             conn.execute(self._upsert_stmt, params)
-            # the job's run of its lineage, in the same transaction: the efficiency gate reads it
-            record_summary(conn, job_ref(job), summary, values["computed_at"])
+            # the jobs' runs of their lineages, in the same transaction: the efficiency gate reads them
+            record_summaries(conn, runs)
 
     def summaries(
         self,

@@ -8,7 +8,7 @@ the transaction that saves its summary, without importing the module that import
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg_dialect
@@ -170,10 +170,14 @@ def lineage_of_summary(job: JobRef, summary: Mapping[str, Any]) -> LineageKey:
 
 def record_run(conn: sa.Connection, key: LineageKey, run: LineageRun, now: datetime, *, team: str = "") -> None:
     """Store ``run`` under ``key`` in ``conn``'s transaction, replacing an earlier record of the job."""
+    conn.execute(_run_upsert(conn), _run_values(lineage_id_of(conn, key, now, team), run, now))
+
+
+def _run_values(lineage_id: int, run: LineageRun, now: datetime) -> dict[str, Any]:
+    """The ``lineage_runs`` row of ``run``."""
     kind, name = split_job(run.job)
-    lid = lineage_id_of(conn, key, now, team)
-    values = {
-        "lineage_id": lid,
+    return {
+        "lineage_id": lineage_id,
         "job_kind": kind,
         "job_name": name,
         "job_uid": run.uid or "",
@@ -186,7 +190,6 @@ def record_run(conn: sa.Connection, key: LineageKey, run: LineageRun, now: datet
         "final": run.final,
         "recorded_at": now,
     }
-    conn.execute(_run_upsert(conn), values)
 
 
 _RUN_KEY = ("lineage_id", "job_kind", "job_name", "job_uid")
@@ -209,3 +212,65 @@ def record_summary(conn: sa.Connection, job: JobRef, summary: Mapping[str, Any],
     key = lineage_of_summary(job, summary)
     record_run(conn, key, run_of(job, summary), now, team=str(summary.get("team") or job.team or ""))
     return key
+
+
+def record_summaries(conn: sa.Connection, items: Sequence[tuple[JobRef, Mapping[str, Any], datetime]]) -> None:
+    """:func:`record_summary` of several jobs, in order, with three statements in all: the
+    lineages' upserts (one executemany), their ids (one read per 500 lineages), the runs' upserts
+    (one executemany). The same rows as one call per job: the lineage's team follows the last
+    summary that named one, its ``last_seen`` the latest, each job's run the last."""
+    if not items:
+        return
+    lineage_rows: list[dict[str, Any]] = []
+    planned: list[tuple[LineageKey, LineageRun, datetime]] = []
+    for job, summary, now in items:
+        key = lineage_of_summary(job, summary)
+        team = str(summary.get("team") or job.team or "")
+        lineage_rows.append(
+            {
+                "cluster": key.cluster,
+                "namespace": key.namespace,
+                "lineage": key.lineage,
+                "team": team,
+                "first_seen": now,
+                "last_seen": now,
+            }
+        )
+        planned.append((key, run_of(job, summary), now))
+    conn.execute(_lineage_upsert_any(conn), lineage_rows)
+    ids: dict[LineageKey, int] = {}
+    wanted = sorted({k for k, _r, _n in planned}, key=lambda k: (k.cluster, k.namespace, k.lineage))
+    for i in range(0, len(wanted), 500):
+        part = wanted[i : i + 500]
+        q = sa.select(lineages.c.id, lineages.c.cluster, lineages.c.namespace, lineages.c.lineage).where(
+            lineages.c.cluster.in_(sorted({k.cluster for k in part})),
+            lineages.c.namespace.in_(sorted({k.namespace for k in part})),
+            lineages.c.lineage.in_(sorted({k.lineage for k in part})),
+        )
+        for lid, cluster, namespace, lineage in conn.execute(q):
+            ids[LineageKey(cluster, namespace, lineage)] = int(lid)
+    runs: dict[tuple, dict[str, Any]] = {}
+    for key, run, now in planned:
+        values = _run_values(ids[key], run, now)
+        rk = tuple(values[c] for c in _RUN_KEY)
+        runs.pop(rk, None)
+        runs[rk] = values
+    conn.execute(_run_upsert(conn), list(runs.values()))
+
+
+def _lineage_upsert_any(conn: sa.Connection) -> Any:
+    """The lineage upsert of :func:`lineage_id_of` for rows with and without a team in one
+    executemany: a row's team replaces the stored one only where it is not empty."""
+    key = ("lineage-any", conn.dialect.name)
+    stmt = _STATEMENTS.get(key)
+    if stmt is None:
+        ins = _insert(conn)(lineages)
+        greatest = sa.func.max if conn.dialect.name == "sqlite" else sa.func.greatest
+        stmt = _STATEMENTS[key] = ins.on_conflict_do_update(
+            index_elements=["cluster", "namespace", "lineage"],
+            set_={
+                "last_seen": greatest(lineages.c.last_seen, ins.excluded.last_seen),
+                "team": sa.case((ins.excluded.team != "", ins.excluded.team), else_=lineages.c.team),
+            },
+        )
+    return stmt

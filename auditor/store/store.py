@@ -137,12 +137,24 @@ class Store:
         """Store the job's folded statistics, replacing the previous ones."""
         self._aggregates.save_aggregate(job_id, agg, now)
 
+    def save_aggregates(self, items: Sequence[tuple[int, JobAggregate]], now: datetime) -> None:
+        """:meth:`save_aggregate` of several jobs in one statement (:meth:`Aggregates.save_aggregates`)."""
+        self._aggregates.save_aggregates(items, now)
+
+    def aggregate_stamps(self, cluster: str) -> dict[int, tuple[datetime, datetime]]:
+        """``(through, updated)`` of each stored aggregate of the cluster (:meth:`Aggregates.stamps`)."""
+        return self._aggregates.stamps(cluster)
+
     # ------------------------------------------------------------------ summaries (store/job_summaries.py)
 
     def save_summary(self, job_id: int, summary: dict) -> None:
         """Store the audit-JSON object of one job, replacing the previous one
         (:meth:`SummaryRecords.save_summary`)."""
         self._summaries.save_summary(job_id, summary)
+
+    def save_summaries(self, items: Sequence[tuple[int, dict]]) -> None:
+        """:meth:`save_summary` of several jobs in one transaction (:meth:`SummaryRecords.save_summaries`)."""
+        self._summaries.save_summaries(items)
 
     def summaries(
         self,

@@ -49,6 +49,25 @@ def plain_json(value: Any, label: str, default: Any = None) -> Any:
         raise Invalid(f"{label} is not plain JSON: {exc}") from None
 
 
+def plain_json_text(value: Any, label: str) -> tuple[Any, str]:
+    """:func:`plain_json` of ``value`` and the JSON text the database gets of it, serialized
+    once where orjson's copy is taken (the common case); otherwise the copy's text by orjson,
+    or by the standard library for what orjson does not write (integers beyond 64 bits)."""
+    try:
+        raw = orjson.dumps(value)
+        out = orjson.loads(raw)
+    except (TypeError, ValueError):
+        pass
+    else:
+        if out == value:
+            return out, raw.decode()
+    out = plain_json(value, label)
+    try:
+        return out, orjson.dumps(out).decode()
+    except TypeError:
+        return out, json.dumps(out)
+
+
 def parse_time(value: Any, label: str) -> datetime | None:
     """An RFC 3339 time (or an aware datetime) of a document field; None stays None."""
     if value is None:
