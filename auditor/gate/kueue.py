@@ -1,9 +1,15 @@
 """Kubernetes I/O of the efficiency gate: AdmissionChecks, Workload check states, the Job.
 
-Check states are written with server-side apply on the Workload's status subresource under our
-own field manager (``gpu-auditor.io/efficiency-gate``), every field explicit: Kueue re-applies all
-check entries with ForceOwnership, so a field we leave out stays as it was (a merge patch would
-replace the whole list, other controllers' checks included).
+Check states are written on the Workload's status subresource under our own field manager
+(``gpu-auditor.io/efficiency-gate``), touching only our entry's fields: a JSON patch that first
+tests our entry's name at the index the Workload we answer showed, then sets ``state``,
+``message``, ``lastTransitionTime`` and ``requeueAfterSeconds`` (Kueue's ``retryCount`` and other
+controllers' entries stay as they are). If the list moved meanwhile the test fails and the entry
+goes by server-side apply instead, every field explicit (Kueue re-applies all check entries with
+ForceOwnership, so a field we leave out stays as it was). A merge patch would replace the whole
+list, other controllers' checks included. The JSON patch is the default because it is about half
+the API server's time of the apply on a Workload (bench/results/gate-latency-*.md): the apply
+converts and merges the whole object against the Workload schema, pod templates included.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ CONTROLLER_NAME = "gpu-auditor.io/efficiency-gate"
 FIELD_MANAGER = CONTROLLER_NAME
 KV = "kueue.x-k8s.io/v1beta2"
 APPLY = "application/apply-patch+yaml"
+JSON_PATCH = "application/json-patch+json"
+#: how check states are written: ``patch`` (JSON patch, the default) or ``apply`` (server-side apply)
+STATUS_WRITES = ("patch", "apply")
 #: Kueue's annotation that holds a Job before quota (set only at creation, only removable later)
 GATED_BY = "kueue.x-k8s.io/admission-gated-by"
 #: our gate name inside that annotation (the MutatingAdmissionPolicy adds it)
@@ -60,6 +69,22 @@ def rfc3339(t: datetime) -> str:
     return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _check_ops(wl: "WorkloadView", states: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """JSON patch operations setting our entries' fields where ``wl`` has them, each guarded by
+    a test of the entry's name at that index (a list that moved fails the patch as a whole)."""
+    ops: list[dict[str, Any]] = []
+    for name, s in sorted(states.items()):
+        at = f"/status/admissionChecks/{wl.check_order.index(name)}"
+        ops.append({"op": "test", "path": f"{at}/name", "value": name})
+        ops += [
+            {"op": "add", "path": f"{at}/state", "value": s["state"]},
+            {"op": "add", "path": f"{at}/message", "value": s["message"]},
+            {"op": "add", "path": f"{at}/lastTransitionTime", "value": s["lastTransitionTime"]},
+            {"op": "add", "path": f"{at}/requeueAfterSeconds", "value": int(s.get("requeueAfterSeconds") or 0)},
+        ]
+    return ops
+
+
 def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
     return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == kind), {})
 
@@ -89,6 +114,8 @@ class WorkloadView:
     priority_class: str
     #: check name → its current state entry
     checks: dict[str, dict] = field(default_factory=dict)
+    #: the check names in ``status.admissionChecks`` order (where a JSON patch finds each)
+    check_order: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, wl: Mapping[str, Any]) -> "WorkloadView":
@@ -112,6 +139,7 @@ class WorkloadView:
             quota_reserved_at=str(_condition(wl, "QuotaReserved").get("lastTransitionTime") or ""),
             priority_class=str((spec.get("priorityClassRef") or {}).get("name") or ""),
             checks={str(c.get("name")): dict(c) for c in status.get("admissionChecks") or []},
+            check_order=tuple(str(c.get("name")) for c in status.get("admissionChecks") or []),
         )
 
     @property
@@ -139,10 +167,18 @@ class WorkloadView:
 class KueueGateApi:
     """The gate's calls to the API server, through one ``ApiClient``."""
 
-    def __init__(self, api: client.ApiClient, instance: str = "gpu-auditor", *, controller: str = CONTROLLER_NAME):
+    def __init__(
+        self,
+        api: client.ApiClient,
+        instance: str = "gpu-auditor",
+        *,
+        controller: str = CONTROLLER_NAME,
+        status_write: str = "patch",
+    ):
         self.api = api
         self.controller = controller
         self.actions = KubeActions(api, instance)
+        self.status_write = status_write
 
     # ------------------------------------------------------------------ AdmissionChecks
 
@@ -203,9 +239,30 @@ class KueueGateApi:
 
     # ------------------------------------------------------------------ Workloads
 
-    def write_checks(self, wl: WorkloadView, states: Mapping[str, Mapping[str, Any]]) -> dict:
-        """Server-side apply our check entries (name → {state, message, lastTransitionTime,
-        requeueAfterSeconds}) on the Workload's status; every field sent."""
+    def write_checks(
+        self, wl: WorkloadView, states: Mapping[str, Mapping[str, Any]], *, how: str | None = None
+    ) -> dict:
+        """Write our check entries (name → {state, message, lastTransitionTime,
+        requeueAfterSeconds}) on the Workload's status: by JSON patch at the places ``wl`` shows
+        them, else (``how`` ``apply``, an entry ``wl`` lacks, or the list moved since) by
+        server-side apply. Returns the Workload as written."""
+        if (how or self.status_write) == "patch" and all(n in wl.check_order for n in states):
+            try:
+                return call_json(
+                    self.api,
+                    resource_path(KV, "workloads", wl.namespace, wl.name) + "/status",
+                    method="PATCH",
+                    body=_check_ops(wl, states),
+                    content_type=JSON_PATCH,
+                    query=[("fieldManager", FIELD_MANAGER)],
+                )
+            except ApiException as exc:
+                if exc.status != 422:  # 422: a test failed (the list moved since ``wl``): apply instead
+                    raise _fail(exc, f"write the check state of Workload {wl.namespace}/{wl.name}") from None
+                log.debug("gate: Workload %s/%s: checks moved, applying instead (%s)", wl.namespace, wl.name, exc)
+        return self._apply_checks(wl, states)
+
+    def _apply_checks(self, wl: WorkloadView, states: Mapping[str, Mapping[str, Any]]) -> dict:
         entries = [
             {
                 "name": name,

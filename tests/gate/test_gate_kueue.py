@@ -512,3 +512,40 @@ def test_with_the_check_on_every_flavor_the_gate_answers_before_quota(kube_admin
 
         fresh = until(lambda: (w := recreated()) and check_state(w, q.check).get("state") == "Ready" and w, "released")
         assert "acknowledged" in check_state(fresh, q.check)["message"]
+
+
+def _our_writes(wl: dict) -> set[str]:
+    """How our field manager has written the Workload's status: ``Update`` (JSON patch), ``Apply``."""
+    from auditor.gate.kueue import FIELD_MANAGER
+
+    return {
+        m["operation"]
+        for m in wl["metadata"]["managedFields"]
+        if m["manager"] == FIELD_MANAGER and m.get("subresource") == "status"
+    }
+
+
+def test_check_states_go_by_json_patch_and_by_apply_when_the_list_moved(kube_admin, namespace, store):
+    """The answer is a JSON patch of our entry at the index the Workload showed (half the API
+    server's time of an apply); when that index no longer holds our check (the list moved), the
+    patch's test fails and the entry is written by server-side apply instead."""
+    from auditor.gate.kueue import WorkloadView, rfc3339
+
+    api, ns = kube_admin, namespace
+    with gate_queue(api, ns) as q, running_gate(api, store) as ctl:
+        until(lambda: is_true(cluster_queue(api, q.cluster_queue), "Active"), "the ClusterQueue Active")
+        name = workload_of(api, ns, gpu_job(api, ns, "clean"))["metadata"]["name"]
+        wl = until(lambda: (w := _wl(api, ns, name)) and is_true(w, "Admitted") and w, "Admitted")
+        assert _our_writes(wl) == {"Update"}  # the gate's own answer: the JSON patch
+        view = WorkloadView.parse(wl)
+        assert view.check_order == (q.check,)
+
+        def entry(message: str) -> dict:
+            return {"state": "Ready", "message": message, "lastTransitionTime": rfc3339(_now())}
+
+        moved = WorkloadView.parse({**wl, "status": {"admissionChecks": [{"name": "other"}, {"name": q.check}]}})
+        written = ctl.kube.write_checks(moved, {q.check: entry("written by apply")})
+        assert check_state(written, q.check)["message"] == "written by apply" and "Apply" in _our_writes(written)
+        written = ctl.kube.write_checks(view, {q.check: entry("written by patch")})
+        assert check_state(written, q.check)["message"] == "written by patch" and "Update" in _our_writes(written)
+        assert check_state(written, q.check)["state"] == "Ready" and is_true(written, "Admitted")
