@@ -10,10 +10,15 @@ first version showing ``QuotaReserved=True`` and the first showing our check ans
 difference is the figure, as a Kueue user would see it. The controller's own timings (from its
 watch event to the status write, and the store read + decision alone) are reported beside it.
 
-    .venv/bin/python bench/gate_latency.py --jobs 300 --out bench/results
+    .venv/bin/python bench/gate_latency.py --jobs 300 --out bench/results --tag load2
+
+``--status-write both`` (the default) writes the even jobs' answers by JSON patch (the gate's way)
+and the odd ones' by server-side apply (the earlier way), so the two are compared in one run
+under the same load; the table by status write gives each one's figures.
 
 Reuses a healthy running test bed (``make testbed-up``), else starts one; writes
-``gate-latency-<date>.{json,md}`` into ``--out``. Run it alone: any other gate controller running
+``gate-latency-<date>[-<tag>].{json,md}`` into ``--out``. The Kueue objects (flavors, ClusterQueue,
+LocalQueue, AdmissionCheck, Jobs) come from the tests' helpers (tests/kueue_objects.py). Run it alone: any other gate controller running
 against the bed (a gate test's) answers the bench's checks too. ``--all-flavors`` runs the check
 on every flavor, so Kueue puts it on each Workload at creation and the gate may answer before the
 quota reservation; the breakdown rows cut the watcher's view at the controller's own timestamps.
@@ -35,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the tests' Kueue helpers (gate_objects) make the objects
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the tests' Kueue helpers make the objects
 
-from gate_objects import gate_queue, gpu_job  # noqa: E402
+from gate_objects import cluster_queue, gate_queue, gpu_job, is_true, until  # noqa: E402
 
 from auditor.core.gate import GateAction, GateRule, LineageRun  # noqa: E402
 from auditor.core.lineage import LineageKey  # noqa: E402
@@ -46,7 +51,6 @@ from auditor.gate.controller import ControllerConfig, GateController  # noqa: E4
 from auditor.gate.stage import core_decide  # noqa: E402
 from auditor.kube.client import call_json, resource_path  # noqa: E402
 
-KV = "kueue.x-k8s.io/v1beta2"
 RULES = [GateRule("hold-low-sm", GateAction.HOLD, verdicts=frozenset({"low_sm_efficiency"}), at_least=3, of_last=5)]
 
 
@@ -140,6 +144,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the check on every flavor of the ClusterQueue (no onFlavors): Kueue adds it at creation, answered before quota",
     )
     ap.add_argument(
+        "--status-write",
+        choices=("both", "patch", "apply"),
+        default="both",
+        help="how check states are written: JSON patch (the gate's default), server-side apply, or both "
+        "alternately (even jobs patch, odd jobs apply: before/after in one run, under the same load)",
+    )
+    ap.add_argument("--tag", default="", help="suffix of the result files' names (e.g. the load)")
+    ap.add_argument(
         "--no-tell",
         action="store_true",
         help="diagnostic: skip the Job annotation and Event after each answer (how much they slow the status writes)",
@@ -175,19 +187,23 @@ def main(argv: list[str] | None = None) -> int:
     ctl = GateController(api, gate, ControllerConfig(sweep_interval=3600), instance="bench").start()
     if args.no_tell:
         ctl._after = lambda *a, **k: None  # type: ignore[method-assign]
+    #: Workload → how its answer was written (by its Job's index: j00004 even → patch)
+    how: dict[str, str] = {}
+    write = ctl.kube.write_checks
+
+    def write_by_index(view: Any, states: Any, **kw: Any) -> dict:
+        owner = view.owner_name
+        mode = args.status_write
+        if mode == "both":
+            mode = "patch" if owner[1:].isdigit() and int(owner[1:]) % 2 == 0 else "apply"
+        how[view.name] = mode
+        return write(view, states, how=mode)
+
+    ctl.kube.write_checks = write_by_index  # type: ignore[method-assign]
     watcher = Watcher(bed.kubeconfig, ns, ac)
     try:
         assert ctl.wait_synced(60)
-        deadline = time.monotonic() + 60
-        while not any(
-            c["type"] == "Active" and c["status"] == "True"
-            for c in (call_json(api, resource_path(KV, "clusterqueues", None, cq)).get("status") or {}).get(
-                "conditions"
-            )
-            or []
-        ):
-            assert time.monotonic() < deadline, "ClusterQueue never Active"
-            time.sleep(0.2)
+        until(lambda: is_true(cluster_queue(api, cq), "Active"), "the ClusterQueue Active", 60)
         rng = random.Random(7)
         load_before = os.getloadavg()
         t_submit = time.monotonic()
@@ -222,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
             states[k] = states.get(k, 0) + 1
 
         def row(xs: list[float]) -> dict[str, float]:
+            if not xs:
+                return {"n": 0, "p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0}
             return {
                 "n": len(xs),
                 "p50": round(statistics.median(xs), 1),
@@ -248,6 +266,25 @@ def main(argv: list[str] | None = None) -> int:
             "check_pending_to_controller_event_ms": row(our_watch),
             "controller_queue_wait_ms": row(queued),
             "status_written_to_watcher_sees_it_ms": row(back),
+            "by_status_write": {
+                mode: {
+                    "controller_event_to_status_written_ms": row(
+                        [d.seconds * 1000 for d in ctl.decided if how.get(d.workload) == mode]
+                    ),
+                    "status_write_ms": row(
+                        [d.write_seconds * 1000 for d in ctl.decided if how.get(d.workload) == mode]
+                    ),
+                    "quota_reserved_to_check_answered_ms": row(
+                        [
+                            max(0.0, watcher.answered[w][0] - watcher.reserved[w]) * 1000
+                            for w in seen
+                            if how.get(w) == mode
+                        ]
+                    ),
+                }
+                for mode in ("patch", "apply")
+                if mode in how.values()
+            },
             "owner_reads_from_api": owner_reads,
             "unanswered": args.jobs - len(watcher.answered),
             "load_average_1m_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
@@ -263,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         with psycopg.connect(bed.postgres_admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"gate-latency-{result['date']}{'-all-flavors' if args.all_flavors else ''}"
+    tag = "".join(f"-{t}" for t in (args.tag, "all-flavors" if args.all_flavors else "") if t)
+    stem = args.out / f"gate-latency-{result['date']}{tag}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     md = [
         f"# Gate decision latency, {result['date']}",
@@ -283,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         ("QuotaReserved seen → Admitted seen (a watcher's view)", "quota_reserved_to_admitted_ms"),
         ("controller: its watch event → status written", "controller_event_to_status_written_ms"),
         ("controller: store read + decision", "store_read_and_decision_ms"),
-        ("controller: the status server-side apply", "status_apply_ms"),
+        ("controller: the status write", "status_apply_ms"),
         ("breakdown: QuotaReserved → our check Pending (Kueue's second write)", "kueue_reserved_to_check_pending_ms"),
         ("breakdown: check Pending seen by the watcher → by the controller", "check_pending_to_controller_event_ms"),
         ("breakdown: controller work queue wait", "controller_queue_wait_ms"),
@@ -291,6 +329,25 @@ def main(argv: list[str] | None = None) -> int:
     ):
         r = result[key]
         md.append(f"| {label} | {r['n']} | {r['p50']} | {r['p90']} | {r['p99']} | {r['max']} |")
+    if result["by_status_write"]:
+        md += [
+            "",
+            "By how the check state was written (JSON patch: the gate's default; server-side apply: before)",
+            "",
+            "| status write | measured | n | p50 ms | p90 ms | p99 ms | max ms |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for mode, rows in result["by_status_write"].items():
+            for label, key in (
+                ("QuotaReserved seen → check answered seen", "quota_reserved_to_check_answered_ms"),
+                ("controller: its watch event → status written", "controller_event_to_status_written_ms"),
+                ("controller: the status write", "status_write_ms"),
+            ):
+                r = rows[key]
+                md.append(
+                    f"| {'JSON patch' if mode == 'patch' else 'server-side apply'} | {label} | {r['n']} | "
+                    f"{r['p50']} | {r['p90']} | {r['p99']} | {r['max']} |"
+                )
     md += [
         "",
         f"States written: {result['states']}; unanswered: {result['unanswered']}; owner Jobs read from the API "

@@ -16,13 +16,13 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from kueue_objects import KV, delete_cluster_object
+from kueue_objects import KV, kueue_queue
+from kueue_objects import gpu_job as gpu_job  # the gate tests import it from here
 
 from auditor.core.gate import GateAction, GateRule, LineageRun
 from auditor.core.lineage import LineageKey
 from auditor.gate.admission import AdmissionGate, GateSettings
 from auditor.gate.controller import ControllerConfig, GateController
-from auditor.gate.kueue import CONTROLLER_NAME
 from auditor.gate.stage import core_decide
 from auditor.kube.client import call_json, resource_path
 
@@ -61,87 +61,32 @@ def is_true(obj: dict, kind: str) -> bool:
 
 @contextmanager
 def gate_queue(
-    api: Any,
-    namespace: str,
-    *,
-    gpus: int = 1,
-    strategy: str = "BestEffortFIFO",
-    check: str | None = None,
-    on_flavors: bool = True,
+    api: Any, namespace: str, *, gpus: int = 1, check: str | None = None, on_flavors: bool = True
 ) -> Iterator[GateQueue]:
     """``check``: an AdmissionCheck that exists (the chart's), else one is made for the test.
-    ``on_flavors`` False: the check runs for every flavor (Kueue adds it at the Workload's creation)."""
+    ``on_flavors`` False: the check runs for every flavor (Kueue adds it at the Workload's creation).
+    The namespace's Jobs are deleted before the queue."""
     case = uuid.uuid4().hex[:8]
-    gpu, cpu, cq = f"gpu-{case}", f"cpu-{case}", f"cq-{case}"
-    ac = check or f"gpu-efficiency-{case}"
-    for rf in (gpu, cpu):
-        call_json(
-            api,
-            resource_path(KV, "resourceflavors"),
-            method="POST",
-            body={"apiVersion": KV, "kind": "ResourceFlavor", "metadata": {"name": rf}},
-        )
-    if check is None:
-        call_json(
-            api,
-            resource_path(KV, "admissionchecks"),
-            method="POST",
-            body={
-                "apiVersion": KV,
-                "kind": "AdmissionCheck",
-                "metadata": {"name": ac},
-                "spec": {"controllerName": CONTROLLER_NAME},
-            },
-        )
-    call_json(
+    gpu, cpu, ac = f"gpu-{case}", f"cpu-{case}", check or f"gpu-efficiency-{case}"
+    flavors = [(gpu, "nvidia.com/gpu", gpus), (cpu, "cpu", 4)]
+    with kueue_queue(
         api,
-        resource_path(KV, "clusterqueues"),
-        method="POST",
-        body={
-            "apiVersion": KV,
-            "kind": "ClusterQueue",
-            "metadata": {"name": cq},
-            "spec": {
-                "namespaceSelector": {},
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["nvidia.com/gpu"],
-                        "flavors": [
-                            {"name": gpu, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": str(gpus)}]}
-                        ],
-                    },
-                    {
-                        "coveredResources": ["cpu"],
-                        "flavors": [{"name": cpu, "resources": [{"name": "cpu", "nominalQuota": "4"}]}],
-                    },
-                ],
-                "admissionChecksStrategy": {
-                    "admissionChecks": [{"name": ac, "onFlavors": [gpu]} if on_flavors else {"name": ac}]
-                },
-            },
-        },
-    )
-    call_json(
-        api,
-        resource_path(KV, "localqueues", namespace),
-        method="POST",
-        body={"apiVersion": KV, "kind": "LocalQueue", "metadata": {"name": "lq"}, "spec": {"clusterQueue": cq}},
-    )
-    try:
-        yield GateQueue(cq, ac, gpu, cpu)
-    finally:
-        call_json(
-            api,
-            resource_path("batch/v1", "jobs", namespace),
-            method="DELETE",
-            query=[("propagationPolicy", "Background")],
-        )
-        call_json(api, resource_path(KV, "localqueues", namespace, "lq"), method="DELETE")
-        delete_cluster_object(api, "clusterqueues", cq)
-        if check is None:
-            delete_cluster_object(api, "admissionchecks", ac)
-        for rf in (gpu, cpu):
-            delete_cluster_object(api, "resourceflavors", rf)
+        namespace,
+        f"cq-{case}",
+        flavors,
+        check=ac,
+        make_check=check is None,
+        check_on=[gpu] if on_flavors else None,
+    ) as cq:
+        try:
+            yield GateQueue(cq, ac, gpu, cpu)
+        finally:
+            call_json(
+                api,
+                resource_path("batch/v1", "jobs", namespace),
+                method="DELETE",
+                query=[("propagationPolicy", "Background")],
+            )
 
 
 def cluster_queue(api: Any, name: str) -> dict:
@@ -196,52 +141,6 @@ def running_gate(
     finally:
         ctl.stop()
         gate.close()
-
-
-def gpu_job(
-    api: Any,
-    ns: str,
-    name: str,
-    *,
-    lineage: str | None = None,
-    priority_class: str | None = None,
-    cpu: bool = False,
-    dry_run: bool = False,
-    annotations: dict[str, str] | None = None,
-) -> dict:
-    """A one-GPU (or, ``cpu``, one-CPU) batch Job queued to ``lq`` (``dry_run``: what the admission
-    chain would make of it, nothing created)."""
-    req = {"cpu": "1"} if cpu else {"nvidia.com/gpu": "1"}
-    labels = {"kueue.x-k8s.io/queue-name": "lq"}
-    if lineage:
-        labels["gpu-auditor.io/lineage"] = lineage
-    if priority_class:
-        labels["kueue.x-k8s.io/priority-class"] = priority_class
-    return call_json(
-        api,
-        resource_path("batch/v1", "jobs", ns),
-        method="POST",
-        query=[("dryRun", "All")] if dry_run else None,
-        body={
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": name, "labels": labels, **({"annotations": annotations} if annotations else {})},
-            "spec": {
-                "template": {
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "containers": [
-                            {
-                                "name": "main",
-                                "image": "example.invalid/train:1",
-                                "resources": {"requests": req, "limits": req},
-                            }
-                        ],
-                    }
-                }
-            },
-        },
-    )
 
 
 def job(api: Any, ns: str, name: str) -> dict:

@@ -14,7 +14,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from kubeobjects import create_pod, iso
 
@@ -103,20 +103,19 @@ def job_workload(api: Any, namespace: str, job: dict, *, timeout: float = 30.0) 
     )
 
 
-def workload_priority_class(api: Any, name: str, value: int) -> dict:
-    """A cluster-scoped WorkloadPriorityClass (Kueue's own priority mechanism for jobs)."""
+def _create(api: Any, kind: str, name: str, namespace: str | None = None, **fields: Any) -> dict:
+    """One Kueue object (``kind`` ResourceFlavor → plural ``resourceflavors``) with ``fields``."""
     return call_json(
         api,
-        resource_path(KV, "workloadpriorityclasses", None),
+        resource_path(KV, kind.lower() + ("es" if kind.endswith("s") else "s"), namespace),
         method="POST",
-        body={
-            "apiVersion": KV,
-            "kind": "WorkloadPriorityClass",
-            "metadata": {"name": name},
-            "value": value,
-            "description": "gpu-auditor test",
-        },
+        body={"apiVersion": KV, "kind": kind, "metadata": {"name": name}, **fields},
     )
+
+
+def workload_priority_class(api: Any, name: str, value: int) -> dict:
+    """A cluster-scoped WorkloadPriorityClass (Kueue's own priority mechanism for jobs)."""
+    return _create(api, "WorkloadPriorityClass", name, value=value, description="gpu-auditor test")
 
 
 def delete_cluster_object(api: Any, plural: str, name: str) -> None:
@@ -136,68 +135,95 @@ def has_condition(obj: dict, kind: str, status: str = "True") -> bool:
 
 
 @contextmanager
+def kueue_queue(
+    api: Any,
+    namespace: str,
+    name: str,
+    flavors: Sequence[tuple[str, str, int]],
+    *,
+    check: str | None = None,
+    make_check: bool = False,
+    check_on: Sequence[str] | None = None,
+) -> Iterator[str]:
+    """Real quota: a ResourceFlavor and a resource group per ``(flavor, resource, quota)``, the
+    ClusterQueue ``name`` over them (all namespaces) and LocalQueue ``lq`` in ``namespace``. With
+    ``check`` the ClusterQueue runs that AdmissionCheck (on the ``check_on`` flavors, else on all:
+    Kueue then adds it to each Workload at creation); ``make_check`` creates it, for the gate's
+    controller (``gpu-auditor.io/efficiency-gate``). Yields ``name``; removes what it made after."""
+    from auditor.gate.kueue import CONTROLLER_NAME
+
+    for rf, _, _ in flavors:
+        _create(api, "ResourceFlavor", rf)
+    if check and make_check:
+        _create(api, "AdmissionCheck", check, spec={"controllerName": CONTROLLER_NAME})
+    spec: dict[str, Any] = {
+        "namespaceSelector": {},
+        "resourceGroups": [
+            {
+                "coveredResources": [resource],
+                "flavors": [{"name": rf, "resources": [{"name": resource, "nominalQuota": str(quota)}]}],
+            }
+            for rf, resource, quota in flavors
+        ],
+    }
+    if check:
+        entry: dict[str, Any] = {"name": check, **({"onFlavors": list(check_on)} if check_on is not None else {})}
+        spec["admissionChecksStrategy"] = {"admissionChecks": [entry]}
+    _create(api, "ClusterQueue", name, spec=spec)
+    _create(api, "LocalQueue", "lq", namespace, spec={"clusterQueue": name})
+    try:
+        yield name
+    finally:
+        call_json(api, resource_path(KV, "localqueues", namespace, "lq"), method="DELETE")
+        delete_cluster_object(api, "clusterqueues", name)
+        if check and make_check:
+            delete_cluster_object(api, "admissionchecks", check)
+        for rf, _, _ in flavors:
+            delete_cluster_object(api, "resourceflavors", rf)
+
+
+@contextmanager
 def gpu_quota(api: Any, namespace: str, *, gpus: int = 1) -> Iterator[str]:
     """Real quota: ResourceFlavor → ClusterQueue (all namespaces, ``gpus`` nvidia.com/gpu) →
     LocalQueue ``lq`` in ``namespace``; yields the ClusterQueue's name once Kueue has it Active."""
     case = uuid.uuid4().hex[:8]
-    rf, cq = f"rf-{case}", f"cq-{case}"
-    call_json(
-        api,
-        resource_path(KV, "resourceflavors", None),
-        method="POST",
-        body={"apiVersion": KV, "kind": "ResourceFlavor", "metadata": {"name": rf}},
-    )
-    call_json(
-        api,
-        resource_path(KV, "clusterqueues", None),
-        method="POST",
-        body={
-            "apiVersion": KV,
-            "kind": "ClusterQueue",
-            "metadata": {"name": cq},
-            "spec": {
-                "namespaceSelector": {},
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["nvidia.com/gpu"],
-                        "flavors": [{"name": rf, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": str(gpus)}]}],
-                    }
-                ],
-            },
-        },
-    )
-    call_json(
-        api,
-        resource_path(KV, "localqueues", namespace),
-        method="POST",
-        body={"apiVersion": KV, "kind": "LocalQueue", "metadata": {"name": "lq"}, "spec": {"clusterQueue": cq}},
-    )
-    try:
+    with kueue_queue(api, namespace, f"cq-{case}", [(f"rf-{case}", "nvidia.com/gpu", gpus)]) as cq:
         deadline = time.monotonic() + 30
         while not has_condition(call_json(api, resource_path(KV, "clusterqueues", None, cq)), "Active"):
             assert time.monotonic() < deadline, "ClusterQueue never became Active"
             time.sleep(0.2)
         yield cq
-    finally:
-        call_json(api, resource_path(KV, "localqueues", namespace, "lq"), method="DELETE")
-        delete_cluster_object(api, "clusterqueues", cq)
-        delete_cluster_object(api, "resourceflavors", rf)
 
 
-def gpu_job(api: Any, ns: str, name: str, priority_class: str | None = None) -> dict:
-    """A one-GPU batch Job queued to LocalQueue ``lq`` (Kueue suspends it and makes its Workload)."""
-    gpu = {"nvidia.com/gpu": "1"}
+def gpu_job(
+    api: Any,
+    ns: str,
+    name: str,
+    priority_class: str | None = None,
+    *,
+    lineage: str | None = None,
+    cpu: bool = False,
+    dry_run: bool = False,
+    annotations: dict[str, str] | None = None,
+) -> dict:
+    """A one-GPU (or, ``cpu``, one-CPU) batch Job queued to LocalQueue ``lq`` (Kueue suspends it
+    and makes its Workload); ``lineage`` its ``gpu-auditor.io/lineage`` label; ``dry_run``: what
+    the admission chain would make of it, nothing created."""
+    req = {"cpu": "1"} if cpu else {"nvidia.com/gpu": "1"}
     labels = {"kueue.x-k8s.io/queue-name": "lq"}
+    if lineage:
+        labels["gpu-auditor.io/lineage"] = lineage
     if priority_class:
         labels["kueue.x-k8s.io/priority-class"] = priority_class
     return call_json(
         api,
         resource_path("batch/v1", "jobs", ns),
         method="POST",
+        query=[("dryRun", "All")] if dry_run else None,
         body={
             "apiVersion": "batch/v1",
             "kind": "Job",
-            "metadata": {"name": name, "labels": labels},
+            "metadata": {"name": name, "labels": labels, **({"annotations": annotations} if annotations else {})},
             "spec": {
                 "template": {
                     "spec": {
@@ -206,7 +232,7 @@ def gpu_job(api: Any, ns: str, name: str, priority_class: str | None = None) -> 
                             {
                                 "name": "main",
                                 "image": "example.invalid/train:1",
-                                "resources": {"requests": gpu, "limits": gpu},
+                                "resources": {"requests": req, "limits": req},
                             }
                         ],
                     }

@@ -187,12 +187,16 @@ class KubeActions:
         action: str,
         now: datetime,
         type_: str = "Warning",
+        uid: str | None = None,
     ) -> dict:
-        """Create one events.k8s.io/v1 Event on the job, named after ``key`` (dedup: 409 = done)."""
+        """Create one events.k8s.io/v1 Event on the job, named after ``key`` (dedup: 409 = done).
+        ``uid``: the job's, known to the caller (the gate has it from the Workload's owner); else
+        the job is read for it."""
         kind, ns, name = _job(target)
         group, version, _ = KINDS.get(kind, ("", "v1", ""))
-        obj = self.get(kind, ns, name) if kind in KINDS else None
-        uid = ((obj or {}).get("metadata") or {}).get("uid") or target.uid
+        if uid is None:
+            obj = self.get(kind, ns, name) if kind in KINDS else None
+            uid = ((obj or {}).get("metadata") or {}).get("uid") or target.uid
         ev_name = f"{name[:200]}.gpa-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
         body = {
             "apiVersion": "events.k8s.io/v1",

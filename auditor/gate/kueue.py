@@ -377,4 +377,5 @@ class KueueGateApi:
             action="AdmissionCheck",
             now=now,
             type_="Warning" if warning else "Normal",
+            uid=wl.owner_uid or None,  # no read of the Job for it: one request less per answer
         )
