@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from itertools import groupby
 from operator import attrgetter
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, cast
 
 from auditor.clock import SYSTEM_CLOCK
 from auditor.core.accumulate import JobAggregate, ShareMap, StaleFold
@@ -193,6 +193,68 @@ def _fold_cumulative(
     return view
 
 
+#: at most this many buckets of a cycle are written (and held as objects) at once
+_WRITE_GROUP = 50_000
+
+
+def _written(
+    store: "SummaryStore | None",
+    by_job: dict[str, list],
+    jobs: dict[str, JobRef],
+    materialize: Callable[[list], list[Bucket]],
+    window: Window,
+    *,
+    bulk: bool,
+) -> Iterator[tuple[str, int | None, list[Bucket], "Sequence[Displacement]"]]:
+    """Each job's buckets (in job key order) once the store holds them: its id and what its
+    write displaced (no store: id None).
+
+    ``bulk`` (a store that can, in the operator's cycle): the jobs are upserted and their buckets
+    written a group at a time (one statement each for up to :data:`_WRITE_GROUP` buckets instead
+    of several per job); the rows are the same as one write per job in order. Otherwise one
+    job at a time, so only one job's buckets are objects at once.
+    """
+    keys = sorted(by_job)
+    if store is None or not bulk:
+        for key in keys:
+            buckets = materialize(by_job.pop(key))
+            if store is None:
+                yield key, None, buckets, ()
+                continue
+            first, last = _span(buckets, window)
+            job_id = store.upsert_job(jobs[key], first, last)
+            yield key, job_id, buckets, store.replace_buckets(job_id, buckets)
+        return
+    bulk_store = cast(_BulkWrites, store)
+    group: list[tuple[str, list[Bucket]]] = []
+    size = 0
+    for n, key in enumerate(keys, 1):
+        buckets = materialize(by_job.pop(key))
+        group.append((key, buckets))
+        size += len(buckets)
+        if size < _WRITE_GROUP and n < len(keys):
+            continue
+        ids = bulk_store.upsert_jobs([(jobs[k], *_span(b, window)) for k, b in group])
+        moved = bulk_store.replace_buckets_many(list(zip(ids, (b for _k, b in group))))
+        yield from ((k, job_id, b, d) for (k, b), job_id, d in zip(group, ids, moved))
+        group, size = [], 0
+
+
+class _BulkWrites(Protocol):
+    """The group writes of a store that has them (:class:`auditor.store.Store`)."""
+
+    def upsert_jobs(self, items: Sequence[tuple[JobRef, datetime, datetime]]) -> list[int]: ...
+
+    def replace_buckets_many(
+        self, items: Sequence[tuple[int, Sequence[Bucket]]]
+    ) -> "Sequence[Sequence[Displacement]]": ...
+
+
+def _span(buckets: list[Bucket], window: Window) -> tuple[datetime, datetime]:
+    """The first and last time of a job's buckets within the window (its stored span)."""
+    return max(window.start, min(b.start for b in buckets)), min(window.end, max(b.end for b in buckets))
+
+
 def _cluster_of(resolver: JobResolver) -> dict[str, str]:
     """The run's cluster, for its record: retention prunes runs by cluster (several may share a store)."""
     cluster = getattr(resolver, "cluster", None)
@@ -298,18 +360,16 @@ def _run_audit(
         freeze_to = align_down(window.end, width)
         # a store that keeps the engine's summary objects (the operator's cycle) gets them whole
         save_made: Callable[[int, JobSummary], None] | None = getattr(store, "save_job_summary", None)
-        for key in sorted(by_job):
-            job, buckets = jobs[key], materialize(by_job.pop(key))
-            if store is None:
+        for key, job_id, buckets, displaced in _written(
+            store, by_job, jobs, materialize, window, bulk=cumulative and hasattr(store, "replace_buckets_many")
+        ):
+            job = jobs[key]
+            if store is None or job_id is None:
                 summary = summarize_job(
                     job, buckets, window=window, now=now, interval=interval, thresholds=th, shares=shares
                 )
                 summaries.append(summary)
                 continue
-            first = max(window.start, min(b.start for b in buckets))
-            last = min(window.end, max(b.end for b in buckets))
-            job_id = store.upsert_job(job, first, last)
-            displaced = store.replace_buckets(job_id, buckets)
             if displaced:
                 _hand_over(store, job_id, job, displaced, report, now=now, interval=interval, thresholds=th)
                 if any(d.job_id == job_id for d in displaced):  # it yielded: what it kept is its own

@@ -27,7 +27,7 @@ from bisect import bisect_left
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from itertools import accumulate, groupby
+from itertools import accumulate, chain, groupby
 from operator import attrgetter, itemgetter
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -108,9 +108,7 @@ class Stat:
         return out
 
     def to_json(self) -> list[Any]:
-        flat: list[float] = []
-        for v, w in self.points:
-            flat += (v, w)
+        flat = list(chain.from_iterable(self.points))
         has = self.count > 0
         return [
             self.total,

@@ -147,15 +147,24 @@ class _CycleStore:
 
     def replace_buckets(self, job_id: int, buckets: Any) -> Any:
         displaced = self._store.replace_buckets(job_id, buckets)
+        self._displaced(job_id, displaced)
+        return displaced
+
+    def replace_buckets_many(self, items: Any) -> Any:
+        moved = self._store.replace_buckets_many(items)
+        for (job_id, _buckets), displaced in zip(items, moved):
+            self._displaced(job_id, displaced)
+        return moved
+
+    def _displaced(self, job_id: int, displaced: Any) -> None:
+        """The store deleted the losers' aggregates with their buckets: neither a pending nor a
+        kept copy may bring one back."""
         if displaced:
-            # the store deleted the losers' aggregates with their buckets: neither a pending nor a
-            # kept copy may bring one back
             for d in displaced:
                 for other in (d.job_id, d.owner):
                     self._aggregates.pop(other, None)
                     self._kept.forget(other)
             self._kept.forget(job_id)
-        return displaced
 
     def flush(self) -> None:
         """Write the pending summaries and aggregates (one statement per table)."""

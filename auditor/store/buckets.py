@@ -165,6 +165,33 @@ class BucketRollup:
             conn.execute(self._stale_aggregate, {"job_id": job_id, "earliest": earliest})
             return self._claims.claim(conn, job_id, buckets)
 
+    def replace_buckets_many(self, items: Sequence[tuple[int, Sequence[Bucket]]]) -> list[list[Displaced]]:
+        """:meth:`replace_buckets` of several jobs in one transaction: one bucket write (one
+        executemany, or one COPY and merge on PostgreSQL), one stale-aggregate delete, the
+        claims together (:meth:`GpuClaims.claim_many`); what moved, per job in order. The same
+        rows as one call per job in order; nothing is written if any bucket is invalid."""
+        if len({job_id for job_id, _b in items}) != len(items) or not all(b for _j, b in items):
+            return [self.replace_buckets(job_id, buckets) for job_id, buckets in items]
+        to_db = self._time_to_db
+        rows: dict[tuple, tuple] = {}
+        stale: list[dict[str, Any]] = []
+        for job_id, buckets in items:
+            with self._db.checking(f"write buckets of job {job_id}"):
+                for b in buckets:
+                    row = _bucket_row(job_id, b, to_db)
+                    rows[row[:6] + row[10:12]] = row  # the _BUCKET_KEY columns
+            stale.append({"job_id": job_id, "earliest": min(b.start for b in buckets)})
+        with self._db.writing(f"write {len(rows)} buckets of {len(items)} jobs") as conn:
+            if self._db.is_sqlite:
+                conn.exec_driver_sql(self._bucket_sql, list(rows.values()))
+            else:
+                self._copy_buckets(conn, rows.values())
+            conn.execute(self._stale_aggregate, stale)
+            settled = self._claims.claim_many(conn, items)
+            if settled is None:
+                settled = [self._claims.claim(conn, job_id, buckets) for job_id, buckets in items]
+            return settled
+
     def buckets(self, job_id: int, window: Window | None = None) -> list[Bucket]:
         """The job's buckets (those overlapping ``window`` when given), in time order.
 

@@ -7,6 +7,7 @@ operator's record of when it finished.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -36,7 +37,7 @@ class JobRecords:
             }
         )
         ex, j = stmt.excluded, JOBS.c
-        return stmt.on_conflict_do_update(
+        upsert = stmt.on_conflict_do_update(
             index_elements=["cluster", "namespace", "kind", "name"],
             set_={
                 "first_seen": earlier(ex.first_seen, j.first_seen),
@@ -45,19 +46,38 @@ class JobRecords:
                 "team": sa.case((ex.team != "", ex.team), else_=j.team),
                 "queue": sa.func.coalesce(ex.queue, j.queue),
             },
-        ).returning(j.id)
+        )
+        self._upsert_jobs_stmt = upsert  # executemany: the ids are read after
+        return upsert.returning(j.id)
 
-    def upsert_job(self, job: JobRef, first_seen: datetime, last_seen: datetime) -> int:
-        """Insert the job or update it, and return its id.
+    def upsert_jobs(self, items: Sequence[tuple[JobRef, datetime, datetime]]) -> list[int]:
+        """:meth:`upsert_job` of several jobs in one transaction (one executemany, then their ids
+        in one read per 500); the ids in ``items``' order."""
+        if not items:
+            return []
+        params = []
+        for job, first_seen, last_seen in items:
+            params.append(self._job_params(job, first_seen, last_seen))
+        j = JOBS.c
+        found: dict[tuple[str, str, str, str], int] = {}
+        with self._db.writing(f"save {len(items)} jobs") as conn:
+            conn.execute(self._upsert_jobs_stmt, params)
+            for i in range(0, len(params), 500):
+                part = params[i : i + 500]
+                q = sa.select(j.id, j.cluster, j.namespace, j.kind, j.name).where(
+                    j.cluster.in_(sorted({p["cluster"] for p in part})),
+                    j.namespace.in_(sorted({p["namespace"] for p in part})),
+                    j.name.in_(sorted({p["name"] for p in part})),
+                )
+                for job_id, *key in conn.execute(q):
+                    found[tuple(key)] = int(job_id)
+        return [found[(p["cluster"], p["namespace"], p["kind"], p["name"])] for p in params]
 
-        ``first_seen``/``last_seen`` only ever widen the stored span (an audit of an older window
-        must not make a job look younger). ``uid``, ``team`` and ``queue`` take the new values when
-        they are known (a recreated job gets a new uid; a relabelled one a new team).
-        """
+    def _job_params(self, job: JobRef, first_seen: datetime, last_seen: datetime) -> dict[str, Any]:
         with self._db.checking(f"save job {job.key}"):
             aware(first_seen, "first_seen")
             aware(last_seen, "last_seen")
-        params = {
+        return {
             "cluster": job.cluster,
             "namespace": job.namespace,
             "kind": job.kind,
@@ -68,6 +88,15 @@ class JobRecords:
             "first_seen": min(first_seen, last_seen),
             "last_seen": max(first_seen, last_seen),
         }
+
+    def upsert_job(self, job: JobRef, first_seen: datetime, last_seen: datetime) -> int:
+        """Insert the job or update it, and return its id.
+
+        ``first_seen``/``last_seen`` only ever widen the stored span (an audit of an older window
+        must not make a job look younger). ``uid``, ``team`` and ``queue`` take the new values when
+        they are known (a recreated job gets a new uid; a relabelled one a new team).
+        """
+        params = self._job_params(job, first_seen, last_seen)
         with self._db.writing(f"save job {job.key}") as conn:
             job_id = conn.execute(self._upsert_job_stmt, params).scalar_one()
             return int(job_id)

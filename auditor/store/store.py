@@ -93,6 +93,10 @@ class Store:
         """Insert the job or update it, and return its id (:meth:`JobRecords.upsert_job`)."""
         return self._jobs.upsert_job(job, first_seen, last_seen)
 
+    def upsert_jobs(self, items: Sequence[tuple[JobRef, datetime, datetime]]) -> list[int]:
+        """:meth:`upsert_job` of several jobs in one transaction (:meth:`JobRecords.upsert_jobs`)."""
+        return self._jobs.upsert_jobs(items)
+
     def find_job(self, namespace: str, kind: str, name: str, cluster: str | None = None) -> tuple[int, JobRef] | None:
         """Look a job up by ``namespace/Kind/name`` (:meth:`JobRecords.find_job`)."""
         return self._jobs.find_job(namespace, kind, name, cluster)
@@ -122,6 +126,10 @@ class Store:
     def replace_buckets(self, job_id: int, buckets: Sequence[Bucket]) -> list[Displaced]:
         """Write the buckets of one job, settling its GPU claims (:meth:`BucketRollup.replace_buckets`)."""
         return self._buckets.replace_buckets(job_id, buckets)
+
+    def replace_buckets_many(self, items: Sequence[tuple[int, Sequence[Bucket]]]) -> list[list[Displaced]]:
+        """:meth:`replace_buckets` of several jobs in one write (:meth:`BucketRollup.replace_buckets_many`)."""
+        return self._buckets.replace_buckets_many(items)
 
     def buckets(self, job_id: int, window: Window | None = None) -> list[Bucket]:
         """The job's buckets (those overlapping ``window`` when given), in time order."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -115,3 +116,58 @@ def test_a_refused_summary_writes_none_of_the_batch(store_url: str) -> None:
                 [(job_id, _doc(job, "idle", 1.0, None)), (job_id + 1000, _doc(job, "idle", 1.0, None))]
             )
         assert store.summaries() == []
+
+
+class OneJobAtATime:
+    """The store without its group writes: the engine then writes one job at a time (the path
+    every store took before), the reference for the group writes."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("upsert_jobs", "replace_buckets_many"):
+            raise AttributeError(name)
+        return getattr(self._store, name)
+
+
+def _rows(store: Store) -> dict:
+    queries = {
+        "buckets": "SELECT j.kind, j.name, b.pod_name, b.gpu_uuid, b.metric, b.start, b.total, b.count "
+        "FROM gpu_buckets b JOIN jobs j ON j.id = b.job_id ORDER BY 1, 2, 3, 4, 5, 6",
+        "owners": "SELECT j.kind, j.name, o.pod_name, o.first_start, o.last_start FROM gpu_pod_owners o "
+        "JOIN jobs j ON j.id = o.job_id ORDER BY 1, 2, 3",
+        "aggregates": "SELECT j.kind, j.name, a.through FROM job_aggregates a JOIN jobs j ON j.id = a.job_id ORDER BY 1, 2",
+        "summaries": "SELECT j.kind, j.name, s.verdict, s.gpu_hours FROM job_summaries s "
+        "JOIN jobs j ON j.id = s.job_id ORDER BY 1, 2",
+    }
+    with store.reading("compare") as conn:
+        return {k: [tuple(r) for r in conn.execute(sa.text(q))] for k, q in queries.items()}
+
+
+@pytest.mark.parametrize("order", ["kube, then no-kube", "no-kube, then kube"])
+def test_group_writes_settle_gpu_claims_as_one_write_per_job(store_url: str, tmp_path, order: str) -> None:
+    """Two identities of the same pods (the GPU-ownership cases of tests/store/test_gpu_ownership.py)
+    in the operator's cumulative cycles: the group writes leave the rows and warnings of one
+    write per job."""
+    from test_gpu_ownership import END, KUBE, NO_KUBE, WINDOW, source
+
+    from auditor.engine import run_audit
+
+    resolvers = [KUBE, NO_KUBE] if order.startswith("kube") else [NO_KUBE, KUBE]
+    got = {}
+    for label, url in (("group", store_url), ("per job", f"sqlite:///{tmp_path / 'per-job.db'}")):
+        with Store.open(url) as store:
+            target = store if label == "group" else OneJobAtATime(store)
+            warnings = []
+            for resolver in resolvers:
+                audit = run_audit(source(), resolver, target, WINDOW, now=END, cumulative=True)  # type: ignore[arg-type]
+                warnings.append(sorted(audit.report.warnings))
+            got[label] = (_rows(store), warnings)
+    assert got["group"][1] == got["per job"][1]
+    assert any("two job identities" in w for ws in got["group"][1] for w in ws)
+    group, per_job = got["group"][0], got["per job"][0]
+    for table in group:
+        assert len(group[table]) == len(per_job[table]), table
+        if store_url.startswith("sqlite"):
+            assert group[table] == per_job[table], table
