@@ -10,7 +10,8 @@ flags as the test bed's) is started on it. Each measurement runs in a fresh subp
 peak RSS and CPU time belong to that audit alone. Queries are counted by Prometheus itself
 (``prometheus_http_requests_total`` for the query endpoints, before and after).
 
-Usage: ``.venv/bin/python bench/audit_bench.py [--jobs 100,1000] [--out bench/results]``
+Usage: ``.venv/bin/python bench/audit_bench.py [--jobs 100,1000] [--out bench/results]``; ``--read``
+measures issue 18's Prometheus read of an operator cycle alone (``--gpus 1000,10000``).
 """
 
 from __future__ import annotations
@@ -115,6 +116,123 @@ def load_child(url: str, db: str, start: float, end: float) -> None:
     print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak_kb / 1024, "rc": rc}))
 
 
+def read_child(url: str, start: float, end: float, reads: int) -> None:
+    """Issue 18's read alone: ``PrometheusSource.read_lazy`` of one window, as an operator's
+    long-lived source does it each cycle (one read first, which learns the server's version
+    and scrape interval), then ``reads`` reads measured one by one (the engine reads with the
+    collector paused, so they are too)."""
+    import gc
+
+    from auditor.core.model import Window
+    from auditor.sources.prometheus import PrometheusSource
+
+    window = Window(datetime.fromtimestamp(start, timezone.utc), datetime.fromtimestamp(end, timezone.utc))
+    width = timedelta(minutes=5)
+    src = PrometheusSource(url)
+    gc.disable()
+    first = src.read_lazy(window, width)
+    rows = []
+    for _ in range(reads):
+        prom0 = prometheus_cpu(url)
+        t0, c0 = time.perf_counter(), time.process_time()
+        res = src.read_lazy(window, width)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        rows.append(
+            {
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "prometheus_cpu_s": prometheus_cpu(url) - prom0,
+                "queries": res.report.queries,
+                "buckets": len(res.buckets),
+                "pieces": len(res.buckets.pieces),
+            }
+        )
+        del res
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"reads": rows, "first_queries": first.report.queries, "peak_rss_mb": peak_kb / 1024}))
+
+
+def read_figure(args: argparse.Namespace) -> int:
+    """Issue 18's read: the 5-minute window of every GPU, before and after in one run (the
+    codes alternate, each read in a fresh process on the same Prometheus), with Prometheus's
+    own CPU for the same read beside ours."""
+    codes: list[tuple[str, str | None]] = [("before", args.baseline)] if args.baseline else []
+    codes.append(("after" if args.baseline else "current", args.after))
+    rows = []
+    for gpus in [int(x) for x in args.gpus.split(",")]:
+        work = Path(tempfile.mkdtemp(prefix=f"gpa-bench-read-{gpus}-"))
+        (work / "data").mkdir()
+        end = int(time.time()) // 300 * 300 - 300
+        log(f"read: writing {gpus} GPUs x 1 h at {args.interval} s")
+        write_history(
+            work / "data",
+            jobs=gpus // GPUS,
+            gpus=GPUS,
+            end=end,
+            seconds=3600,
+            interval=args.interval,
+            namespace="bench",
+        )
+        prom = PrivatePrometheus(work / "data")
+        try:
+            for rep in range(args.repeat):
+                for code, code_dir in codes:
+                    env = dict(os.environ)
+                    if code_dir:
+                        env["PYTHONPATH"] = os.pathsep.join(filter(None, [code_dir, env.get("PYTHONPATH")]))
+                    load = os.getloadavg()[0]
+                    out = subprocess.run(
+                        [sys.executable, __file__, "--read-child", prom.url, str(end - 300), str(end), str(args.reads)],
+                        capture_output=True,
+                        text=True,
+                        env=env,
+                    )
+                    if out.returncode != 0:
+                        raise RuntimeError(f"read failed:\n{out.stderr[-3000:]}")
+                    res = json.loads(out.stdout.strip().splitlines()[-1])
+                    for i, r in enumerate(res["reads"]):
+                        r.update(
+                            {
+                                "gpus": gpus,
+                                "interval_s": args.interval,
+                                "code": code,
+                                "repeat": rep,
+                                "read": i,
+                                "peak_rss_mb": res["peak_rss_mb"],
+                                "load": [round(load, 2), round(os.getloadavg()[0], 2)],
+                            }
+                        )
+                        rows.append(r)
+                    log(f"read {gpus} GPUs {code}: {res}")
+        finally:
+            prom.stop()
+            shutil.rmtree(work, ignore_errors=True)
+    day = _day(args)
+    _write(
+        Path(args.out),
+        f"read-{day}",
+        rows,
+        [
+            f"# The Prometheus read of an operator cycle (issue 18), {day}",
+            "",
+            "Machine: {machine}. `PrometheusSource.read_lazy` of a 5-minute window (one 5-minute bucket) "
+            f"of every GPU: {GPUS} GPUs per pod, 9 DCGM metrics at {args.interval} s, in a fresh process "
+            "per code after one unmeasured read (an operator's source is long-lived); the collector "
+            "paused as the engine pauses it. Prometheus CPU: its own process_cpu_seconds_total around "
+            "the read. Load: the 1-minute load average before / after the process.",
+            "",
+            "| GPUs | code | read | queries | auditor CPU s | CPU ms per GPU | wall s | Prometheus CPU s | load |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---|",
+        ],
+        lambda r: (
+            f"| {r['gpus']:,} | {r['code']} | {r['repeat']}.{r['read']} | {r['queries']} | {r['cpu_s']:.2f} | "
+            f"{1000 * r['cpu_s'] / r['gpus']:.3f} | {r['wall_s']:.2f} | {r['prometheus_cpu_s']:.2f} | "
+            f"{' / '.join(str(x) for x in r['load'])} |"
+        ),
+    )
+    return 0
+
+
 def load_figure(args: argparse.Namespace) -> int:
     """Issue 20's load figure: 2,000 pods x 2 GPUs x 6 h at 30 s, ``audit`` into each store."""
     from auditor.testbed import attach
@@ -169,7 +287,7 @@ def load_figure(args: argparse.Namespace) -> int:
     finally:
         prom.stop()
         shutil.rmtree(work, ignore_errors=True)
-    day = datetime.now(timezone.utc).strftime("%Y-%m-%d") + (f"-{args.tag}" if args.tag else "")
+    day = _day(args)
     _write(
         Path(args.out),
         f"audit-load-{day}",
@@ -192,6 +310,10 @@ def load_figure(args: argparse.Namespace) -> int:
     return 0
 
 
+def _day(args: argparse.Namespace) -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d") + (f"-{args.tag}" if args.tag else "")
+
+
 def _database(bed, name: str, create: bool) -> str:
     """Create (or drop) a database beside the test bed's maintenance one; its URL."""
     from urllib.parse import urlsplit, urlunsplit
@@ -209,6 +331,10 @@ def main() -> int:
         mode, url, ns, jobs, start, end = sys.argv[2:8]
         child(mode, url, ns, int(jobs), float(start), float(end))
         return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "--read-child":
+        url, start, end, reads = sys.argv[2:6]
+        read_child(url, float(start), float(end), int(reads))
+        return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--load-child":
         url, db, start, end = sys.argv[2:6]
         load_child(url, db, float(start), float(end))
@@ -221,15 +347,27 @@ def main() -> int:
         action="store_true",
         help="issue 20's figure instead: 2,000 pods x 2 GPUs x 6 h at 30 s, `audit` into each --store",
     )
+    ap.add_argument(
+        "--read",
+        action="store_true",
+        help="issue 18's read instead: read_lazy of every GPU's 5-minute window (--gpus), Prometheus CPU beside",
+    )
+    ap.add_argument("--gpus", default="1000,10000", help="with --read: comma-separated GPU counts")
+    ap.add_argument("--interval", type=int, default=30, help="with --read: the scrape interval of the history, s")
+    ap.add_argument("--reads", type=int, default=3, help="with --read: measured reads per process")
     ap.add_argument("--store", default="sqlite,postgresql", help="with --load-figure: sqlite, postgresql or both")
-    ap.add_argument("--baseline", metavar="DIR", help="with --load-figure: also the product at DIR, before")
-    ap.add_argument("--after", metavar="DIR", help="with --load-figure: the product measured as 'after' from DIR")
+    ap.add_argument("--baseline", metavar="DIR", help="with --load-figure/--read: also the product at DIR, before")
+    ap.add_argument(
+        "--after", metavar="DIR", help="with --load-figure/--read: the product measured as 'after' from DIR"
+    )
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--windows", default="5m,2h", help="comma-separated, of 5m, 2h")
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
     if args.load_figure:
         return load_figure(args)
+    if args.read:
+        return read_figure(args)
     rows = []
     for n in [int(x) for x in args.jobs.split(",")]:
         work = Path(tempfile.mkdtemp(prefix=f"gpa-bench-{n}-"))

@@ -73,30 +73,33 @@ def prefer_one_source(
     after those in it, by name. Order among kept items is preserved.
     """
     rank = {s: i for i, s in enumerate(order)}
-
-    def key_of(item: T) -> tuple[str, Hashable] | None:
-        lab = labels(item)
-        dev = device_of(lab)
-        if dev is None:
-            return None
-        return dev, (metric(item) if metric is not None else lab.get("__name__", ""))
-
-    def rank_of(src: str) -> tuple[int, str]:
-        return (rank.get(src, len(rank)), src)
-
+    # The label sets of one device are often one shared dict (a GPU's exporter names carry the
+    # same labels): its device and source are worked out once per dict, not once per series.
+    # (the dict is kept in the memo so that its id cannot be reused by another during the call)
+    seen: dict[int, tuple[Mapping[str, str], str | None, tuple[int, str]]] = {}
+    keys: list[tuple[str, Hashable] | None] = []
+    ranks: list[tuple[int, str]] = []
     best: dict[tuple[str, Hashable], tuple[int, str]] = {}
     for item in items:
-        k = key_of(item)
-        if k is None:
+        lab = labels(item)
+        got = seen.get(id(lab))
+        if got is None:
+            src = source_of(lab)
+            got = seen[id(lab)] = (lab, device_of(lab), (rank.get(src, len(rank)), src))
+        _, dev, r = got
+        ranks.append(r)
+        if dev is None:
+            keys.append(None)
             continue
-        r = rank_of(source_of(labels(item)))
-        if k not in best or r < best[k]:
+        k = (dev, metric(item) if metric is not None else lab.get("__name__", ""))
+        keys.append(k)
+        old = best.get(k)
+        if old is None or r < old:
             best[k] = r
     kept: list[T] = []
     dropped: list[T] = []
-    for item in items:
-        k = key_of(item)
-        if k is None or rank_of(source_of(labels(item))) == best[k]:
+    for item, key, r in zip(items, keys, ranks):
+        if key is None or r == best[key]:
             kept.append(item)
         else:
             dropped.append(item)

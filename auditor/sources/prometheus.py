@@ -39,6 +39,7 @@ from auditor.core.source_preference import prefer_one_source
 from auditor.errors import BadInput, QueryTooLarge
 from auditor.sources import promql
 from auditor.sources.prometheus_client import PrometheusClient
+from auditor.sources.samples import STATS, bucket_stats
 from auditor.sources.series import (
     EMPTY_ROW,
     Series,
@@ -62,6 +63,17 @@ log = logging.getLogger(__name__)
 
 #: at most this many buckets of raw samples per garbage re-read query
 RAW_SPAN_BUCKETS = 288
+
+#: A read whose series hold at most ``RAW_READ_SAMPLES + RAW_READ_PER_BUCKET * buckets``
+#: samples each (by the last measured scrape interval, else :data:`GUESSED_INTERVAL_S`) asks one
+#: raw-sample query per exporter name instead of four aggregates: each series' labels are then
+#: decoded once instead of four times, and Prometheus selects the samples once instead of
+#: evaluating four functions. Past that bound the samples outweigh the labels saved
+#: (bench/README.md, "Issue 18", the read: measured on a 5-minute cycle at 15 s and 30 s).
+RAW_READ_SAMPLES = 24
+RAW_READ_PER_BUCKET = 4
+#: the scrape interval assumed before a read has measured one
+GUESSED_INTERVAL_S = 15.0
 
 
 @dataclass
@@ -107,6 +119,7 @@ class PrometheusSource:
         metrics: Iterable[Metric] | None = None,
         max_points: int = promql.MAX_POINTS_PER_SERIES,
         concurrency: int = 4,
+        raw_read_samples: int = RAW_READ_SAMPLES,
     ) -> None:
         self.client = PrometheusClient(
             url,
@@ -132,6 +145,8 @@ class PrometheusSource:
         self.metrics = tuple(metrics) if metrics is not None else tuple(SPECS)
         self.max_points = max(2, int(max_points))
         self.concurrency = max(1, int(concurrency))
+        #: the raw-sample read's bound (:data:`RAW_READ_SAMPLES`); negative: always aggregates
+        self.raw_read_samples = int(raw_read_samples)
         self._major: int | None = None
         #: the interval the last read with a full bucket measured (a short window may have none)
         self._interval: float | None = None
@@ -165,7 +180,10 @@ class PrometheusSource:
         names = self._present_names(start_ms, end_ms)
         stats.names = names
         first_end = start_ms + width_ms
-        series = self._read_aggregates(names, first_end, end_ms, width_ms, rng)
+        if self.reads_raw(end_ms - start_ms, width_ms):
+            series = self._read_raw(names, first_end, end_ms, width_ms, major)
+        else:
+            series = self._read_aggregates(names, first_end, end_ms, width_ms, rng)
         # the naming decides the unit of DCGM_FI_DEV_GPU_UTIL_RATIO (percent in DCGM 4.6, a
         # ratio in dcgm-exporter 4.9): told by the names, else by that name's values
         util = [v for s in series if s.name == UTIL_RATIO for a in ("min", "max") for v in s.aggs.get(a, ())]
@@ -182,13 +200,17 @@ class PrometheusSource:
                 f"{len(shadowed)} dcgm-exporter series left out: the gpu-auditor node agent serves the same GPU and metric"
             )
 
-        conv = self.forced or promql.detect_convention(s.labels for s in series)
+        # the label dicts are shared by the series of one device: each distinct one looked at once
+        distinct = list({id(s.labels): s.labels for s in series}.values())
+        conv = self.forced or promql.detect_convention(distinct)
         report.labels = conv.describe()
-        report.labels.update(device_labels(s.labels for s in series))
+        report.labels.update(device_labels(distinct))
+        del distinct
         report.labels["naming"] = naming.value
 
         #: (pod, GPU key, metric) → one list of time-ordered buckets per series (or re-read part)
-        groups: dict[tuple[PodRef, str, Metric], list[BucketRun | list[Bucket]]] = {}
+        #: keyed by the pod object's identity (one object per pod): its dataclass hash is Python code
+        groups: dict[tuple[int, str, Metric], tuple[PodRef, str, Metric, list[BucketRun | list[Bucket]]]] = {}
         n_ends = (end_ms - first_end) // width_ms + 1
         #: (start, end) of each bucket of the read, shared by all its buckets
         spans = [
@@ -207,29 +229,26 @@ class PrometheusSource:
         # one list, emptied as it goes: each series is dropped once handled, unless a re-read needs it
         pending = cast("list[Series | None]", series)
         del series
+        #: id of a (shared) label dict → (the dict, its GPU, its workload pod): worked out once per device
+        identity: dict[int, tuple[dict[str, str], GpuId | None, PodRef | None]] = {}
         for k in range(len(pending)):
             s, pending[k] = pending[k], None
             assert s is not None  # each slot is taken once
-            gpu = promql.gpu_of(s.labels)
+            known = identity.get(id(s.labels))
+            if known is None:
+                known = identity[id(s.labels)] = (s.labels, *self._identity(s.labels, conv, stats, gpu_objs, pod_objs))
+            _, gpu, pod = known
             if gpu is None:
                 report.warnings.append(f"{s.name} series without a GPU identity skipped: {short_labels(s.labels)}")
                 continue
-            gpu = gpu_objs.setdefault(gpu, gpu)
-            stats.gpus.add(gpu.key)
-            stats.mig = stats.mig or bool(gpu.instance)
             if gpu.hostname:
-                stats.hosts.setdefault(gpu.hostname, set()).add(s.metric)
+                stats.hosts[gpu.hostname].add(s.metric)
             if s.aggs:
                 report.present.add(s.metric)
-            pod = promql.pod_of(s.labels, conv)
-            if pod is not None and promql.looks_like_exporter(s.labels, conv):
-                stats.exporter_pods.add(f"{pod.namespace}/{pod.pod}")
-                pod = None
             if pod is None:
                 continue
-            stats.attributed.add(gpu.key)
-            attributed.append((s, pod_objs.setdefault(pod, pod), gpu))
-        del pending
+            attributed.append((s, pod, gpu))
+        del pending, identity
         # 2. clean and dirty buckets of every series, a whole exporter name at a time
         decided = classify(
             [s for s, _, _ in attributed if "count" in s.aggs],
@@ -251,10 +270,17 @@ class PrometheusSource:
             idx, bad = decided[id(s)]
             if idx:
                 # the buckets stay as the series' arrays until a caller needs them as objects
-                sums, mins, maxs = (s.aggs.get(a) or nans(len(cnts)) for a in ("sum", "min", "max"))
-                groups.setdefault((pod, gpu.key, s.metric), []).append(
-                    BucketRun(pod, gpu, s.metric, scales[s.name], spans, sums, cnts, mins, maxs, idx)
-                )
+                aggs = s.aggs
+                sums, mins, maxs = aggs.get("sum"), aggs.get("min"), aggs.get("max")
+                if sums is None or mins is None or maxs is None:
+                    sums, mins, maxs = (aggs.get(a) or nans(len(cnts)) for a in ("sum", "min", "max"))
+                run = BucketRun(pod, gpu, s.metric, scales[s.name], spans, sums, cnts, mins, maxs, idx)
+                key = (id(pod), gpu.key, s.metric)
+                group = groups.get(key)
+                if group is None:
+                    groups[key] = (pod, gpu.key, s.metric, [run])
+                else:
+                    group[3].append(run)
             if bad:
                 dirty.setdefault(s.name, []).append((s, pod, gpu, bad))
         del attributed, decided
@@ -263,7 +289,7 @@ class PrometheusSource:
             for b in self._reread_garbage(name, items, width_ms, major, naming):
                 if b.dropped:
                     report.dropped[b.metric] = report.dropped.get(b.metric, 0) + b.dropped
-                groups.setdefault((b.pod, b.gpu.key, b.metric), []).append([b])
+                groups.setdefault((id(b.pod), b.gpu.key, b.metric), (b.pod, b.gpu.key, b.metric, []))[3].append([b])
 
         unattributed = stats.gpus - stats.attributed
         if unattributed:
@@ -289,9 +315,45 @@ class PrometheusSource:
         report.queries = client.queries - q0
         report.warnings.extend(client.warnings[w0:])
         self.stats = stats
-        return SourceResult(buckets=LazyBuckets(merge_duplicates(groups, report)), report=report)  # type: ignore[arg-type]
+        return SourceResult(buckets=LazyBuckets(merge_duplicates(groups.values(), report)), report=report)  # type: ignore[arg-type]
+
+    def reads_raw(self, span_ms: int, width_ms: int) -> bool:
+        """Whether a read of ``span_ms`` in buckets of ``width_ms`` asks raw samples (see
+        :data:`RAW_READ_SAMPLES`) rather than four aggregates per exporter name."""
+        if self.raw_read_samples < 0:
+            return False
+        interval_ms = 1000 * (self._interval or GUESSED_INTERVAL_S)
+        buckets = -(-span_ms // width_ms)
+        return span_ms / interval_ms <= self.raw_read_samples + RAW_READ_PER_BUCKET * buckets
 
     # -- steps -------------------------------------------------------------------------------------
+    @staticmethod
+    def _identity(
+        labels: dict[str, str],
+        conv: promql.LabelConvention,
+        stats: ReadStats,
+        gpu_objs: dict[GpuId, GpuId],
+        pod_objs: dict[PodRef, PodRef],
+    ) -> tuple[GpuId | None, PodRef | None]:
+        """The GPU and workload pod of a label set (one :class:`GpuId`/:class:`PodRef` object per
+        device/pod), recorded in ``stats``; the pod is None for a GPU no workload holds."""
+        gpu = promql.gpu_of(labels)
+        if gpu is None:
+            return None, None
+        gpu = gpu_objs.setdefault(gpu, gpu)
+        stats.gpus.add(gpu.key)
+        stats.mig = stats.mig or bool(gpu.instance)
+        if gpu.hostname:
+            stats.hosts.setdefault(gpu.hostname, set())
+        pod = promql.pod_of(labels, conv)
+        if pod is not None and promql.looks_like_exporter(labels, conv):
+            stats.exporter_pods.add(f"{pod.namespace}/{pod.pod}")
+            pod = None
+        if pod is None:
+            return gpu, None
+        stats.attributed.add(gpu.key)
+        return gpu, pod_objs.setdefault(pod, pod)
+
     def _server_major(self, stats: ReadStats) -> int:
         """Prometheus's major version (range-selector boundary semantics changed in 3.0)."""
         info = self.client.buildinfo() if self._major is None else {"version": self.stats.version}
@@ -341,6 +403,8 @@ class PrometheusSource:
         #: label dicts (cheap), and hash the label set only where that check fails.
         order: dict[tuple[str, int], list[Series]] = {}
         strings: dict[str, str] = {}
+        #: sorted label items → the one label dict the series of that label set share
+        shared: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
 
         def compact(result: list[dict]) -> list[tuple[dict, int, Any]]:
             """An answer as (labels, first bucket index, values array) per series; the
@@ -394,11 +458,13 @@ class PrometheusSource:
                         if j < n_ref and ref[j].labels == labels:
                             s = ref[j]
                         else:
-                            key = (name, tuple(sorted(labels.items())))
-                            found = by_key.get(key)
+                            items = tuple(sorted(labels.items()))
+                            found = by_key.get((name, items))
                             if found is None:
-                                own = own_labels(labels, strings)
-                                found = by_key[(name, tuple(sorted(own.items())))] = Series(name, metric, own)
+                                own = shared.get(items)
+                                if own is None:
+                                    own = shared[items] = own_labels(labels, strings)
+                                found = by_key[(name, items)] = Series(name, metric, own)
                             s = found
                         if mine is not None:
                             mine.append(s)
@@ -412,6 +478,64 @@ class PrometheusSource:
                                 values[i] = v
                     del result, future
         return list(by_key.values())
+
+    def _read_raw(self, names: list[str], first_end: int, last_end: int, width_ms: int, major: int) -> list[Series]:
+        """One raw-sample query per exporter name over the whole read, its statistics per bucket
+        computed here exactly as the aggregate queries would answer them
+        (:func:`auditor.sources.samples.bucket_stats`), as the same :class:`Series`.
+
+        The rows are views of one block per name (no per-series arrays), and label dicts are
+        shared by the series of one device (the exporter names of a GPU carry the same labels),
+        so the identity of a GPU and its pod is worked out once per device, not per series.
+        """
+        n = (last_end - first_end) // width_ms + 1
+        first_start = first_end - width_ms
+
+        def fetch(name: str) -> list[tuple[int, int, list[dict], Any]]:
+            return self._raw_chunk(name, first_end, last_end, width_ms, major, first_start, n)
+
+        if self.concurrency == 1:
+            answers = [fetch(name) for name in names]
+        else:
+            with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+                answers = list(pool.map(fetch, names))
+        owner = _SharedLabels()
+        out: list[Series] = []
+        for name, parts in zip(names, answers):
+            metric = BY_NAME[name]
+            if len(parts) == 1:
+                _, _, label_sets, block = parts[0]
+            else:  # split by time: the same series in several answers, each for its buckets
+                label_sets, block = _join_parts(parts, n, first_end, width_ms)
+            # rows as Python lists (made in C by tolist): a list's items are floats already
+            cnts, sums, mins, maxs = block.tolist()
+            own = owner.of(label_sets)
+            out.extend(
+                Series(name, metric, lab, {"count": cnt, "sum": sm, "min": lo, "max": hi})
+                for lab, cnt, sm, lo, hi in zip(own, cnts, sums, mins, maxs)
+            )
+        return out
+
+    def _raw_chunk(
+        self, name: str, first_end: int, last_end: int, width_ms: int, major: int, first_start: int, n: int
+    ) -> list[tuple[int, int, list[dict], Any]]:
+        """The raw samples of bucket ends ``first_end..last_end`` as ``(first_end, last_end,
+        labels, statistics)``; halves itself on the engines' size limits, as :meth:`_range_chunk`."""
+        sel = promql.selector(name, self.matchers, self.regex_matchers)
+        rng = promql.range_ms(last_end - first_end + width_ms, major)
+        try:
+            labels, block = self.client.query(
+                f"{sel}[{rng}ms]",
+                at_ms=last_end - 1,
+                convert=lambda data: bucket_stats((data or {}).get("result", []), first_start, width_ms, n),
+            )
+            return [(first_end, last_end, labels, block)]
+        except QueryTooLarge as exc:
+            if not exc.splits_by_time or first_end == last_end:
+                raise
+            halves = promql.halve(first_end, last_end, width_ms)
+            log.info("splitting the raw read of %s at %s: %s", sel, halves[0][1], exc)
+            return [part for a, b in halves for part in self._raw_chunk(name, a, b, width_ms, major, first_start, n)]
 
     def _range_chunk(
         self,
@@ -439,11 +563,9 @@ class PrometheusSource:
         except QueryTooLarge as exc:
             if not exc.splits_by_time or first_end == last_end:
                 raise
-            mid = first_end + ((last_end - first_end) // width_ms // 2) * width_ms
-            log.info("splitting %s at %s: %s", expr, mid, exc)
-            return self._range_chunk(name, agg, first_end, mid, width_ms, rng, convert) + self._range_chunk(
-                name, agg, mid + width_ms, last_end, width_ms, rng, convert
-            )
+            halves = promql.halve(first_end, last_end, width_ms)
+            log.info("splitting %s at %s: %s", expr, halves[0][1], exc)
+            return [part for a, b in halves for part in self._range_chunk(name, agg, a, b, width_ms, rng, convert)]
 
     def _reread_garbage(
         self,
@@ -489,4 +611,65 @@ class PrometheusSource:
                     per_bucket[end].append(v)
             for end, values in sorted(per_bucket.items()):
                 out.append(aggregate_raw(pod, gpu, metric, from_ms(end - width_ms), from_ms(end), values, scale))
+        return out
+
+
+def _join_parts(
+    parts: list[tuple[int, int, list[dict], Any]], n: int, first_end: int, width_ms: int
+) -> tuple[list[dict], Any]:
+    """The answers of a time-split raw read as one: a row per distinct label set (in order of
+    first appearance), each part's buckets copied from its own columns."""
+    import numpy as np
+
+    index: dict[tuple[tuple[str, str], ...], int] = {}
+    label_sets: list[dict] = []
+    rows: list[list[int]] = []
+    for _, _, labels, _ in parts:
+        mine = []
+        for lab in labels:
+            key = tuple(sorted(lab.items()))
+            i = index.get(key)
+            if i is None:
+                i = index[key] = len(label_sets)
+                label_sets.append(lab)
+            mine.append(i)
+        rows.append(mine)
+    block = np.full((len(STATS), len(label_sets), n), np.nan)
+    for (a, b, _, part), mine in zip(parts, rows):
+        lo, hi = (a - first_end) // width_ms, (b - first_end) // width_ms + 1
+        block[:, mine, lo:hi] = part[:, :, lo:hi]
+    return label_sets, block
+
+
+class _SharedLabels:
+    """One label dict per label set across the answers of a read (a GPU's exporter names carry
+    the same labels), each a copy (:func:`~auditor.sources.series.own_labels`) made once.
+
+    Prometheus lists the series of every name in the same label order, so an answer's series are
+    matched to the first answer's by position (a dict comparison: no hashing of fresh strings);
+    only where that fails is the label set looked up by its items.
+    """
+
+    def __init__(self) -> None:
+        self.strings: dict[str, str] = {}
+        self.ref: list[dict[str, str]] = []
+        self.ref_own: list[dict[str, str]] = []
+        self.by_items: dict[tuple[tuple[str, str], ...], dict[str, str]] | None = None
+
+    def of(self, label_sets: list[dict[str, str]]) -> list[dict[str, str]]:
+        ref, ref_own, n_ref = self.ref, self.ref_own, len(self.ref)
+        out: list[dict[str, str]] = []
+        for j, labels in enumerate(label_sets):
+            if j < n_ref and ref[j] == labels:
+                out.append(ref_own[j])
+                continue
+            if self.by_items is None:
+                self.by_items = {tuple(r.items()): o for r, o in zip(ref, ref_own)}
+            key = tuple(labels.items())
+            own = self.by_items.get(key)
+            if own is None:
+                own = self.by_items[key] = own_labels(labels, self.strings)
+            out.append(own)
+        if not n_ref:
+            self.ref, self.ref_own = label_sets, list(out)
         return out

@@ -263,11 +263,11 @@ class PrometheusClient:
         return body.get("data")
 
     # -- API -------------------------------------------------------------------------------------
-    def query(self, expr: str, at_ms: int | None = None) -> dict:
+    def query(self, expr: str, at_ms: int | None = None, convert: Callable[[Any], Any] | None = None) -> Any:
         params = {"query": expr, "timeout": f"{self.timeout:g}s", **STRICT}
         if at_ms is not None:
             params["time"] = promql.format_ts(at_ms)
-        return self.call("query", params)
+        return self.call("query", params, convert=convert)
 
     def query_range(
         self, expr: str, start_ms: int, end_ms: int, step_ms: int, convert: Callable[[Any], Any] | None = None

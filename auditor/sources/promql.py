@@ -90,6 +90,13 @@ def chunks(
     return out
 
 
+def halve(first_end_ms: int, last_end_ms: int, width_ms: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Bucket ends ``first_end..last_end`` (at least two) as two runs, for a query the engine
+    refused for its size."""
+    mid = first_end_ms + ((last_end_ms - first_end_ms) // width_ms // 2) * width_ms
+    return (first_end_ms, mid), (mid + width_ms, last_end_ms)
+
+
 def format_ts(ms: int) -> str:
     """A Prometheus API timestamp (seconds with millisecond precision) for ``ms``."""
     sign = "-" if ms < 0 else ""

@@ -44,8 +44,9 @@ class Series:
     name: str
     metric: Metric
     labels: dict[str, str]
-    #: aggregate ("sum", "count", "min", "max") → raw value per bucket of the read (NaN: none)
-    aggs: dict[str, array] = field(default_factory=dict)
+    #: aggregate ("sum", "count", "min", "max") → raw value per bucket of the read (NaN: none):
+    #: an ``array('d')`` from the aggregate queries, a list of floats from the raw-sample read
+    aggs: dict[str, array | list[float]] = field(default_factory=dict)
 
 
 def bucket_index(cache: dict, ts: float, first_end: int, width_ms: int) -> int:
@@ -119,9 +120,10 @@ def classify(
         scale = scale_of(name, naming)
 
         def stack(agg: str, rows: list[Any] = rows) -> Any:
-            return np.frombuffer(b"".join(s.aggs.get(agg) or nan_row for s in rows), dtype=np.float64).reshape(
-                len(rows), n
-            )
+            got = [s.aggs.get(agg) or nan_row for s in rows]
+            if any(type(g) is list for g in got):  # the raw read's rows
+                return np.array(got, dtype=np.float64).reshape(len(rows), n)
+            return np.frombuffer(b"".join(got), dtype=np.float64).reshape(len(rows), n)
 
         cnt = stack("count")
         present = cnt == cnt
@@ -177,22 +179,29 @@ def nans(n: int) -> array:
 
 
 def merge_duplicates(
-    groups: dict[tuple[PodRef, str, Metric], list[BucketRun | list[Bucket]]], report: SourceReport
+    groups: Iterable[tuple[PodRef, str, Metric, list[BucketRun | list[Bucket]]]], report: SourceReport
 ) -> list[Piece]:
     """All buckets, sorted by (pod, GPU, metric, start), one per (pod, GPU, metric, start), as
     pieces of a :class:`~auditor.core.rollup.LazyBuckets` (one per (pod, GPU, metric)).
 
-    Where two series give the same pod, GPU, metric and bucket (HA Prometheus pairs, two scrape
-    jobs on one exporter, a classic → ``_RATIO`` rename mid-bucket) the fuller bucket is kept:
-    adding them would double-count samples.
+    ``groups`` holds each (pod, GPU key, metric) once, with its parts: runs of clean buckets and
+    lists of re-read ones. Where two series give the same pod, GPU, metric and bucket (HA
+    Prometheus pairs, two scrape jobs on one exporter, a classic → ``_RATIO`` rename mid-bucket)
+    the fuller bucket is kept: adding them would double-count samples.
     """
     out: list[Piece] = []
     duplicates = False
-    order = sorted(groups, key=lambda k: (k[0].namespace, k[0].pod, k[0].container, k[1], k[2].value))
-    for key in order:
-        parts = groups[key]
+    # the pods are shared objects: their sort key is built once per pod (by identity, which
+    # also spares the dataclass's Python-level hash per group)
+    pod_keys: dict[int, tuple[str, str, str]] = {}
+    rows = list(groups)
+    for pod, _, _, _ in rows:
+        if id(pod) not in pod_keys:
+            pod_keys[id(pod)] = (pod.namespace, pod.pod, pod.container)
+    rows.sort(key=lambda g: (pod_keys[id(g[0])], g[1], g[2].value))
+    for pod, gpu_key, _, parts in rows:
         if len(parts) == 1:
-            out.append((key[0], key[1], parts[0]))
+            out.append((pod, gpu_key, parts[0]))
             continue
         best: dict[datetime, Bucket] = {}
         for part in parts:
@@ -204,7 +213,7 @@ def merge_duplicates(
                 duplicates = True
                 if (b.count, b.dropped) > (old.count, old.dropped):
                     best[b.start] = b
-        out.append((key[0], key[1], [best[t] for t in sorted(best)]))
+        out.append((pod, gpu_key, [best[t] for t in sorted(best)]))
     if duplicates:
         report.warnings.append(
             "duplicate series for the same pod, GPU and metric (HA replicas or two scrape jobs?): kept the fuller one"
