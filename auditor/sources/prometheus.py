@@ -35,7 +35,7 @@ from auditor.core.metrics import BY_NAME, SPECS, UTIL_RATIO, Metric, Naming, det
 from auditor.core.model import Bucket, GpuId, PodRef, Window
 from auditor.core.readings import SourceReport, SourceResult
 from auditor.core.rollup import BucketRun, LazyBuckets
-from auditor.core.source_preference import prefer_one_source
+from auditor.core.source_preference import SOURCE_LABEL, prefer_one_source
 from auditor.errors import BadInput, QueryTooLarge
 from auditor.sources import promql
 from auditor.sources.prometheus_client import PrometheusClient
@@ -192,16 +192,19 @@ class PrometheusSource:
         if unknown:  # neither unit can be ruled out: reading it either way could invert a verdict
             series = [s for s in series if s.name != UTIL_RATIO]
             report.warnings.append(stats.naming_why)
-        # A GPU exported by both the node agent and dcgm-exporter is counted once: the agent's
-        # series win per (device, metric) (auditor/core/source_preference.py says why).
-        series, shadowed = prefer_one_source(series, labels=lambda s: s.labels, metric=lambda s: s.metric)
-        if shadowed:
-            report.warnings.append(
-                f"{len(shadowed)} dcgm-exporter series left out: the gpu-auditor node agent serves the same GPU and metric"
-            )
-
         # the label dicts are shared by the series of one device: each distinct one looked at once
         distinct = list({id(s.labels): s.labels for s in series}.values())
+        # A GPU exported by both the node agent and dcgm-exporter is counted once: the agent's
+        # series win per (device, metric) (auditor/core/source_preference.py says why). Where no
+        # series names a source, all are dcgm-exporter's and none can shadow another.
+        if any(d.get(SOURCE_LABEL) for d in distinct):
+            series, shadowed = prefer_one_source(series, labels=lambda s: s.labels, metric=lambda s: s.metric)
+            if shadowed:
+                report.warnings.append(
+                    f"{len(shadowed)} dcgm-exporter series left out: the gpu-auditor node agent serves the same GPU "
+                    "and metric"
+                )
+                distinct = list({id(s.labels): s.labels for s in series}.values())
         conv = self.forced or promql.detect_convention(distinct)
         report.labels = conv.describe()
         report.labels.update(device_labels(distinct))
@@ -210,7 +213,7 @@ class PrometheusSource:
 
         #: (pod, GPU key, metric) → one list of time-ordered buckets per series (or re-read part)
         #: keyed by the pod object's identity (one object per pod): its dataclass hash is Python code
-        groups: dict[tuple[int, str, Metric], tuple[PodRef, str, Metric, list[BucketRun | list[Bucket]]]] = {}
+        groups: dict[tuple[int, str, str], tuple[PodRef, str, Metric, list[BucketRun | list[Bucket]]]] = {}
         n_ends = (end_ms - first_end) // width_ms + 1
         #: (start, end) of each bucket of the read, shared by all its buckets
         spans = [
@@ -231,6 +234,8 @@ class PrometheusSource:
         del series
         #: id of a (shared) label dict → (the dict, its GPU, its workload pod): worked out once per device
         identity: dict[int, tuple[dict[str, str], GpuId | None, PodRef | None]] = {}
+        host_names: set[tuple[str, str]] = set()
+        present_names: set[str] = set()
         for k in range(len(pending)):
             s, pending[k] = pending[k], None
             assert s is not None  # each slot is taken once
@@ -241,14 +246,18 @@ class PrometheusSource:
             if gpu is None:
                 report.warnings.append(f"{s.name} series without a GPU identity skipped: {short_labels(s.labels)}")
                 continue
+            # by name (a str hashes in C; a Metric member's hash is Python code), made metrics below
             if gpu.hostname:
-                stats.hosts[gpu.hostname].add(s.metric)
+                host_names.add((gpu.hostname, s.name))
             if s.aggs:
-                report.present.add(s.metric)
+                present_names.add(s.name)
             if pod is None:
                 continue
             attributed.append((s, pod, gpu))
         del pending, identity
+        for host, name in host_names:
+            stats.hosts[host].add(BY_NAME[name])
+        report.present.update(BY_NAME[name] for name in present_names)
         # 2. clean and dirty buckets of every series, a whole exporter name at a time
         decided = classify(
             [s for s, _, _ in attributed if "count" in s.aggs],
@@ -261,6 +270,7 @@ class PrometheusSource:
         )
         # 3. runs of clean buckets and the dirty buckets to re-read, in series order
         scales = {name: scale_of(name, naming) for name in names}
+        metric_keys = {name: BY_NAME[name].value for name in names}
         for s, pod, gpu in attributed:
             cnts = s.aggs.get("count")
             if cnts is None:  # an incomplete answer: no counts, so re-read whatever it has raw
@@ -275,7 +285,7 @@ class PrometheusSource:
                 if sums is None or mins is None or maxs is None:
                     sums, mins, maxs = (aggs.get(a) or nans(len(cnts)) for a in ("sum", "min", "max"))
                 run = BucketRun(pod, gpu, s.metric, scales[s.name], spans, sums, cnts, mins, maxs, idx)
-                key = (id(pod), gpu.key, s.metric)
+                key = (id(pod), gpu.key, metric_keys[s.name])
                 group = groups.get(key)
                 if group is None:
                     groups[key] = (pod, gpu.key, s.metric, [run])
@@ -289,7 +299,8 @@ class PrometheusSource:
             for b in self._reread_garbage(name, items, width_ms, major, naming):
                 if b.dropped:
                     report.dropped[b.metric] = report.dropped.get(b.metric, 0) + b.dropped
-                groups.setdefault((id(b.pod), b.gpu.key, b.metric), (b.pod, b.gpu.key, b.metric, []))[3].append([b])
+                key = (id(b.pod), b.gpu.key, b.metric.value)
+                groups.setdefault(key, (b.pod, b.gpu.key, b.metric, []))[3].append([b])
 
         unattributed = stats.gpus - stats.attributed
         if unattributed:

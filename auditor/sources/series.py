@@ -37,7 +37,7 @@ def to_ms(value: datetime) -> int:
     return (value - _EPOCH) // timedelta(milliseconds=1)
 
 
-@dataclass
+@dataclass(slots=True)
 class Series:
     """One series of a read: its exporter name, metric, own labels and per-aggregate rows."""
 
@@ -198,7 +198,9 @@ def merge_duplicates(
     for pod, _, _, _ in rows:
         if id(pod) not in pod_keys:
             pod_keys[id(pod)] = (pod.namespace, pod.pod, pod.container)
-    rows.sort(key=lambda g: (pod_keys[id(g[0])], g[1], g[2].value))
+    # (an Enum member's hash and value are Python-level code: by identity instead)
+    values = {id(m): m.value for m in Metric}
+    rows.sort(key=lambda g: (pod_keys[id(g[0])], g[1], values[id(g[2])]))
     for pod, gpu_key, _, parts in rows:
         if len(parts) == 1:
             out.append((pod, gpu_key, parts[0]))
