@@ -12,9 +12,9 @@ watch event to the status write, and the store read + decision alone) are report
 
     .venv/bin/python bench/gate_latency.py --jobs 300 --out bench/results --tag load2
 
-``--status-write both`` (the default) writes the even jobs' answers by JSON patch (the gate's way)
-and the odd ones' by server-side apply (the earlier way), so the two are compared in one run
-under the same load; the table by status write gives each one's figures.
+``--status-write both`` (the default) writes the even jobs' answers by JSON patch of our entry and
+the odd ones' by server-side apply (the gate's way), so the two are compared in one run under the
+same load; the table by status write gives each one's figures.
 
 Reuses a healthy running test bed (``make testbed-up``), else starts one; writes
 ``gate-latency-<date>[-<tag>].{json,md}`` into ``--out``. The Kueue objects (flavors, ClusterQueue,
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         "--status-write",
         choices=("both", "patch", "apply"),
         default="both",
-        help="how check states are written: JSON patch (the gate's default), server-side apply, or both "
+        help="how check states are written: JSON patch, server-side apply (the gate's default), or both "
         "alternately (even jobs patch, odd jobs apply: before/after in one run, under the same load)",
     )
     ap.add_argument("--tag", default="", help="suffix of the result files' names (e.g. the load)")
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     if result["by_status_write"]:
         md += [
             "",
-            "By how the check state was written (JSON patch: the gate's default; server-side apply: before)",
+            "By how the check state was written (server-side apply: the gate's way; JSON patch of our entry: the alternative)",
             "",
             "| status write | measured | n | p50 ms | p90 ms | p99 ms | max ms |",
             "|---|---|---|---|---|---|---|",

@@ -1,15 +1,14 @@
 """Kubernetes I/O of the efficiency gate: AdmissionChecks, Workload check states, the Job.
 
-Check states are written on the Workload's status subresource under our own field manager
-(``gpu-auditor.io/efficiency-gate``), touching only our entry's fields: a JSON patch that first
-tests our entry's name at the index the Workload we answer showed, then sets ``state``,
-``message``, ``lastTransitionTime`` and ``requeueAfterSeconds`` (Kueue's ``retryCount`` and other
-controllers' entries stay as they are). If the list moved meanwhile the test fails and the entry
-goes by server-side apply instead, every field explicit (Kueue re-applies all check entries with
-ForceOwnership, so a field we leave out stays as it was). A merge patch would replace the whole
-list, other controllers' checks included. The JSON patch is the default because it is about half
-the API server's time of the apply on a Workload (bench/results/gate-latency-*.md): the apply
-converts and merges the whole object against the Workload schema, pod templates included.
+Check states are written with server-side apply on the Workload's status subresource under our
+own field manager (``gpu-auditor.io/efficiency-gate``), every field explicit: Kueue re-applies all
+check entries with ForceOwnership, so a field we leave out stays as it was (a merge patch would
+replace the whole list, other controllers' checks included). ``status_write="patch"`` writes by
+JSON patch instead, touching only our entry's fields after a test of its name at the index the
+Workload showed (an apply when the list moved): measured against the apply in the same runs
+(bench/gate_latency.py ``--status-write both``) it was no faster on a Workload (the API server's
+time goes to the CRD's schema, CEL rules, Kueue's webhook and etcd either way), so the apply stays
+the default and the patch is kept for that comparison.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ FIELD_MANAGER = CONTROLLER_NAME
 KV = "kueue.x-k8s.io/v1beta2"
 APPLY = "application/apply-patch+yaml"
 JSON_PATCH = "application/json-patch+json"
-#: how check states are written: ``patch`` (JSON patch, the default) or ``apply`` (server-side apply)
+#: how check states are written: ``apply`` (server-side apply, the default) or ``patch`` (JSON patch)
 STATUS_WRITES = ("patch", "apply")
 #: Kueue's annotation that holds a Job before quota (set only at creation, only removable later)
 GATED_BY = "kueue.x-k8s.io/admission-gated-by"
@@ -173,7 +172,7 @@ class KueueGateApi:
         instance: str = "gpu-auditor",
         *,
         controller: str = CONTROLLER_NAME,
-        status_write: str = "patch",
+        status_write: str = "apply",
     ):
         self.api = api
         self.controller = controller

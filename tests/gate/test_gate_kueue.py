@@ -527,10 +527,10 @@ def _our_writes(wl: dict) -> set[str]:
     }
 
 
-def test_check_states_go_by_json_patch_and_by_apply_when_the_list_moved(kube_admin, namespace, store):
-    """The answer is a JSON patch of our entry at the index the Workload showed (half the API
-    server's time of an apply); when that index no longer holds our check (the list moved), the
-    patch's test fails and the entry is written by server-side apply instead."""
+def test_check_states_go_by_apply_or_by_json_patch_of_our_entry(kube_admin, namespace, store):
+    """The gate answers by server-side apply; the JSON patch of our entry (the benchmark's
+    comparison) writes at the index the Workload showed, and when that index no longer holds our
+    check (the list moved) the patch's test fails and the entry is applied instead."""
     from auditor.gate.kueue import WorkloadView, rfc3339
 
     api, ns = kube_admin, namespace
@@ -538,16 +538,17 @@ def test_check_states_go_by_json_patch_and_by_apply_when_the_list_moved(kube_adm
         until(lambda: is_true(cluster_queue(api, q.cluster_queue), "Active"), "the ClusterQueue Active")
         name = workload_of(api, ns, gpu_job(api, ns, "clean"))["metadata"]["name"]
         wl = until(lambda: (w := _wl(api, ns, name)) and is_true(w, "Admitted") and w, "Admitted")
-        assert _our_writes(wl) == {"Update"}  # the gate's own answer: the JSON patch
+        assert _our_writes(wl) == {"Apply"}  # the gate's own answer
         view = WorkloadView.parse(wl)
         assert view.check_order == (q.check,)
 
         def entry(message: str) -> dict:
             return {"state": "Ready", "message": message, "lastTransitionTime": rfc3339(_now())}
 
-        moved = WorkloadView.parse({**wl, "status": {"admissionChecks": [{"name": "other"}, {"name": q.check}]}})
-        written = ctl.kube.write_checks(moved, {q.check: entry("written by apply")})
-        assert check_state(written, q.check)["message"] == "written by apply" and "Apply" in _our_writes(written)
-        written = ctl.kube.write_checks(view, {q.check: entry("written by patch")})
+        written = ctl.kube.write_checks(view, {q.check: entry("written by patch")}, how="patch")
         assert check_state(written, q.check)["message"] == "written by patch" and "Update" in _our_writes(written)
+        moved = WorkloadView.parse({**wl, "status": {"admissionChecks": [{"name": "other"}, {"name": q.check}]}})
+        written = ctl.kube.write_checks(moved, {q.check: entry("applied, the list moved")}, how="patch")
+        # index 1 does not exist: the patch's test fails (422), so only the apply can have written it
+        assert check_state(written, q.check)["message"] == "applied, the list moved"
         assert check_state(written, q.check)["state"] == "Ready" and is_true(written, "Admitted")
