@@ -296,13 +296,17 @@ class StepActions:
             return {"state": SKIPPED, "why": str(exc)}
         not_via_check = None
         if self.check_requeue is not None and patch["type"] == "workload" and patch.get("reserved"):
-            via = self.check_requeue.requeue(
-                patch,
-                f"gpu-auditor: requeued by policy {policy.name}: {reason}",
-                backoff_s=round(policy.spec.requeue.backoff.total_seconds()),
-                lower_priority_by=policy.spec.requeue.lower_priority_by,
-                now=now,
-            )
+            try:
+                via = self.check_requeue.requeue(
+                    patch,
+                    f"gpu-auditor: requeued by policy {policy.name}: {reason}",
+                    backoff_s=round(policy.spec.requeue.backoff.total_seconds()),
+                    lower_priority_by=policy.spec.requeue.lower_priority_by,
+                    now=now,
+                )
+            except AuditorError as exc:  # the job is requeued all the same, the other way
+                log.warning("requeue of %s through the admission check failed (%s); using spec.active", target.key, exc)
+                via = {"used": False, "why": f"the admission check's Retry failed: {exc}"}
             if via.pop("used", False):
                 return self._requeued_through_check(key, policy, target, reason, now, {**patch, **via})
             not_via_check = via.get("why")
