@@ -44,12 +44,16 @@ NAMES = (
 )
 
 
-def measure(mode: str, url: str, namespace: str, jobs: int, start: float, end: float) -> dict:
-    """Run one audit in a fresh interpreter and return its own wall, CPU and peak RSS."""
+def measure(
+    mode: str, url: str, namespace: str, jobs: int, start: float, end: float, code_dir: str | None = None
+) -> dict:
+    """Run one audit in a fresh interpreter (the product from ``code_dir`` when given) and
+    return its own wall, CPU and peak RSS."""
     out = subprocess.run(
         [sys.executable, __file__, "--child", mode, url, namespace, str(jobs), str(start), str(end)],
         capture_output=True,
         text=True,
+        env=_code_env(code_dir),
     )
     if out.returncode != 0:
         raise RuntimeError(f"{mode} audit failed:\n{out.stderr[-3000:]}")
@@ -177,9 +181,7 @@ def read_figure(args: argparse.Namespace) -> int:
         try:
             for rep in range(args.repeat):
                 for code, code_dir in codes:
-                    env = dict(os.environ)
-                    if code_dir:
-                        env["PYTHONPATH"] = os.pathsep.join(filter(None, [code_dir, env.get("PYTHONPATH")]))
+                    env = _code_env(code_dir)
                     load = os.getloadavg()[0]
                     out = subprocess.run(
                         [sys.executable, __file__, "--read-child", prom.url, str(end - 300), str(end), str(args.reads)],
@@ -256,9 +258,7 @@ def load_figure(args: argparse.Namespace) -> int:
                 for store in args.store.split(","):
                     name = f"loadbench_{os.getpid()}_{len(rows)}"
                     db = f"sqlite:///{work / (name + '.db')}" if store == "sqlite" else _database(bed, name, True)
-                    env = dict(os.environ)
-                    if code_dir:
-                        env["PYTHONPATH"] = os.pathsep.join(filter(None, [code_dir, env.get("PYTHONPATH")]))
+                    env = _code_env(code_dir)
                     load = os.getloadavg()[0]
                     try:
                         out = subprocess.run(
@@ -310,6 +310,14 @@ def load_figure(args: argparse.Namespace) -> int:
     return 0
 
 
+def _code_env(code_dir: str | None) -> dict[str, str]:
+    """The environment of a measured child: the product at ``code_dir`` first on the path."""
+    env = dict(os.environ)
+    if code_dir:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [code_dir, env.get("PYTHONPATH")]))
+    return env
+
+
 def _day(args: argparse.Namespace) -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%d") + (f"-{args.tag}" if args.tag else "")
 
@@ -356,7 +364,7 @@ def main() -> int:
     ap.add_argument("--interval", type=int, default=30, help="with --read: the scrape interval of the history, s")
     ap.add_argument("--reads", type=int, default=3, help="with --read: measured reads per process")
     ap.add_argument("--store", default="sqlite,postgresql", help="with --load-figure: sqlite, postgresql or both")
-    ap.add_argument("--baseline", metavar="DIR", help="with --load-figure/--read: also the product at DIR, before")
+    ap.add_argument("--baseline", metavar="DIR", help="also the product at DIR, before (batched audit, read, load)")
     ap.add_argument(
         "--after", metavar="DIR", help="with --load-figure/--read: the product measured as 'after' from DIR"
     )
@@ -391,23 +399,26 @@ def main() -> int:
             windows = {"5m": 300, "2h": int(HISTORY.total_seconds())}
             for label, seconds in ((w, windows[w]) for w in args.windows.split(",")):
                 start = end - seconds
-                for mode in ("batched", "per-job"):
+                runs = [("batched, before", args.baseline)] if args.baseline else []
+                runs += [("batched", args.after), ("per-job", None)]
+                for mode, code_dir in runs * args.repeat:
                     before, cpu0 = prom.query_requests(), prometheus_cpu(prom.url)
-                    res = measure(mode, prom.url, "bench", n, start, end)
+                    load = os.getloadavg()[0]
+                    res = measure(mode.split(",")[0], prom.url, "bench", n, start, end, code_dir)
                     res["queries"] = prom.query_requests() - before
                     res["prometheus_cpu_s"] = prometheus_cpu(prom.url) - cpu0
+                    res["load"] = [round(load, 2), round(os.getloadavg()[0], 2)]
                     res.update({"jobs": n, "window": label, "mode": mode})
                     log(f"N={n} window={label} {mode}: {res}")
                     rows.append(res)
         finally:
             prom.stop()
             shutil.rmtree(work, ignore_errors=True)
-    write_results(Path(args.out), rows)
+    write_results(Path(args.out), rows, _day(args))
     return 0
 
 
-def write_results(out: Path, rows: list[dict]) -> None:
-    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+def write_results(out: Path, rows: list[dict], day: str) -> None:
     _write(
         out,
         f"audit-{day}",
@@ -417,13 +428,13 @@ def write_results(out: Path, rows: list[dict]) -> None:
             "",
             f"Machine: {{machine}}. History: {GPUS} GPUs per job, {HISTORY} at {INTERVAL_S} s, 9 DCGM metrics.",
             "",
-            "| jobs | window | mode | queries | wall s | auditor CPU s | CPU/wall | Prometheus CPU s | peak RSS MB |",
-            "|---:|---|---|---:|---:|---:|---:|---:|---:|",
+            "| jobs | window | mode | queries | wall s | auditor CPU s | CPU/wall | Prometheus CPU s | peak RSS MB | load |",
+            "|---:|---|---|---:|---:|---:|---:|---:|---:|---|",
         ],
         lambda r: (
             f"| {r['jobs']} | {r['window']} | {r['mode']} | {r['queries']} | {r['wall_s']:.2f} | "
             f"{r['cpu_s']:.2f} | {r['cpu_s'] / r['wall_s']:.0%} | {r.get('prometheus_cpu_s', 0):.2f} | "
-            f"{r['peak_rss_mb']:.0f} |"
+            f"{r['peak_rss_mb']:.0f} | {' / '.join(str(x) for x in r.get('load', []))} |"
         ),
     )
 
