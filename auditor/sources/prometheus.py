@@ -8,7 +8,9 @@ How it reads (see :mod:`auditor.sources.promql` for the query shapes and boundar
 2. per present name, four ``query_range`` calls at ``step = width`` (sum, count, min and max
    ``_over_time``) return those aggregates of every series per aligned bucket ``[start, end)``,
    split by time only where the 11,000-points-per-series limit (or Prometheus's sample limit)
-   demands it;
+   demands it. A short window (an operator cycle's one or two buckets, :meth:`PrometheusSource.reads_raw`)
+   is read instead as one raw-sample query per name, and the same four statistics are computed
+   here exactly as Prometheus computes them (:mod:`auditor.sources.samples`);
 3. buckets whose min/max/sum betray garbage (NaN, negative, GPU_UTIL 4294967295, a small
    overshoot that must be clamped) are re-read as raw samples — only those series, only the span
    of those buckets — and aggregated here, dropping and counting the garbage.
