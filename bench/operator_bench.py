@@ -187,6 +187,14 @@ def main() -> int:
         help="with --baseline: the product measured as 'after' from DIR instead of this checkout (a snapshot "
         "that edits during the run cannot reach)",
     )
+    ap.add_argument(
+        "--also",
+        metavar="LABEL=DIR",
+        action="append",
+        default=[],
+        help="with --baseline: a further product measured between 'before' and 'after' (repeatable), e.g. "
+        "one helper's changes alone",
+    )
     ap.add_argument("--repeat", type=int, default=1, help="operator runs per code and store (interleaved)")
     ap.add_argument("--keep", metavar="STATE", help="keep the pods and the history; write where they are to STATE")
     ap.add_argument("--reuse", metavar="STATE", help="measure on the pods and history a --keep run left")
@@ -197,6 +205,11 @@ def main() -> int:
         if st not in ("sqlite", "postgresql"):
             ap.error(f"--store {st}: sqlite or postgresql")
     codes: list[tuple[str, str | None]] = [("before", args.baseline)] if args.baseline else []
+    for also in args.also:
+        label, sep, code_dir = also.partition("=")
+        if not sep or not label or not code_dir:
+            ap.error(f"--also {also}: LABEL=DIR")
+        codes.append((label, code_dir))
     codes.append(("after" if args.baseline else "current", args.after))
 
     from auditor.kube.client import KubeConfig, api_client
