@@ -48,6 +48,7 @@ from auditor.sources.series import (
     aggregate_raw,
     bucket_index,
     classify,
+    classify_block,
     device_labels,
     from_ms,
     interval_estimate,
@@ -183,7 +184,13 @@ class PrometheusSource:
         stats.names = names
         first_end = start_ms + width_ms
         if self.reads_raw(end_ms - start_ms, width_ms):
-            series = self._read_raw(names, first_end, end_ms, width_ms, major)
+            blocks = self._read_raw(names, first_end, end_ms, width_ms, major)
+            if not any(lab.get(SOURCE_LABEL) for _, own, _ in blocks for lab in _distinct(own)):
+                # no series names a source, so none shadows another: the blocks go straight on
+                parts = self._raw_groups(blocks, names, window, width_ms, major, report, stats)
+                return self._finish(*parts, width_ms, q0, w0, report, stats)
+            series = [s for name, own, block in blocks for s in _series_of(name, own, block)]
+            del blocks
         else:
             series = self._read_aggregates(names, first_end, end_ms, width_ms, rng)
         # the naming decides the unit of DCGM_FI_DEV_GPU_UTIL_RATIO (percent in DCGM 4.6, a
@@ -297,6 +304,20 @@ class PrometheusSource:
                 dirty.setdefault(s.name, []).append((s, pod, gpu, bad))
         del attributed, decided
 
+        self._reread_dirty(dirty, groups, width_ms, major, naming, report)
+
+        return self._finish(groups, conv, counts, width_ms, q0, w0, report, stats)
+
+    def _reread_dirty(
+        self,
+        dirty: dict[str, list[tuple[Series, PodRef, GpuId, list[int]]]],
+        groups: dict[tuple[int, str, str], tuple[PodRef, str, Metric, list[BucketRun | list[Bucket]]]],
+        width_ms: int,
+        major: int,
+        naming: Naming,
+        report: SourceReport,
+    ) -> None:
+        """The dirty buckets re-read raw (garbage dropped and counted), added to ``groups``."""
         for name, items in sorted(dirty.items()):
             for b in self._reread_garbage(name, items, width_ms, major, naming):
                 if b.dropped:
@@ -304,6 +325,19 @@ class PrometheusSource:
                 key = (id(b.pod), b.gpu.key, b.metric.value)
                 groups.setdefault(key, (b.pod, b.gpu.key, b.metric, []))[3].append([b])
 
+    def _finish(
+        self,
+        groups: dict[tuple[int, str, str], tuple[PodRef, str, Metric, list[BucketRun | list[Bucket]]]],
+        conv: promql.LabelConvention,
+        counts: dict[int, int],
+        width_ms: int,
+        q0: int,
+        w0: int,
+        report: SourceReport,
+        stats: ReadStats,
+    ) -> SourceResult:
+        """The read's warnings, scrape interval and query count, and its buckets in order."""
+        client = self.client
         unattributed = stats.gpus - stats.attributed
         if unattributed:
             report.warnings.append(
@@ -329,6 +363,101 @@ class PrometheusSource:
         report.warnings.extend(client.warnings[w0:])
         self.stats = stats
         return SourceResult(buckets=LazyBuckets(merge_duplicates(groups.values(), report)), report=report)  # type: ignore[arg-type]
+
+    def _raw_groups(
+        self,
+        blocks: list[tuple[str, list[dict[str, str]], Any]],
+        names: list[str],
+        window: Window,
+        width_ms: int,
+        major: int,
+        report: SourceReport,
+        stats: ReadStats,
+    ) -> tuple[
+        dict[tuple[int, str, str], tuple[PodRef, str, Metric, list[BucketRun | list[Bucket]]]],
+        promql.LabelConvention,
+        dict[int, int],
+    ]:
+        """The raw read's blocks as bucket runs, as :meth:`read_lazy` makes them of series, but
+        a name at a time: the block's rows are classified as they are (no per-series objects),
+        and only the series with a dirty bucket become :class:`Series` for the re-read."""
+        import numpy as np
+
+        aligned = window.aligned(timedelta(milliseconds=width_ms))
+        start_ms, end_ms = to_ms(aligned.start), to_ms(aligned.end)
+        first_end = start_ms + width_ms
+        n_ends = (end_ms - first_end) // width_ms + 1
+        # the naming decides the unit of DCGM_FI_DEV_GPU_UTIL_RATIO (as read_lazy does)
+        util = [v for name, _, block in blocks if name == UTIL_RATIO for v in block[2:4].ravel().tolist()]
+        naming, stats.naming_why, unknown = detect_naming(names, util)
+        stats.naming = naming
+        if unknown:
+            blocks = [b for b in blocks if b[0] != UTIL_RATIO]
+            report.warnings.append(stats.naming_why)
+        distinct = _distinct([lab for _, own, _ in blocks for lab in own])
+        conv = self.forced or promql.detect_convention(distinct)
+        report.labels = conv.describe()
+        report.labels.update(device_labels(distinct))
+        report.labels["naming"] = naming.value
+        pod_objs: dict[PodRef, PodRef] = {}
+        gpu_objs: dict[GpuId, GpuId] = {}
+        identity = {id(lab): self._identity(lab, conv, stats, gpu_objs, pod_objs) for lab in distinct}
+        del distinct
+        spans = [
+            (from_ms(first_end + i * width_ms - width_ms), from_ms(first_end + i * width_ms)) for i in range(n_ends)
+        ]
+        groups: dict[tuple[int, str, str], tuple[PodRef, str, Metric, list[BucketRun | list[Bucket]]]] = {}
+        dirty: dict[str, list[tuple[Series, PodRef, GpuId, list[int]]]] = {}
+        counts: dict[int, int] = {}
+        histogram: dict[int, int] = {}
+        last_open = aligned.end > window.end
+        for name, own, block in blocks:
+            metric, scale, mkey = BY_NAME[name], scale_of(name, naming), BY_NAME[name].value
+            rows: list[int] = []
+            hosts: set[str] = set()
+            any_gpu = False
+            for j, lab in enumerate(own):
+                gpu, pod = identity[id(lab)]
+                if gpu is None:
+                    report.warnings.append(f"{name} series without a GPU identity skipped: {short_labels(lab)}")
+                    continue
+                any_gpu = True
+                if gpu.hostname:
+                    hosts.add(gpu.hostname)
+                if pod is not None:
+                    rows.append(j)
+            for host in hosts:
+                stats.hosts[host].add(metric)
+            if any_gpu:
+                report.present.add(metric)
+            if not rows:
+                continue
+            part = block[:, np.asarray(rows, dtype=np.int64), :] if len(rows) < len(own) else block
+            decided = classify_block(
+                part[0], part[1], part[2], part[3], name, naming, first_end, width_ms, histogram, last_open=last_open
+            )
+            cnts, sums, mins, maxs = part.tolist()
+            for k, j in enumerate(rows):
+                gpu, pod = identity[id(own[j])]
+                assert gpu is not None and pod is not None
+                idx, bad = decided[k]
+                if idx:
+                    run = BucketRun(pod, gpu, metric, scale, spans, sums[k], cnts[k], mins[k], maxs[k], idx)
+                    key = (id(pod), gpu.key, mkey)
+                    group = groups.get(key)
+                    if group is None:
+                        groups[key] = (pod, gpu.key, metric, [run])
+                    else:
+                        group[3].append(run)
+                if bad:
+                    row = Series(
+                        name, metric, own[j], {"count": cnts[k], "sum": sums[k], "min": mins[k], "max": maxs[k]}
+                    )
+                    dirty.setdefault(name, []).append((row, pod, gpu, bad))
+        for v, t in histogram.items():
+            counts[v] = counts.get(v, 0) + t
+        self._reread_dirty(dirty, groups, width_ms, major, naming, report)
+        return groups, conv, counts
 
     def reads_raw(self, span_ms: int, width_ms: int) -> bool:
         """Whether a read of ``span_ms`` in buckets of ``width_ms`` asks raw samples (see
@@ -492,14 +621,16 @@ class PrometheusSource:
                     del result, future
         return list(by_key.values())
 
-    def _read_raw(self, names: list[str], first_end: int, last_end: int, width_ms: int, major: int) -> list[Series]:
+    def _read_raw(
+        self, names: list[str], first_end: int, last_end: int, width_ms: int, major: int
+    ) -> list[tuple[str, list[dict[str, str]], Any]]:
         """One raw-sample query per exporter name over the whole read, its statistics per bucket
         computed here exactly as the aggregate queries would answer them
-        (:func:`auditor.sources.samples.bucket_stats`), as the same :class:`Series`.
+        (:func:`auditor.sources.samples.bucket_stats`): per name, its series' label dicts and
+        one ``(4, series, buckets)`` block.
 
-        The rows are views of one block per name (no per-series arrays), and label dicts are
-        shared by the series of one device (the exporter names of a GPU carry the same labels),
-        so the identity of a GPU and its pod is worked out once per device, not per series.
+        Label dicts are shared by the series of one device (the exporter names of a GPU carry
+        the same labels), so the identity of a GPU and its pod is worked out once per device.
         """
         n = (last_end - first_end) // width_ms + 1
         first_start = first_end - width_ms
@@ -513,20 +644,13 @@ class PrometheusSource:
             with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
                 answers = list(pool.map(fetch, names))
         owner = _SharedLabels()
-        out: list[Series] = []
+        out: list[tuple[str, list[dict[str, str]], Any]] = []
         for name, parts in zip(names, answers):
-            metric = BY_NAME[name]
             if len(parts) == 1:
                 _, _, label_sets, block = parts[0]
             else:  # split by time: the same series in several answers, each for its buckets
                 label_sets, block = _join_parts(parts, n, first_end, width_ms)
-            # rows as Python lists (made in C by tolist): a list's items are floats already
-            cnts, sums, mins, maxs = block.tolist()
-            own = owner.of(label_sets)
-            out.extend(
-                Series(name, metric, lab, {"count": cnt, "sum": sm, "min": lo, "max": hi})
-                for lab, cnt, sm, lo, hi in zip(own, cnts, sums, mins, maxs)
-            )
+            out.append((name, owner.of(label_sets), block))
         return out
 
     def _raw_chunk(
@@ -686,3 +810,18 @@ class _SharedLabels:
         if not n_ref:
             self.ref, self.ref_own = label_sets, list(out)
         return out
+
+
+def _distinct(label_dicts: Iterable[dict[str, str]]) -> list[dict[str, str]]:
+    """The distinct label dict objects, in order of first appearance (they are shared by a device's series)."""
+    return list({id(lab): lab for lab in label_dicts}.values())
+
+
+def _series_of(name: str, own: list[dict[str, str]], block: Any) -> list[Series]:
+    """A raw read's block of one name as :class:`Series` (rows as lists of floats, made in C)."""
+    metric = BY_NAME[name]
+    cnts, sums, mins, maxs = block.tolist()
+    return [
+        Series(name, metric, lab, {"count": cnt, "sum": sm, "min": lo, "max": hi})
+        for lab, cnt, sm, lo, hi in zip(own, cnts, sums, mins, maxs)
+    ]

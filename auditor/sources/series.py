@@ -112,12 +112,9 @@ def classify(
     by_name: dict[str, list[Series]] = {}
     for s in series:
         by_name.setdefault(s.name, []).append(s)
-    whole = range(n)
     nan_row = nans(n)
     histogram: dict[int, int] = {}
     for name, rows in by_name.items():
-        spec = SPECS[BY_NAME[name]]
-        scale = scale_of(name, naming)
 
         def stack(agg: str, rows: list[Any] = rows) -> Any:
             got = [s.aggs.get(agg) or nan_row for s in rows]
@@ -125,35 +122,74 @@ def classify(
                 return np.array(got, dtype=np.float64).reshape(len(rows), n)
             return np.frombuffer(b"".join(got), dtype=np.float64).reshape(len(rows), n)
 
-        cnt = stack("count")
-        present = cnt == cnt
-        with np.errstate(invalid="ignore"):
-            ok = present & np.isfinite(stack("sum"))
-            ok &= stack("min") * scale >= spec.low
-            ok &= stack("max") * scale <= spec.high
-        bad = present & ~ok
-        full, any_ok, any_bad = ok.all(axis=1).tolist(), ok.any(axis=1).tolist(), bad.any(axis=1).tolist()
-        # only full buckets tell the scrape interval: a series that starts, ends or pauses inside
-        # a bucket has fewer samples there, and so has the bucket the window's end cuts
-        left = np.ones_like(present)
-        left[:, 1:] = present[:, :-1]
-        right = np.full_like(present, not last_open)
-        right[:, :-1] = present[:, 1:]
-        full_ok = ok & left & right
-        values, times = np.unique(cnt[full_ok].astype(np.int64), return_counts=True)
-        for v, t in zip(values.tolist(), times.tolist()):
-            histogram[v] = histogram.get(v, 0) + t
-        for j, s in enumerate(rows):
-            idx: Sequence[int] | None = None
-            if full[j]:
-                idx = whole
-            elif any_ok[j]:
-                clean = np.flatnonzero(ok[j]).tolist()
-                idx = range(clean[0], clean[-1] + 1) if clean[-1] - clean[0] + 1 == len(clean) else clean
-            ends = [first_end + i * width_ms for i in np.flatnonzero(bad[j]).tolist()] if any_bad[j] else None
-            out[id(s)] = (idx, ends)
+        rows_out = classify_block(
+            stack("count"),
+            stack("sum"),
+            stack("min"),
+            stack("max"),
+            name,
+            naming,
+            first_end,
+            width_ms,
+            histogram,
+            last_open=last_open,
+        )
+        for s, got in zip(rows, rows_out):
+            out[id(s)] = got
     for v, t in histogram.items():
         counts[v] = counts.get(v, 0) + t
+    return out
+
+
+def classify_block(
+    cnt: Any,
+    tot: Any,
+    mins: Any,
+    maxs: Any,
+    name: str,
+    naming: Naming,
+    first_end: int,
+    width_ms: int,
+    histogram: dict[int, int],
+    *,
+    last_open: bool = False,
+) -> list[tuple[Sequence[int] | None, list[int] | None]]:
+    """:func:`classify` of one exporter name's rows given as 2-D arrays (series x buckets):
+    per row, its clean bucket positions and dirty bucket ends; full buckets' sample counts
+    are added to ``histogram``."""
+    import numpy as np
+
+    spec = SPECS[BY_NAME[name]]
+    scale = scale_of(name, naming)
+    n = cnt.shape[1]
+    present = cnt == cnt
+    with np.errstate(invalid="ignore"):
+        ok = present & np.isfinite(tot)
+        ok &= mins * scale >= spec.low
+        ok &= maxs * scale <= spec.high
+    bad = present & ~ok
+    full, any_ok, any_bad = ok.all(axis=1).tolist(), ok.any(axis=1).tolist(), bad.any(axis=1).tolist()
+    # only full buckets tell the scrape interval: a series that starts, ends or pauses inside
+    # a bucket has fewer samples there, and so has the bucket the window's end cuts
+    left = np.ones_like(present)
+    left[:, 1:] = present[:, :-1]
+    right = np.full_like(present, not last_open)
+    right[:, :-1] = present[:, 1:]
+    full_ok = ok & left & right
+    values, times = np.unique(cnt[full_ok].astype(np.int64), return_counts=True)
+    for v, t in zip(values.tolist(), times.tolist()):
+        histogram[v] = histogram.get(v, 0) + t
+    whole = range(n)
+    out: list[tuple[Sequence[int] | None, list[int] | None]] = []
+    for j in range(len(full)):
+        idx: Sequence[int] | None = None
+        if full[j]:
+            idx = whole
+        elif any_ok[j]:
+            clean = np.flatnonzero(ok[j]).tolist()
+            idx = range(clean[0], clean[-1] + 1) if clean[-1] - clean[0] + 1 == len(clean) else clean
+        ends = [first_end + i * width_ms for i in np.flatnonzero(bad[j]).tolist()] if any_bad[j] else None
+        out.append((idx, ends))
     return out
 
 

@@ -27,7 +27,7 @@ AGGREGATES_ONLY = -1
 RAW_ALWAYS = 10**9
 
 
-def _history(case: str, s: int, e: int) -> list[tuple[str, dict[str, str], list[tuple[float, float]]]]:
+def _history(case: str, s: int, e: int, agent: bool) -> list[tuple[str, dict[str, str], list[tuple[float, float]]]]:
     series = []
     for i in range(3):
         labels = _gpu(case, i, pod=f"train-{i // 2}", namespace="ml", container="main")
@@ -47,20 +47,26 @@ def _history(case: str, s: int, e: int) -> list[tuple[str, dict[str, str], list[
         dup = _gpu(case, 9, pod="dup", namespace="ns", instance=inst)
         series.append(("DCGM_FI_DEV_GPU_UTIL", dup, _const(start, e, 60)))
     series.append(("DCGM_FI_DEV_GPU_UTIL", _gpu(case, 10), _const(s, e, 0)))
-    agent = _gpu(case, 11, pod="both", namespace="ns", source="gpu-auditor-agent")
     exporter = _gpu(case, 11, pod="both", namespace="ns")
-    series.append(("DCGM_FI_PROF_SM_ACTIVE", agent, _const(s, e, 0.5)))
+    if agent:  # (without a source label anywhere the read takes its per-name path, no Series)
+        series.append(
+            (
+                "DCGM_FI_PROF_SM_ACTIVE",
+                _gpu(case, 11, pod="both", namespace="ns", source="gpu-auditor-agent"),
+                _const(s, e, 0.5),
+            )
+        )
     series.append(("DCGM_FI_PROF_SM_ACTIVE", exporter, _const(s, e, 0.75)))
     series.append(("DCGM_FI_DEV_GPU_UTIL", exporter, _const(s, e, 40, step=30)))
     return series
 
 
-@pytest.fixture(scope="module")
-def mixed(testbed) -> tuple[str, str, int]:
+@pytest.fixture(scope="module", params=[True, False], ids=["with the agent", "dcgm-exporter only"])
+def mixed(testbed, request) -> tuple[str, str, int]:
     """(Prometheus URL, case label, history start): 30 minutes of the history above."""
     case = f"raw{uuid.uuid4().hex[:8]}"
     s, e = _window()
-    testbed.backfill(_om(_history(case, s, e)))
+    testbed.backfill(_om(_history(case, s, e, agent=request.param)))
     return testbed.prometheus_url, case, s
 
 
