@@ -6,11 +6,13 @@ from typing import Any
 
 
 class CountingStore:
-    """The store, counting the buckets read back through :meth:`buckets`."""
+    """The store, counting the buckets read back through :meth:`buckets` and the aggregates
+    read through :meth:`aggregate`."""
 
     def __init__(self, store: Any) -> None:
         self._store = store
         self.read = 0
+        self.aggregate_reads = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
@@ -19,3 +21,7 @@ class CountingStore:
         out = self._store.buckets(job_id, window)
         self.read += len(out)
         return out
+
+    def aggregate(self, job_id: int) -> Any:
+        self.aggregate_reads += 1
+        return self._store.aggregate(job_id)

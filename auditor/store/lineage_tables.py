@@ -107,21 +107,23 @@ _LINEAGE_ID = sa.select(lineages.c.id).where(
 
 def lineage_id_of(conn: sa.Connection, key: LineageKey, now: datetime, team: str = "") -> int:
     """The lineage's row id, created (or its ``last_seen``/team advanced) on the way."""
-    conn.execute(
-        _lineage_upsert(conn, bool(team)),
-        {
-            "cluster": key.cluster,
-            "namespace": key.namespace,
-            "lineage": key.lineage,
-            "team": team,
-            "first_seen": now,
-            "last_seen": now,
-        },
-    )
+    conn.execute(_lineage_upsert(conn, bool(team)), _lineage_row(key, team, now))
     found = conn.execute(
         _LINEAGE_ID, {"k_cluster": key.cluster, "k_namespace": key.namespace, "k_lineage": key.lineage}
     )
     return int(found.scalar_one())
+
+
+def _lineage_row(key: LineageKey, team: str, now: datetime) -> dict[str, Any]:
+    """The ``lineages`` upsert's parameters: the lineage seen at ``now`` (by ``team``, if named)."""
+    return {
+        "cluster": key.cluster,
+        "namespace": key.namespace,
+        "lineage": key.lineage,
+        "team": team,
+        "first_seen": now,
+        "last_seen": now,
+    }
 
 
 def is_lineage(key: LineageKey) -> sa.ColumnElement[bool]:
@@ -226,16 +228,7 @@ def record_summaries(conn: sa.Connection, items: Sequence[tuple[JobRef, Mapping[
     for job, summary, now in items:
         key = lineage_of_summary(job, summary)
         team = str(summary.get("team") or job.team or "")
-        lineage_rows.append(
-            {
-                "cluster": key.cluster,
-                "namespace": key.namespace,
-                "lineage": key.lineage,
-                "team": team,
-                "first_seen": now,
-                "last_seen": now,
-            }
-        )
+        lineage_rows.append(_lineage_row(key, team, now))
         planned.append((key, run_of(job, summary), now))
     conn.execute(_lineage_upsert_any(conn), lineage_rows)
     ids: dict[LineageKey, int] = {}

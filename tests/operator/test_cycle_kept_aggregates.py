@@ -17,9 +17,9 @@ import sqlite3
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
 
 import pytest
+from counting import CountingStore
 from kubeobjects import batch_job, replayed_job_pods
 
 from auditor.core.accumulate import JobAggregate
@@ -32,21 +32,6 @@ from auditor.store import Store
 
 pytestmark = pytest.mark.testbed
 INTERVAL = timedelta(seconds=15)
-
-
-class CountingStore:
-    """A real store that counts the aggregate reads the runner makes of it."""
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self.aggregate_reads = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-    def aggregate(self, job_id: int) -> JobAggregate | None:
-        self.aggregate_reads += 1
-        return self._store.aggregate(job_id)
 
 
 def _copy(src: Path, dst: Path) -> None:
