@@ -294,12 +294,7 @@ class PrometheusSource:
                 if sums is None or mins is None or maxs is None:
                     sums, mins, maxs = (aggs.get(a) or nans(len(cnts)) for a in ("sum", "min", "max"))
                 run = BucketRun(pod, gpu, s.metric, scales[s.name], spans, sums, cnts, mins, maxs, idx)
-                key = (id(pod), gpu.key, metric_keys[s.name])
-                group = groups.get(key)
-                if group is None:
-                    groups[key] = (pod, gpu.key, s.metric, [run])
-                else:
-                    group[3].append(run)
+                _add_part(groups, pod, gpu.key, s.metric, metric_keys[s.name], run)
             if bad:
                 dirty.setdefault(s.name, []).append((s, pod, gpu, bad))
         del attributed, decided
@@ -322,8 +317,7 @@ class PrometheusSource:
             for b in self._reread_garbage(name, items, width_ms, major, naming):
                 if b.dropped:
                     report.dropped[b.metric] = report.dropped.get(b.metric, 0) + b.dropped
-                key = (id(b.pod), b.gpu.key, b.metric.value)
-                groups.setdefault(key, (b.pod, b.gpu.key, b.metric, []))[3].append([b])
+                _add_part(groups, b.pod, b.gpu.key, b.metric, b.metric.value, [b])
 
     def _finish(
         self,
@@ -443,12 +437,7 @@ class PrometheusSource:
                 idx, bad = decided[k]
                 if idx:
                     run = BucketRun(pod, gpu, metric, scale, spans, sums[k], cnts[k], mins[k], maxs[k], idx)
-                    key = (id(pod), gpu.key, mkey)
-                    group = groups.get(key)
-                    if group is None:
-                        groups[key] = (pod, gpu.key, metric, [run])
-                    else:
-                        group[3].append(run)
+                    _add_part(groups, pod, gpu.key, metric, mkey, run)
                 if bad:
                     row = Series(
                         name, metric, own[j], {"count": cnts[k], "sum": sums[k], "min": mins[k], "max": maxs[k]}
@@ -659,20 +648,17 @@ class PrometheusSource:
         """The raw samples of bucket ends ``first_end..last_end`` as ``(first_end, last_end,
         labels, statistics)``; halves itself on the engines' size limits, as :meth:`_range_chunk`."""
         sel = promql.selector(name, self.matchers, self.regex_matchers)
-        rng = promql.range_ms(last_end - first_end + width_ms, major)
-        try:
+
+        def query(a: int, b: int) -> list[tuple[int, int, list[dict], Any]]:
+            rng = promql.range_ms(b - a + width_ms, major)
             labels, block = self.client.query(
                 f"{sel}[{rng}ms]",
-                at_ms=last_end - 1,
+                at_ms=b - 1,
                 convert=lambda data: bucket_stats((data or {}).get("result", []), first_start, width_ms, n),
             )
-            return [(first_end, last_end, labels, block)]
-        except QueryTooLarge as exc:
-            if not exc.splits_by_time or first_end == last_end:
-                raise
-            halves = promql.halve(first_end, last_end, width_ms)
-            log.info("splitting the raw read of %s at %s: %s", sel, halves[0][1], exc)
-            return [part for a, b in halves for part in self._raw_chunk(name, a, b, width_ms, major, first_start, n)]
+            return [(a, b, labels, block)]
+
+        return _halving(query, first_end, last_end, width_ms, f"the raw read of {sel}")
 
     def _range_chunk(
         self,
@@ -689,20 +675,13 @@ class PrometheusSource:
         Returns ``convert`` of the answer's series (run under the client's decode lock).
         """
         expr = promql.bucket_query(promql.selector(name, self.matchers, self.regex_matchers), agg, rng)
-        try:
+
+        def query(a: int, b: int) -> list:
             return self.client.query_range(
-                expr,
-                first_end - 1,
-                last_end - 1,
-                width_ms,
-                convert=lambda data: convert((data or {}).get("result", [])),
+                expr, a - 1, b - 1, width_ms, convert=lambda data: convert((data or {}).get("result", []))
             )
-        except QueryTooLarge as exc:
-            if not exc.splits_by_time or first_end == last_end:
-                raise
-            halves = promql.halve(first_end, last_end, width_ms)
-            log.info("splitting %s at %s: %s", expr, halves[0][1], exc)
-            return [part for a, b in halves for part in self._range_chunk(name, agg, a, b, width_ms, rng, convert)]
+
+        return _halving(query, first_end, last_end, width_ms, expr)
 
     def _reread_garbage(
         self,
@@ -749,6 +728,40 @@ class PrometheusSource:
             for end, values in sorted(per_bucket.items()):
                 out.append(aggregate_raw(pod, gpu, metric, from_ms(end - width_ms), from_ms(end), values, scale))
         return out
+
+
+def _halving(query: Callable[[int, int], list], first_end: int, last_end: int, width_ms: int, what: str) -> list:
+    """``query`` of bucket ends ``first_end..last_end``, or of its halves, each halved again in
+    turn, while an engine refuses it as too large by time (Prometheus's and Thanos/Mimir/
+    VictoriaMetrics' sample and range limits: :class:`~auditor.errors.QueryTooLarge`); the
+    answers' parts in time order. One bucket that is still too large is the error."""
+    try:
+        return query(first_end, last_end)
+    except QueryTooLarge as exc:
+        if not exc.splits_by_time or first_end == last_end:
+            raise
+        halves = promql.halve(first_end, last_end, width_ms)
+        log.info("splitting %s at %s: %s", what, halves[0][1], exc)
+        return [part for a, b in halves for part in _halving(query, a, b, width_ms, what)]
+
+
+def _add_part(
+    groups: dict[tuple[int, str, str], tuple[PodRef, str, Metric, list[BucketRun | list[Bucket]]]],
+    pod: PodRef,
+    gpu_key: str,
+    metric: Metric,
+    metric_key: str,
+    part: BucketRun | list[Bucket],
+) -> None:
+    """Add a run of clean buckets, or re-read ones, to its (pod, GPU, metric) group; keyed by
+    the pod object's identity and the metric's value (``metric_key``, computed by the caller
+    once per name: an Enum member's hash and value are Python code, called per series)."""
+    key = (id(pod), gpu_key, metric_key)
+    group = groups.get(key)
+    if group is None:
+        groups[key] = (pod, gpu_key, metric, [part])
+    else:
+        group[3].append(part)
 
 
 def _join_parts(
