@@ -44,6 +44,7 @@ from auditor.gate.kueue import (
     WorkloadView,
     rfc3339,
 )
+from auditor.kube.client import server_clock_offset
 from auditor.kube.informer import Informer
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class Decided:
 
 
 #: Kueue writes a condition's lastTransitionTime in whole seconds, and its clock is not ours
-_CLOCK_SLACK = timedelta(seconds=1)
+_CLOCK_SLACK = timedelta(seconds=2)
 #: a Workload whose answer failed (the API refused the write) is tried again, at most this far apart
 _RETRY_MAX = 10.0
 
@@ -173,6 +174,9 @@ class GateController:
         self._threads: list[threading.Thread] = []
         #: when this controller started answering: a check that was due before it was missed
         self.started_at: datetime | None = None
+        #: the API server's clock minus ours (:func:`server_clock_offset`), read at start: Kueue's
+        #: timestamps are compared on the control plane's clock, whatever ours says
+        self.clock_offset = timedelta(0)
         self._attempts: dict[str, int] = {}
         self._requeues: dict[str, _Requeue] = {}
         #: Workload → the resourceVersion our last answer produced: older versions (a watch event in
@@ -191,6 +195,13 @@ class GateController:
     def start(self, sync_timeout: float = 30.0) -> "GateController":
         self._stop.clear()
         self.started_at = self.clock()
+        self.clock_offset = server_clock_offset(self.api, self.clock)
+        if abs(self.clock_offset) > _CLOCK_SLACK:
+            log.warning(
+                "gate: this clock is %.1f s %s the API server's; Kueue's times are compared on the server's",
+                abs(self.clock_offset.total_seconds()),
+                "behind" if self.clock_offset > timedelta(0) else "ahead of",
+            )
         self._tell = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gate-tell")
         self._checks_informer.start()
         if not self._checks_informer.wait_synced(sync_timeout):
@@ -236,7 +247,7 @@ class GateController:
                 return None
             self._checks[str(name)] = obj
         try:
-            if self.kube.ensure_active(obj, self.clock()):
+            if self.kube.ensure_active(obj, self.clock() + self.clock_offset):
                 log.info("gate: AdmissionCheck %s set Active", name)
         except Exception as exc:  # noqa: BLE001 - the next watch event or relist retries
             log.warning("gate: %s", exc)
@@ -361,7 +372,7 @@ class GateController:
         self._owner_acknowledged(owner, key, now)
         missed = None if self.gate.settings.fail_closed else self._missed(view, now)
         verdict = self.gate.undecided(key, missed) if missed else self.gate.verdict(key, now)
-        ltt = rfc3339(now)
+        ltt = rfc3339(now + self.clock_offset)  # Kueue reads check times on the control plane's clock
         states = {n: {"state": verdict.state, "message": verdict.message, "lastTransitionTime": ltt} for n in pending}
         t_write = time.monotonic()
         written = self.kube.write_checks(view, states)
@@ -409,9 +420,9 @@ class GateController:
             reserved = parse_rfc3339(view.quota_reserved_at)
         except ValueError:
             return None
-        if self.started_at is None or reserved + _CLOCK_SLACK >= self.started_at:
+        if self.started_at is None or reserved + _CLOCK_SLACK >= self.started_at + self.clock_offset:
             return None  # reserved while we ran: decided, however late the watch delivered it
-        waited = (now - reserved).total_seconds()
+        waited = (now + self.clock_offset - reserved).total_seconds()
         if waited <= self.gate.settings.timeout:
             return None
         return (
@@ -556,7 +567,8 @@ class GateController:
     def _write_retry(
         self, view: WorkloadView, checks: list[str], message: str, after: int, now: datetime | None = None
     ) -> None:
-        at = rfc3339(now or self.clock())
+        # Kueue evicts at lastTransitionTime + requeueAfterSeconds on its own clock
+        at = rfc3339((now or self.clock()) + self.clock_offset)
         entry = {"state": RETRY, "message": message[:32768], "lastTransitionTime": at, "requeueAfterSeconds": after}
         self.kube.write_checks(view, {n: entry for n in checks})
 

@@ -63,9 +63,9 @@ class GateRequeue:
         if pending == 0:
             return {"used": False, "why": f"no Workload waits in ClusterQueue {view.cluster_queue}"}
         backoff = max(_MIN_BACKOFF_S, int(backoff_s))
-        # the check's lastTransitionTime from the controller's clock, not the ladder's ``now`` (a
-        # cycle's time): Kueue evicts at lastTransitionTime + requeueAfterSeconds, so a time ahead
-        # of the API server's would hold the eviction back until then
+        # the check's lastTransitionTime from the controller's clock put on the API server's, not
+        # the ladder's ``now`` (a cycle's time): Kueue evicts at lastTransitionTime +
+        # requeueAfterSeconds, so a time ahead of the server's would hold the eviction back
         done = ctl.requeue(ns, name, message, backoff=backoff, current=obj)
         if done is None:  # not admitted any more between the two reads
             return {"used": False, "why": f"Workload {ns}/{name} is not admitted"}

@@ -370,6 +370,9 @@ def test_a_check_left_pending_while_no_gate_ran_is_answered_on_its_return(kube_a
         with running_gate(api, store):
             until(lambda: is_true(cluster_queue(api, q.cluster_queue), "Active"), "the ClusterQueue Active")
         first = pending("train-w6k2p")
+        # the wait is measured on the control plane's clock (the gate's own runs an hour ahead,
+        # which must change nothing): let more than gate.timeout pass since the reservation
+        time.sleep(3.0)
         with running_gate(api, store, mode="enforce", timeout=2.0, clock=later) as ctl:
             wl = until(lambda: (w := _wl(api, ns, first)) and is_true(w, "Admitted") and w, "admitted fail-open")
             msg = check_state(wl, q.check)["message"]
@@ -391,6 +394,23 @@ def test_a_check_left_pending_while_no_gate_ran_is_answered_on_its_return(kube_a
             until(lambda: _wl(api, ns, second)["spec"].get("active") is False, "decided: held (enforce)")
             rejected = json.loads(job(api, ns, "train-x4m8q")["metadata"]["annotations"][GATE_REJECTED])
             assert rejected["reason"].startswith("gpu-auditor: held, hold until acknowledged"), rejected
+
+
+def test_a_gate_whose_clock_runs_ahead_decides_what_was_reserved_while_it_ran(kube_admin, namespace, store):
+    """Kueue stamps ``QuotaReserved`` with the control plane's clock. A gate whose own clock is
+    days ahead (a skewed node, a shifted test clock) must still see a Workload reserved while it
+    ran as its own to decide, not as one it missed (which fail-open admits without a decision)."""
+    api, ns = kube_admin, namespace
+    ahead = lambda: _now() + timedelta(days=5, hours=3)  # noqa: E731
+    with gate_queue(api, ns) as q, running_gate(api, store, clock=ahead) as ctl:
+        until(lambda: is_true(cluster_queue(api, q.cluster_queue), "Active"), "the ClusterQueue Active")
+        wl = workload_of(api, ns, gpu_job(api, ns, "clean-s5k3w"))
+        wl = until(lambda: (w := _wl(api, ns, wl["metadata"]["name"])) and is_true(w, "Admitted") and w, "Admitted")
+        msg = check_state(wl, q.check)["message"]
+        assert msg.startswith("gpu-auditor: admitted, lineage") and "no gate rule fires" in msg, msg
+        (d,) = [d for d in ctl.decided if d.workload == wl["metadata"]["name"]]
+        assert d.failure is None and d.state == "Ready"
+        assert abs(ctl.clock_offset + timedelta(days=5, hours=3)) < timedelta(seconds=5), ctl.clock_offset
 
 
 def _rbac(api, verb_path: str, body: dict) -> None:
