@@ -35,7 +35,7 @@ from auditor.core.job_summary import JobSummary, sorted_summaries
 from auditor.core.model import Window
 from auditor.core.rfc3339 import format_rfc3339, parse_rfc3339
 from auditor.core.shards import WHOLE, Shard
-from auditor.engine import align_down, gc_paused, run_audit
+from auditor.engine import align_down, run_audit
 from auditor.errors import AuditorError
 from auditor.kube.resolver import JobInfo, KubeResolver
 from auditor.operator_loop.admissions import record_admissions
@@ -349,16 +349,6 @@ class CycleRunner:
     # ------------------------------------------------------------------ cycle
 
     def run(self, now: datetime | None = None) -> CycleResult:
-        """One cycle (the module docstring says what it reads and writes).
-
-        Python's cyclic collector stays paused for the whole cycle, not only the audit's part: the
-        process holds millions of long-lived objects (informer caches, kept aggregates), so each
-        full collection walks them all, and the view, the admissions and the finals allocate
-        enough to trigger several (1.3 s of a 10,000-pod cycle's view went to them)."""
-        with gc_paused():
-            return self._run(now)
-
-    def _run(self, now: datetime | None) -> CycleResult:
         t0 = self.clock.monotonic()
         now = now or self.clock.now()
         view = self.resolver.jobs(now)
