@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 
 from auditor.core.model import Bucket
 from auditor.store.database import Database
+from auditor.store.driver import DriverStatement
 from auditor.store.spans import earlier, later
 from auditor.store.tables import AGGREGATES, BUCKETS, JOBS, POD_OWNERS
 
@@ -39,7 +40,7 @@ class GpuClaims:
 
     def __init__(self, db: Database) -> None:
         self._db = db
-        self._upsert_owner_stmt = self._make_upsert_owner()
+        self._upsert_owners = DriverStatement(db, self._make_upsert_owner(), times=("first_start", "last_start"))
         o = POD_OWNERS.c
         self._rivals_stmt = (
             sa.select(o.job_id, o.pod_namespace, o.pod_name, o.first_start, o.last_start, JOBS.c.uid)
@@ -51,6 +52,11 @@ class GpuClaims:
             )
             .order_by(o.job_id, o.pod_namespace, o.pod_name)
         )
+        # the span's times as the driver returns them, and the column type's own conversion
+        dialect = db.engine.dialect
+        raw = sa.String() if db.is_sqlite else sa.DateTime(timezone=True)
+        self._raw_span = (sa.type_coerce(o.first_start, raw), sa.type_coerce(o.last_start, raw))
+        self._time_from_db = o.first_start.type.dialect_impl(dialect).result_processor(dialect, None) or (lambda v: v)
 
     def _make_upsert_owner(self) -> sa.Executable:
         """The ``gpu_pod_owners`` upsert (executemany), widening the stored span of starts."""
@@ -69,9 +75,7 @@ class GpuClaims:
             },
         )
 
-    def claim_many(
-        self, conn: Connection, items: Sequence[tuple[int, Sequence[Bucket]]]
-    ) -> list[list[Displaced]] | None:
+    def claim_many(self, conn: Connection, items: Sequence[tuple[int, PodSpans]]) -> list[list[Displaced]] | None:
         """:meth:`claim` of several jobs with one owners' executemany and one rivals' read per 500
         pod names; what moved, per job in ``items``' order. None, having written nothing, where
         two of the jobs claim the same pod (the caller then claims them one at a time, in order).
@@ -79,60 +83,71 @@ class GpuClaims:
         The same as one :meth:`claim` per job in order: the jobs hold different pods, so no
         job's claim changes what another's finds.
         """
-        spans_of = [_spans(buckets) for _job_id, buckets in items]
         claimed: dict[tuple[str, str], int] = {}
-        for (job_id, _b), spans in zip(items, spans_of):
+        for job_id, spans in items:
             for key in spans:
                 if claimed.setdefault(key, job_id) != job_id:
                     return None
-        ids = [job_id for job_id, _b in items]
+        ids = [job_id for job_id, _s in items]
         jobs: dict[int, tuple[str, bool]] = {}
         j = JOBS.c
         for i in range(0, len(ids), 500):
             q = sa.select(j.id, j.cluster, j.uid).where(j.id.in_(ids[i : i + 500]))
             jobs.update({int(job_id): (cluster, uid is not None) for job_id, cluster, uid in conn.execute(q)})
-        conn.execute(
-            self._upsert_owner_stmt,
-            [
+        self._upsert_owners.executemany(
+            conn,
+            (
                 {"pod_namespace": ns, "pod_name": pod, "job_id": job_id, "first_start": lo, "last_start": hi}
-                for (job_id, _b), spans in zip(items, spans_of)
+                for job_id, spans in items
                 for (ns, pod), (lo, hi, _) in spans.items()
-            ],
+            ),
         )
+        # A steady cycle finds only its own claims: their times stay as the driver gives them,
+        # and only a rival's are converted.
         o = POD_OWNERS.c
-        names = sorted({pod for spans in spans_of for _, pod in spans})
+        from_db = self._time_from_db
+        namespaces: dict[str, set[str]] = {}
+        for ns, pod in claimed:
+            namespaces.setdefault(pod, set()).add(ns)
+        names = sorted(namespaces)
+        clusters = sorted({cluster for cluster, _ in jobs.values()})
+        first_start, last_start = self._raw_span
         found: dict[int, list[tuple]] = {}
         for i in range(0, len(names), 500):
-            q = (
-                sa.select(o.cluster, o.job_id, o.pod_namespace, o.pod_name, o.first_start, o.last_start, JOBS.c.uid)
+            part = names[i : i + 500]
+            owners: Any = (
+                sa.select(o.cluster, o.job_id, o.pod_namespace, o.pod_name, first_start, last_start, JOBS.c.uid)
                 .join(JOBS, JOBS.c.id == o.job_id)
-                .where(o.pod_name.in_(names[i : i + 500]))
+                .where(
+                    o.cluster.in_(clusters),
+                    o.pod_namespace.in_(sorted(set().union(*(namespaces[n] for n in part)))),
+                    o.pod_name.in_(part),
+                )
             )
-            for row in conn.execute(q):
-                mine = claimed.get((row[2], row[3]))
-                if mine is None or mine == row[1] or jobs[mine][0] != row[0]:
+            for cluster, other, ns, pod, first, last, uid in conn.execute(owners):
+                mine = claimed.get((ns, pod))
+                if mine is None or mine == other or jobs[mine][0] != cluster:
                     continue
-                found.setdefault(mine, []).append(tuple(row[1:]))
+                found.setdefault(mine, []).append((other, ns, pod, from_db(first), from_db(last), uid))
         out: list[list[Displaced]] = []
-        for (job_id, _b), spans in zip(items, spans_of):
+        for job_id, spans in items:
             rivals = sorted(found.get(job_id, ()), key=lambda r: (r[0], r[1], r[2]))
             out.append(self._settle(conn, job_id, spans, rivals, resolved=jobs[job_id][1]))
         return out
 
-    def claim(self, conn: Connection, job_id: int, buckets: Sequence[Bucket]) -> list[Displaced]:
+    def claim(self, conn: Connection, job_id: int, spans: PodSpans) -> list[Displaced]:
         """Record the job as an owner of its pods' GPU time, and settle it with any other job
         holding the same time (see :meth:`replace_buckets`), on the write's transaction.
 
         The common case (no other owner) costs one executemany and one indexed read per call.
         A job that does not exist fails the bucket write before (its foreign key).
         """
-        spans = _spans(buckets)
-        conn.execute(
-            self._upsert_owner_stmt,
-            [
+        self._upsert_owners.executemany(
+            conn,
+            (
                 {"pod_namespace": ns, "pod_name": pod, "job_id": job_id, "first_start": lo, "last_start": hi}
                 for (ns, pod), (lo, hi, _) in spans.items()
-            ],
+            ),
         )
         rivals: list[tuple] = []
         names = sorted({pod for _, pod in spans})
@@ -210,9 +225,14 @@ class GpuClaims:
         return moved
 
 
-def _spans(buckets: Sequence[Bucket]) -> dict[tuple[str, str], tuple[datetime, datetime, set[tuple[str, str]]]]:
-    """Per pod of the write: its first and last bucket start, and its GPU keys."""
-    spans: dict[tuple[str, str], tuple[datetime, datetime, set[tuple[str, str]]]] = {}
+#: per pod of a write, ``(namespace, name)``: its first and last bucket start, and its GPU keys
+#: ``(uuid, instance or "")``
+PodSpans = dict[tuple[str, str], tuple[datetime, datetime, set[tuple[str, str]]]]
+
+
+def spans_of(buckets: Sequence[Bucket]) -> PodSpans:
+    """The :data:`PodSpans` of a write's buckets."""
+    spans: PodSpans = {}
     for bk in buckets:
         key = (bk.pod.namespace, bk.pod.pod)
         span = spans.get(key)
