@@ -76,7 +76,14 @@ class Stat:
         self.points.extend(other.points)
 
     def copy(self) -> "Stat":
-        return Stat(self.total, self.count, self.dropped, self.minimum, self.maximum, list(self.points))
+        return Stat(
+            self.total,
+            self.count,
+            self.dropped,
+            self.minimum,
+            self.maximum,
+            self.points.copy(),
+        )
 
     def compress(self, limit: int = POINT_LIMIT) -> None:
         """Keep at most ``limit`` points (see :func:`merge_nearest`)."""
@@ -94,18 +101,8 @@ class Stat:
 
     def percentiles(self, *ps: float) -> list[float | None]:
         """Count-weighted percentiles of the bucket means (the lower value at ties), for several
-        ``p`` at once, sorting the points only once."""
-        if not self.points:
-            return [None] * len(ps)
-        pts = sorted(self.points)
-        cumulative = list(accumulate(map(_WEIGHT, pts)))
-        total = cumulative[-1]
-        out: list[float | None] = []
-        for p in ps:
-            # the first point whose cumulative weight reaches p of the total
-            i = bisect_left(cumulative, p * total - 1e-9)
-            out.append(pts[i][0] if i < len(pts) else pts[-1][0])
-        return out
+        ``p`` at once, sorting the points only once (:func:`percentiles_of`)."""
+        return percentiles_of(sorted(self.points), ps)
 
     def to_json(self) -> list[Any]:
         flat = list(chain.from_iterable(self.points))
@@ -131,6 +128,22 @@ class Stat:
             float("-inf") if hi is None else float(hi),
             pts,
         )
+
+
+def percentiles_of(pts: Sequence[tuple[float, int]], ps: Sequence[float]) -> list[float | None]:
+    """Count-weighted percentiles of ordered (value, weight) points: for each ``p`` the first
+    value whose cumulative weight reaches ``p`` of the total (None without points)."""
+    if not pts:
+        return [None] * len(ps)
+    cumulative = list(accumulate(map(_WEIGHT, pts)))
+    total = cumulative[-1]
+    last = len(pts) - 1
+    out: list[float | None] = []
+    for p in ps:
+        # the first point whose cumulative weight reaches p of the total
+        i = bisect_left(cumulative, p * total - 1e-9)
+        out.append(pts[i if i <= last else last][0])
+    return out
 
 
 def merge_nearest(points: Sequence[tuple[float, int]], limit: int) -> list[tuple[float, int]]:
@@ -374,13 +387,28 @@ class RowAggregate:
             self.inner_shared_s += w
 
     def copy(self) -> "RowAggregate":
-        c = RowAggregate(self.pod, self.gpu)
-        for name in _ROW_SCALARS:
-            setattr(c, name, getattr(self, name))
-        c.stats = {m: s.copy() for m, s in self.stats.items()}
-        c.held = dict(self.held)
-        c.full = dict(self.full)
-        return c
+        return RowAggregate(
+            self.pod,
+            self.gpu,
+            {m: s.copy() for m, s in self.stats.items()},
+            self.first_any,
+            self.width,
+            self.first,
+            self.first_end,
+            self.first_scraped,
+            self.first_share,
+            self.last,
+            self.last_scraped,
+            self.last_share,
+            self.inner_s,
+            self.inner_gpu_s,
+            self.inner_shared_s,
+            self.max_share,
+            self.last_follows,
+            dict(self.full),
+            self.most,
+            dict(self.held),
+        )
 
     def view(self, window: Window, interval: float) -> RowView:
         """The row as the summary sees it, its first and last bucket counted as partial."""

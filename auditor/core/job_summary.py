@@ -17,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import Any
+from functools import lru_cache
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 from auditor.core.identity import JobKey, KeyedByJob
 from auditor.core.metrics import Metric
@@ -65,8 +67,9 @@ def rounded(v: float | None, nd: int = 6) -> float | None:
     return None if v is None else round(v, nd)
 
 
-#: RFC 3339 UTC with ``Z`` (the audit JSON's times)
-rfc3339 = format_rfc3339
+#: RFC 3339 UTC with ``Z`` (the audit JSON's times); remembered, since a cycle's documents
+#: repeat the same few times (the window, now, the GPUs' common start and end)
+rfc3339 = lru_cache(maxsize=4096)(format_rfc3339)
 
 
 def _time(text: object, what: str) -> datetime:
@@ -147,16 +150,23 @@ def _stats(doc: Mapping[str, Any], what: str) -> dict[Metric, MetricStats]:
 
 
 def _stats_json(stats: Mapping[Metric, MetricStats]) -> dict[str, object]:
-    return {m.value: stats[m].to_json() for m in sorted(stats, key=lambda m: m.value)}
+    # a Metric is a str enum whose str is its value: sorting the members sorts by value
+    return {_VALUE[m]: dict(zip(_METRIC_STATS_KEYS, stats[m])) for m in sorted(stats)}
+
+
+_VALUE = {m: m.value for m in Metric}
 
 
 # --------------------------------------------------------------------------- values
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MetricStats:
+class MetricStats(NamedTuple):
     """One metric's statistics over a job or a GPU: ``samples`` valid, ``dropped`` garbage;
-    percentiles over the bucket means (:mod:`auditor.core.summary` says how)."""
+    percentiles over the bucket means (:mod:`auditor.core.summary` says how).
+
+    A named tuple rather than a frozen dataclass: a cycle makes one per metric of every GPU of
+    every job (99 for a job of 10 GPUs), and a frozen dataclass costs one ``object.__setattr__``
+    per field; the JSON is its fields in order."""
 
     mean: float | None
     p10: float | None
@@ -168,16 +178,7 @@ class MetricStats:
     dropped: int
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "mean": self.mean,
-            "p10": self.p10,
-            "p50": self.p50,
-            "p90": self.p90,
-            "min": self.min,
-            "max": self.max,
-            "samples": self.samples,
-            "dropped": self.dropped,
-        }
+        return dict(zip(_METRIC_STATS_KEYS, self))
 
     @classmethod
     def from_json(cls, doc: object, what: str = "stats") -> MetricStats:
@@ -217,7 +218,7 @@ class Means:
     pcie_tx_bytes_per_s: float | None = None
 
     def to_json(self) -> dict[str, object]:
-        return {name: getattr(self, name) for name, _ in MEAN_FIELDS}
+        return dict(zip(_MEAN_KEYS, _MEANS_OF(self)))
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], what: str) -> Means:
@@ -234,6 +235,10 @@ class Means:
 
 
 _MEAN_NAME = {m: name for name, m in MEAN_FIELDS}
+_MEAN_KEYS = tuple(name for name, _ in MEAN_FIELDS)
+_MEANS_OF = attrgetter(*_MEAN_KEYS)
+#: the JSON keys of :class:`MetricStats`, its fields in order
+_METRIC_STATS_KEYS = MetricStats._fields
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -30,27 +30,23 @@ from typing import Mapping, Sequence
 from auditor.core.accumulate import JobAggregate, RowView, ShareMap, Stat, peak_held
 from auditor.core.findings import job_findings, silent_zero
 from auditor.core.identity import JobKey
-from auditor.core.job_summary import GpuSummary, JobSummary, Means, MetricStats
+from auditor.core.job_summary import MEAN_FIELDS, GpuSummary, JobSummary, Means, MetricStats
 from auditor.core.job_summary import rounded as _r
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, Finding, JobRef, Window
 from auditor.core.sharing import gpu_shares
+from auditor.core.stat_block import metric_stats
 from auditor.core.thresholds import Thresholds
 from auditor.core.verdicts import Evidence, classify
 
 
-def _stats(st: Stat) -> MetricStats:
-    p10, p50, p90 = st.percentiles(0.10, 0.50, 0.90)
-    return MetricStats(
-        mean=_r(st.mean),
-        p10=_r(p10),
-        p50=_r(p50),
-        p90=_r(p90),
-        min=_r(st.minimum) if st.count else None,
-        max=_r(st.maximum) if st.count else None,
-        samples=st.count,
-        dropped=st.dropped,
-    )
+def _means(stats: Mapping[Metric, Stat]) -> Means:
+    """:meth:`Means.of` the stats' means, reading each Stat once."""
+    out: dict[str, float | None] = {}
+    for name, m in MEAN_FIELDS:
+        s = stats.get(m)
+        out[name] = round(s.total / s.count, 6) if s is not None and s.count else None
+    return Means(**out)
 
 
 # --------------------------------------------------------------------------- MFU
@@ -116,14 +112,36 @@ def summarize_aggregate(
     models = sorted({r.gpu.model for r in rows if r.gpu.model})
     model = models[0] if len(models) == 1 else (", ".join(models) if models else "")
 
-    # pooled statistics
+    # pooled statistics: the rows' sums in row order (as Stat.merge adds them); a pool's points
+    # are its rows', which the job's one block of statistics (:mod:`stat_block`) reads there
     pooled: dict[Metric, Stat] = {}
-    busy_pool = Stat()
+    pool_members: dict[Metric, list[int]] = {}
+    row_stats: list[Stat] = []
+    busy_total, busy_count = 0.0, 0
     for r in rows:
         for m, s in r.stats.items():
-            pooled.setdefault(m, Stat()).merge(s)
+            p = pooled.get(m)
+            if p is None:
+                p = pooled[m] = Stat()
+                pool_members[m] = []
+            p.total += s.total
+            p.count += s.count
+            p.dropped += s.dropped
+            p.minimum = min(p.minimum, s.minimum)
+            p.maximum = max(p.maximum, s.maximum)
+            pool_members[m].append(len(row_stats))
+            row_stats.append(s)
         if r.busy_metric is not None:
-            busy_pool.merge(r.stats[r.busy_metric])
+            b = r.stats[r.busy_metric]
+            busy_total += b.total
+            busy_count += b.count
+    block = metric_stats(row_stats + list(pooled.values()), list(pool_members.values()))
+    per_row_stats: list[dict[Metric, MetricStats]] = []
+    k = 0
+    for r in rows:
+        per_row_stats.append(dict(zip(r.stats, block[k : k + len(r.stats)])))
+        k += len(r.stats)
+    busy_mean = busy_total / busy_count if busy_count else None
     busy_metrics = {r.busy_metric for r in rows if r.busy_metric is not None}
     busy_metric = (
         (Metric.GPU_UTIL if busy_metrics == {Metric.GPU_UTIL} else Metric.GR_ENGINE_ACTIVE) if busy_metrics else None
@@ -155,7 +173,7 @@ def summarize_aggregate(
     # per-GPU breakdown with per-GPU verdicts
     per_gpu: list[GpuSummary] = []
     silent: list[dict[str, object]] = []
-    for r in rows:
+    for r, r_stats in zip(rows, per_row_stats):
         sz = silent_zero(r, th)
         if sz:
             silent.append(sz)
@@ -179,17 +197,17 @@ def summarize_aggregate(
                 gpu_hours=_r(r.gpu_hours),
                 coverage=_r(r.coverage),
                 busy_signal=r.busy_metric,
-                means=Means.of(r.mean),
+                means=_means(r.stats),
                 mfu_estimate=_r(r_mfu),
                 waste_gpu_hours=_r(r.waste_gpu_hours),
                 shared_with_pods=r.max_share - 1 if r.max_share > 1 else 0,
                 verdict=r_verdict,
-                stats={m: _stats(r.stats[m]) for m in r.stats},
+                stats=r_stats,
             )
         )
 
     ev = Evidence(
-        busy=busy_pool.mean,
+        busy=busy_mean,
         busy_metric=busy_metric,
         sm=mean(Metric.SM_ACTIVE),
         tensor=mean(Metric.TENSOR_ACTIVE),
@@ -197,7 +215,7 @@ def summarize_aggregate(
         fp32=mean(Metric.FP32_ACTIVE),
         fp16=mean(Metric.FP16_ACTIVE),
         power=mean(Metric.POWER),
-        samples=busy_pool.count,
+        samples=busy_count,
         span_s=max((r.span_s for r in rows), default=0.0),
         coverage=coverage,
         shared_fraction=shared_fraction,
@@ -246,13 +264,13 @@ def summarize_aggregate(
         end=max((r.end for r in rows), default=window.start),
         gpu_hours=_r(gpu_hours),
         busy_signal=busy_metric,
-        means=Means.of(mean),
+        means=_means(pooled),
         coverage=_r(coverage),
         mfu_estimate=_r(mfu),
         waste_gpu_hours=_r(waste),
         verdict=verdict,
         findings=tuple(findings),
-        stats={m: _stats(pooled[m]) for m in pooled},
+        stats=dict(zip(pooled, block[k:])),
         per_gpu=tuple(per_gpu),
         window_start=window.start,
         window_end=window.end,

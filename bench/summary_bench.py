@@ -1,0 +1,299 @@
+"""Benchmark (issue 18): a job's summary in the operator's steady cycle, in process, no servers.
+
+Builds N jobs x G GPUs (one pod per GPU, as ``operator_bench.py --pods``) of kept aggregates:
+9 metrics (tsdbgen's), 1 h of 5-minute buckets at a 15 s scrape interval folded and frozen,
+values varying per job, GPU and bucket. Then runs steady cycles and times each job's work as
+the engine's ``_fold_cumulative`` and ``audit`` do it: fold the bucket that closed into the
+kept aggregate and freeze it, copy it, fold the still-open bucket into the copy
+(``fold``), ``summarize_aggregate`` (``summary``), ``JobSummary.to_json`` (``to_json``), and
+the kept aggregate's ``to_json`` the store saves (``state``, reported apart). CPU is
+``time.process_time``; RSS the child's peak.
+
+``--baseline DIR`` runs the same cycles in a subprocess with ``PYTHONPATH=DIR`` (an
+``auditor`` snapshot: ``git archive REV auditor | tar -x -C DIR``) and the current tree in
+another, alternately, so before and after come from one run under the same load; the
+documents of both are hashed and must be equal (no output changes).
+
+Usage: ``.venv/bin/python bench/summary_bench.py [--jobs 1000] [--gpus 10] [--cycles 3]
+[--baseline DIR] [--out bench/results/summary-DATE.md] [--profile FILE]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import random
+import resource
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+T0 = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
+WIDTH = timedelta(minutes=5)
+INTERVAL = 15.0
+FULL = 20  # samples in a full 5-minute bucket at 15 s
+HISTORY = 12  # buckets folded and frozen before the first cycle (1 h)
+PHASES = ("fold", "summary", "to_json", "state")
+
+
+def _child(args: argparse.Namespace) -> dict:
+    """Build the aggregates and run the cycles in this process (its imports from PYTHONPATH)."""
+    from auditor.core.accumulate import JobAggregate
+    from auditor.core.metrics import Metric
+    from auditor.core.model import Bucket, GpuId, JobRef, PodRef, Window
+    from auditor.core.summary import summarize_aggregate
+
+    # tsdbgen's nine metrics with its per-job profile (frac = j % 10 / 10), in the audit's units
+    def levels(j: int) -> dict:
+        f = (j % 10) / 10.0
+        return {
+            Metric.GPU_UTIL: 1.0 if j % 7 else 0.02,
+            Metric.GR_ENGINE_ACTIVE: 0.99 if j % 7 else 0.01,
+            Metric.SM_ACTIVE: 0.05 + 0.9 * f,
+            Metric.SM_OCCUPANCY: 0.5 * f,
+            Metric.TENSOR_ACTIVE: 0.6 * f,
+            Metric.DRAM_ACTIVE: 0.2,
+            Metric.POWER: 200.0 + 400.0 * f,
+            Metric.FB_USED: 40000.0,
+            Metric.SM_CLOCK: 1980.0,
+        }
+
+    def buckets(j: int, rows: list, k: int, count: int, rnd: random.Random) -> list:
+        """Bucket ``k`` (its start T0 + k x 5 min) of every row of job ``j``."""
+        start = T0 + k * WIDTH
+        end = start + WIDTH
+        out = []
+        for g, (pod, gpu) in enumerate(rows):
+            for m, v in levels(j + g // 4).items():
+                mean = v * (0.9 + 0.2 * rnd.random())
+                if m.value.endswith("_active") or m is Metric.GPU_UTIL or m is Metric.SM_OCCUPANCY:
+                    mean = min(mean, 1.0)
+                dropped = 1 if (m is Metric.GPU_UTIL and (j + k + g) % 53 == 0) else 0
+                out.append(Bucket(pod, gpu, m, start, end, mean * count, count, mean * 0.9, mean * 1.05, dropped))
+        return out
+
+    jobs = []
+    for j in range(args.jobs):
+        rnd = random.Random(j)
+        name = f"job-{j:05d}"
+        rows = [
+            (
+                PodRef("bench", f"{name}-{g}", "main"),
+                GpuId(f"GPU-{j:08d}-{g:04d}", hostname=f"node-{j:04d}-{g}", index="0", model="NVIDIA H200"),
+            )
+            for g in range(args.gpus)
+        ]
+        agg = JobAggregate()
+        history = []
+        for k in range(HISTORY):
+            history += buckets(j, rows, k, FULL if k else 9, rnd)  # the job started inside its first bucket
+        agg.fold(history, {})
+        agg.freeze(T0 + HISTORY * WIDTH)
+        agg.interval = INTERVAL
+        jobs.append((JobRef("bench-cluster", "bench", "Job", name, uid=f"uid-{j}", team="bench"), rows, agg, rnd))
+
+    cpu = {p: 0.0 for p in PHASES}
+    digest = hashlib.sha256()
+    clock = time.process_time
+    profiler = None
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+    cycles = []
+    for c in range(args.cycles):
+        k = HISTORY + c  # the bucket that closed since the last cycle; k + 1 is still open
+        through = T0 + (k + 1) * WIDTH
+        now = through + WIDTH
+        window = Window(T0, now)
+        work = [
+            (job, agg, buckets(j, rows, k, FULL, rnd), buckets(j, rows, k + 1, 12, rnd))
+            for j, (job, rows, agg, rnd) in enumerate(jobs)
+        ]
+        per = {p: 0.0 for p in PHASES}
+        if profiler:
+            profiler.enable()
+        for job, agg, done, tail in work:
+            t0 = clock()
+            agg.fold(done, {})
+            agg.freeze(through)
+            view = agg.copy()
+            view.fold(tail, {})
+            t1 = clock()
+            summary = summarize_aggregate(job, view, window=window, now=now, interval=view.interval_for(view.interval))
+            t2 = clock()
+            doc = summary.to_json()
+            t3 = clock()
+            state = agg.to_json()
+            t4 = clock()
+            per["fold"] += t1 - t0
+            per["summary"] += t2 - t1
+            per["to_json"] += t3 - t2
+            per["state"] += t4 - t3
+            if profiler:
+                profiler.disable()
+            digest.update(json.dumps(doc, sort_keys=True, default=str).encode())
+            digest.update(json.dumps(state, sort_keys=True).encode())
+            if profiler:
+                profiler.enable()
+        if profiler:
+            profiler.disable()
+        cycles.append(per)
+        for p in PHASES:
+            cpu[p] += per[p]
+    if profiler:
+        profiler.dump_stats(args.profile)
+    return {
+        "cycles": cycles,
+        "cpu_per_cycle_s": {p: cpu[p] / args.cycles for p in PHASES},
+        "per_job_s": (cpu["fold"] + cpu["summary"] + cpu["to_json"]) / args.cycles,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "digest": digest.hexdigest(),
+    }
+
+
+def _run(path: Path, args: argparse.Namespace, profile: str | None = None) -> dict:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--jobs",
+        str(args.jobs),
+        "--gpus",
+        str(args.gpus),
+        "--cycles",
+        str(args.cycles),
+    ]
+    if profile:
+        cmd += ["--profile", profile]
+    env = {**os.environ, "PYTHONPATH": str(path)}
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+def _git(*a: str, cwd: Path = REPO) -> str:
+    r = subprocess.run(["git", *a], cwd=cwd, capture_output=True, text=True)
+    return r.stdout.strip()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=1000)
+    ap.add_argument("--gpus", type=int, default=10)
+    ap.add_argument("--cycles", type=int, default=3)
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="alternate baseline/current runs this many times (the least CPU of each kept)",
+    )
+    ap.add_argument("--baseline", type=Path, help="an auditor snapshot to compare with (PYTHONPATH)")
+    ap.add_argument("--baseline-rev", default="", help="the revision the snapshot was taken at (recorded)")
+    ap.add_argument("--out", type=Path, help="write OUT (markdown) and OUT with .json")
+    ap.add_argument("--profile", help="cProfile the current tree's cycles into this file")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(_child(args)))
+        return 0
+    load_before = os.getloadavg()
+    runs: dict[str, list[dict]] = {"baseline": [], "current": []}
+    for r in range(args.rounds):
+        if args.baseline:
+            runs["baseline"].append(_run(args.baseline, args))
+        runs["current"].append(_run(REPO, args, args.profile if r == 0 else None))
+    load_after = os.getloadavg()
+
+    def best(rs: list[dict]) -> dict:
+        return min(rs, key=lambda x: x["per_job_s"])
+
+    result = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "host": platform.node(),
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "load_average": {"before": load_before, "after": load_after},
+        "revisions": {
+            "current": _git("rev-parse", "HEAD")
+            + (" + uncommitted" if _git("status", "--porcelain", "auditor") else ""),
+            "baseline": args.baseline_rev or None,
+        },
+        "shape": {
+            "jobs": args.jobs,
+            "gpus_per_job": args.gpus,
+            "metrics": 9,
+            "history_buckets": HISTORY,
+            "cycles": args.cycles,
+        },
+        "current": best(runs["current"]),
+        "runs": runs,
+    }
+    if args.baseline:
+        b, c = best(runs["baseline"]), result["current"]
+        result["baseline"] = b
+        result["speedup_per_job"] = b["per_job_s"] / c["per_job_s"] if c["per_job_s"] else None
+        result["same_output"] = all(x["digest"] == b["digest"] for x in runs["baseline"] + runs["current"])
+    text = _markdown(result)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+        args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if result.get("same_output", True) else 1
+
+
+def _markdown(r: dict) -> str:
+    s = r["shape"]
+    gpus = s["jobs"] * s["gpus_per_job"]
+    lines = [
+        f"# summary_bench: {s['jobs']:,} jobs x {s['gpus_per_job']} GPUs ({gpus:,} GPUs), steady cycle, {r['date']}",
+        "",
+        f"Machine {r['machine']['host']} ({r['machine']['cores']} cores, Python {r['machine']['python']}), "
+        f"load average {r['load_average']['before'][0]:.2f} before / {r['load_average']['after'][0]:.2f} after. "
+        f"Current {r['revisions']['current']}; baseline {r['revisions']['baseline']}. "
+        f"CPU per cycle (mean of {s['cycles']} cycles, the lesser of {len(r['runs']['current'])} runs each), peak RSS of the process.",
+        "",
+        "| what | "
+        + ("baseline s | " if "baseline" in r else "")
+        + "current s | "
+        + ("ratio |" if "baseline" in r else ""),
+        "|---|" + ("---:|" if "baseline" in r else "") + "---:|" + ("---:|" if "baseline" in r else ""),
+    ]
+    names = {
+        "fold": "fold (freeze, copy, open bucket)",
+        "summary": "summarize_aggregate",
+        "to_json": "JobSummary.to_json",
+        "state": "JobAggregate.to_json (the saved state)",
+    }
+    for p in PHASES:
+        c = r["current"]["cpu_per_cycle_s"][p]
+        if "baseline" in r:
+            b = r["baseline"]["cpu_per_cycle_s"][p]
+            lines.append(f"| {names[p]} | {b:.3f} | {c:.3f} | {b / c if c else 0:.1f}x |")
+        else:
+            lines.append(f"| {names[p]} | {c:.3f} |")
+    c = r["current"]["per_job_s"]
+    if "baseline" in r:
+        b = r["baseline"]["per_job_s"]
+        lines.append(
+            f"| **per-job summary work** (fold + summary + to_json) | **{b:.3f}** | **{c:.3f}** | **{b / c:.1f}x** |"
+        )
+        lines.append(f"| peak RSS MB | {r['baseline']['peak_rss_mb']:.0f} | {r['current']['peak_rss_mb']:.0f} | |")
+        lines += ["", f"Same documents and states in every run (sha256 of all): {r['same_output']}."]
+    else:
+        lines.append(f"| **per-job summary work** | **{c:.3f}** |")
+        lines.append(f"| peak RSS MB | {r['current']['peak_rss_mb']:.0f} |")
+    lines.append(f"Per GPU: {c / gpus * 1e3:.3f} ms of the summary work per cycle.")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
