@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Protocol, Sequence
 
 from auditor.core.metrics import Metric, normalize
 from auditor.core.model import Bucket, GpuId, PodRef, Window
@@ -126,28 +126,104 @@ class BucketRun:
         return len(self.idx)
 
     def buckets(self) -> list[Bucket]:
-        pod, gpu, metric, scale, spans = self.pod, self.gpu, self.metric, self.scale, self.spans
-        sums, counts, mins, maxs = self.sums, self.counts, self.mins, self.maxs
-        new = tuple.__new__
-        out = []
-        for i in self.idx:
-            lo, hi = mins[i] * scale, maxs[i] * scale
-            if hi == lo and lo != 0.0:  # one float object for both (a steady reading): less memory
-                hi = lo
-            start, end = spans[i]
-            out.append(new(Bucket, (pod, gpu, metric, start, end, sums[i] * scale, int(counts[i]), lo, hi, 0)))
+        out: list[Bucket] = []
+        add_run(out, self.pod, self.gpu, self, self.spans, self.idx)
         return out
 
 
-#: a piece of a lazy read: the pod, the GPU key, and a run of buckets
-Piece = tuple[PodRef, str, "BucketRun | list[Bucket]"]
+class Rows(Protocol):
+    """Aggregates of one exporter name's series, in the exporter's unit (a :class:`BucketRun`,
+    or a read's rows of one name kept flat)."""
+
+    @property
+    def metric(self) -> Metric: ...
+    @property
+    def scale(self) -> float: ...
+    @property
+    def sums(self) -> Sequence[float]: ...
+    @property
+    def counts(self) -> Sequence[float]: ...
+    @property
+    def mins(self) -> Sequence[float]: ...
+    @property
+    def maxs(self) -> Sequence[float]: ...
+
+
+def add_run(
+    out: list[Bucket],
+    pod: PodRef,
+    gpu: GpuId,
+    rows: Rows,
+    spans: Sequence[tuple[datetime, datetime]],
+    idx: Iterable[int],
+    base: int = 0,
+) -> None:
+    """Append the clean buckets ``idx`` of one series of ``rows`` to ``out``: bucket ``i``'s
+    aggregates are at ``base + i`` (a row of a flat block), scaled by the rows' scale."""
+    metric, scale, sums, counts, mins, maxs = rows.metric, rows.scale, rows.sums, rows.counts, rows.mins, rows.maxs
+    new = tuple.__new__
+    append = out.append
+    for i in idx:
+        k = base + i
+        lo, hi = mins[k] * scale, maxs[k] * scale
+        if hi == lo and lo != 0.0:  # one float object for both (a steady reading): less memory
+            hi = lo
+        start, end = spans[i]
+        append(new(Bucket, (pod, gpu, metric, start, end, sums[k] * scale, int(counts[k]), lo, hi, 0)))
+
+
+class Run(Protocol):
+    """Buckets kept compact until a caller needs them as objects (in their order)."""
+
+    def __len__(self) -> int: ...
+
+    def buckets(self) -> list[Bucket]: ...
+
+
+class DeviceParts:
+    """One device's buckets (of one pod) as its parts in order: runs of clean buckets and
+    lists of others, metric by metric."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list["Run | list[Bucket]"]) -> None:
+        self.parts = parts
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    def buckets(self) -> list[Bucket]:
+        out: list[Bucket] = []
+        for part in self.parts:
+            out.extend(part if type(part) is list else part.buckets())  # type: ignore[union-attr]
+        return out
+
+
+#: a piece of a lazy read: the pod, the GPU key, and that device's buckets (one piece per device)
+Piece = tuple[PodRef, str, "Run | list[Bucket]"]
+
+
+def per_device(pieces: Iterable[tuple[PodRef, str, "Run | list[Bucket]"]]) -> list[Piece]:
+    """Consecutive pieces of one (pod, GPU) as one piece of that device (a read's pieces are
+    sorted by pod, GPU and metric, so each device's are consecutive)."""
+    out: list[Piece] = []
+    parts: list[Run | list[Bucket]] = []
+    for pod, key, part in pieces:
+        if parts and out[-1][1] == key and out[-1][0] is pod:
+            parts.append(part)
+            continue
+        parts = [part]
+        out.append((pod, key, DeviceParts(parts)))
+    return out
 
 
 class LazyBuckets:
     """A read's buckets in their order, made into :class:`Bucket` objects only on demand.
 
     Iterating yields every bucket (as the list a source's ``read`` returns would hold);
-    :meth:`by_pod` lets a caller keep one job's buckets at a time as objects.
+    :meth:`by_pod` lets a caller keep one job's buckets at a time as objects. ``pieces``
+    holds one entry per (pod, GPU): sorted by pod, then GPU key, each with its buckets in
+    (metric, start) order.
     """
 
     __slots__ = ("pieces",)
@@ -160,7 +236,7 @@ class LazyBuckets:
 
     def __iter__(self) -> Iterator[Bucket]:
         for _, _, piece in self.pieces:
-            yield from (piece.buckets() if isinstance(piece, BucketRun) else piece)
+            yield from (piece if type(piece) is list else piece.buckets())  # type: ignore[union-attr]
 
     def by_pod(self) -> list[tuple[PodRef, list[Piece]]]:
         """Consecutive pieces of the same pod, in order."""
@@ -177,5 +253,5 @@ class LazyBuckets:
     def materialize(pieces: Iterable[Piece]) -> list[Bucket]:
         out: list[Bucket] = []
         for _, _, piece in pieces:
-            out.extend(piece.buckets() if isinstance(piece, BucketRun) else piece)
+            out.extend(piece if type(piece) is list else piece.buckets())  # type: ignore[union-attr]
         return out

@@ -36,19 +36,20 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, cast
 from auditor.core.metrics import BY_NAME, SPECS, UTIL_RATIO, Metric, Naming, detect_naming, scale_of
 from auditor.core.model import Bucket, GpuId, PodRef, Window
 from auditor.core.readings import SourceReport, SourceResult
-from auditor.core.rollup import BucketRun, LazyBuckets
+from auditor.core.rollup import BucketRun, LazyBuckets, Piece, per_device
 from auditor.core.source_preference import SOURCE_LABEL, prefer_one_source
 from auditor.errors import BadInput, QueryTooLarge
 from auditor.sources import promql
+from auditor.sources.device_rows import DeviceRows, NameRows, ReadBlock, name_rows
 from auditor.sources.prometheus_client import PrometheusClient
-from auditor.sources.samples import STATS, bucket_stats
+from auditor.sources.samples import STATS, bucket_stats, label_key, labels_of, parse_matrix, stats_of
 from auditor.sources.series import (
     EMPTY_ROW,
     Series,
     aggregate_raw,
     bucket_index,
     classify,
-    classify_block,
+    classify_masks,
     device_labels,
     from_ms,
     interval_estimate,
@@ -56,6 +57,7 @@ from auditor.sources.series import (
     nans,
     own_labels,
     raw_spans,
+    row_verdicts,
     short_labels,
     to_ms,
 )
@@ -154,6 +156,11 @@ class PrometheusSource:
         #: the interval the last read with a full bucket measured (a short window may have none)
         self._interval: float | None = None
         self.stats = ReadStats()
+        #: the last raw read's label sets (JSON key → labels) and their identities under
+        #: ``_known_conv``: a cycle's next read decodes and identifies only the new ones
+        self._labels: dict[bytes, dict[str, str]] = {}
+        self._known: dict[bytes, tuple[GpuId | None, str, PodRef | None, str]] = {}
+        self._known_conv: promql.LabelConvention | None = None
 
     def close(self) -> None:
         self.client.close()
@@ -184,12 +191,12 @@ class PrometheusSource:
         stats.names = names
         first_end = start_ms + width_ms
         if self.reads_raw(end_ms - start_ms, width_ms):
-            blocks = self._read_raw(names, first_end, end_ms, width_ms, major)
-            if not any(lab.get(SOURCE_LABEL) for _, own, _ in blocks for lab in _distinct(own)):
+            keys, labels, blocks = self._read_raw(names, first_end, end_ms, width_ms, major)
+            if not any(lab.get(SOURCE_LABEL) for lab in labels):
                 # no series names a source, so none shadows another: the blocks go straight on
-                parts = self._raw_groups(blocks, names, window, width_ms, major, report, stats)
-                return self._finish(*parts, width_ms, q0, w0, report, stats)
-            series = [s for name, own, block in blocks for s in _series_of(name, own, block)]
+                parts = self._raw_groups(blocks, keys, labels, names, window, width_ms, major, report, stats)
+                return self._finish(*parts[:3], width_ms, q0, w0, report, stats, parts[3])
+            series = [s for name, devs, block in blocks for s in _series_of(name, [labels[d] for d in devs], block)]
             del blocks
         else:
             series = self._read_aggregates(names, first_end, end_ms, width_ms, rng)
@@ -329,8 +336,10 @@ class PrometheusSource:
         w0: int,
         report: SourceReport,
         stats: ReadStats,
+        rows: list[Piece] | None = None,
     ) -> SourceResult:
-        """The read's warnings, scrape interval and query count, and its buckets in order."""
+        """The read's warnings, scrape interval and query count, and its buckets in order: those
+        of ``groups`` (merged per device) and the devices kept as rows (``rows``, in order)."""
         client = self.client
         unattributed = stats.gpus - stats.attributed
         if unattributed:
@@ -356,11 +365,16 @@ class PrometheusSource:
         report.queries = client.queries - q0
         report.warnings.extend(client.warnings[w0:])
         self.stats = stats
-        return SourceResult(buckets=LazyBuckets(merge_duplicates(groups.values(), report)), report=report)  # type: ignore[arg-type]
+        pieces = per_device(merge_duplicates(groups.values(), report))
+        if rows:
+            pieces = _in_order(pieces, rows) if pieces else rows
+        return SourceResult(buckets=LazyBuckets(pieces), report=report)  # type: ignore[arg-type]
 
     def _raw_groups(
         self,
-        blocks: list[tuple[str, list[dict[str, str]], Any]],
+        blocks: list[tuple[str, list[int], Any]],
+        keys: list[bytes],
+        labels: list[dict[str, str]],
         names: list[str],
         window: Window,
         width_ms: int,
@@ -371,10 +385,14 @@ class PrometheusSource:
         dict[tuple[int, str, str], tuple[PodRef, str, Metric, list[BucketRun | list[Bucket]]]],
         promql.LabelConvention,
         dict[int, int],
+        list[Piece],
     ]:
-        """The raw read's blocks as bucket runs, as :meth:`read_lazy` makes them of series, but
-        a name at a time: the block's rows are classified as they are (no per-series objects),
-        and only the series with a dirty bucket become :class:`Series` for the re-read."""
+        """The raw read's blocks as buckets, as :meth:`read_lazy` makes them of series, but a
+        name at a time with no per-series objects: the rows are classified as they are, and a
+        device with one label set, nothing to re-read and one name per metric stays as its rows
+        (:mod:`auditor.sources.device_rows`: the pieces returned, in order); the other devices'
+        series become runs and re-reads in the groups returned (with the convention and the
+        interval histogram), as the aggregate path makes them."""
         import numpy as np
 
         aligned = window.aligned(timedelta(milliseconds=width_ms))
@@ -385,68 +403,105 @@ class PrometheusSource:
         util = [v for name, _, block in blocks if name == UTIL_RATIO for v in block[2:4].ravel().tolist()]
         naming, stats.naming_why, unknown = detect_naming(names, util)
         stats.naming = naming
+        used: Sequence[int] = range(len(labels))
         if unknown:
             blocks = [b for b in blocks if b[0] != UTIL_RATIO]
             report.warnings.append(stats.naming_why)
-        distinct = _distinct([lab for _, own, _ in blocks for lab in own])
+            used = list(dict.fromkeys(d for _, devs, _ in blocks for d in devs))
+        distinct = [labels[d] for d in used]
         conv = self.forced or promql.detect_convention(distinct)
         report.labels = conv.describe()
         report.labels.update(device_labels(distinct))
         report.labels["naming"] = naming.value
-        pod_objs: dict[PodRef, PodRef] = {}
-        gpu_objs: dict[GpuId, GpuId] = {}
-        identity = {id(lab): self._identity(lab, conv, stats, gpu_objs, pod_objs) for lab in distinct}
         del distinct
+        gpus, gpu_keys, pods = self._identities(keys, labels, used, conv, stats)
+        n_dev = len(labels)
+        has_gpu = np.array([g is not None for g in gpus], dtype=bool)
+        has_pod = np.array([p is not None for p in pods], dtype=bool)
+        host_ids: dict[str, int] = {}
+        host_of = np.array(
+            [host_ids.setdefault(g.hostname, len(host_ids)) if g is not None and g.hostname else -1 for g in gpus],
+            dtype=np.int64,
+        )
+        hosts = list(host_ids)
         spans = [
             (from_ms(first_end + i * width_ms - width_ms), from_ms(first_end + i * width_ms)) for i in range(n_ends)
         ]
-        groups: dict[tuple[int, str, str], tuple[PodRef, str, Metric, list[BucketRun | list[Bucket]]]] = {}
-        dirty: dict[str, list[tuple[Series, PodRef, GpuId, list[int]]]] = {}
-        counts: dict[int, int] = {}
         histogram: dict[int, int] = {}
         last_open = aligned.end > window.end
-        for name, own, block in blocks:
-            metric, scale, mkey = BY_NAME[name], scale_of(name, naming), BY_NAME[name].value
-            rows: list[int] = []
-            hosts: set[str] = set()
-            any_gpu = False
-            for j, lab in enumerate(own):
-                gpu, pod = identity[id(lab)]
-                if gpu is None:
-                    report.warnings.append(f"{name} series without a GPU identity skipped: {short_labels(lab)}")
-                    continue
-                any_gpu = True
-                if gpu.hostname:
-                    hosts.add(gpu.hostname)
-                if pod is not None:
-                    rows.append(j)
-            for host in hosts:
-                stats.hosts[host].add(metric)
-            if any_gpu:
-                report.present.add(metric)
-            if not rows:
-                continue
-            part = block[:, np.asarray(rows, dtype=np.int64), :] if len(rows) < len(own) else block
-            decided = classify_block(
-                part[0], part[1], part[2], part[3], name, naming, first_end, width_ms, histogram, last_open=last_open
-            )
-            cnts, sums, mins, maxs = part.tolist()
-            for k, j in enumerate(rows):
-                gpu, pod = identity[id(own[j])]
-                assert gpu is not None and pod is not None
-                idx, bad = decided[k]
-                if idx:
-                    run = BucketRun(pod, gpu, metric, scale, spans, sums[k], cnts[k], mins[k], maxs[k], idx)
-                    _add_part(groups, pod, gpu.key, metric, mkey, run)
-                if bad:
-                    row = Series(
-                        name, metric, own[j], {"count": cnts[k], "sum": sums[k], "min": mins[k], "max": maxs[k]}
+        #: per name: metric, its rows' devices, the attributed rows' block and clean/dirty masks
+        read: list[tuple[str, Metric, Any, Any, Any, Any]] = []
+        simple = has_pod.copy()
+        for name, devs, block in blocks:
+            metric = BY_NAME[name]
+            dev = np.asarray(devs, dtype=np.int64)
+            gpu_rows = has_gpu[dev]
+            if not gpu_rows.all():
+                for j in np.flatnonzero(~gpu_rows).tolist():
+                    report.warnings.append(
+                        f"{name} series without a GPU identity skipped: {short_labels(labels[devs[j]])}"
                     )
-                    dirty.setdefault(name, []).append((row, pod, gpu, bad))
-        for v, t in histogram.items():
-            counts[v] = counts.get(v, 0) + t
+            if gpu_rows.any():
+                report.present.add(metric)
+            on = host_of[dev]
+            for h in np.unique(on[on >= 0]).tolist():
+                stats.hosts[hosts[h]].add(metric)
+            sel = np.flatnonzero(has_pod[dev])
+            if not len(sel):
+                continue
+            part = block[:, sel, :] if len(sel) < len(dev) else block
+            ok, bad = classify_masks(part[0], part[1], part[2], part[3], name, naming, histogram, last_open=last_open)
+            dev = dev[sel]
+            simple[dev[bad.any(axis=1)]] = False
+            read.append((name, metric, dev, part, ok, bad))
+        # a metric read from two names (a rename inside the window) is merged per bucket, and
+        # a device with two label sets (duplicate scrapes) per bucket too: the general path
+        for metric in {m for _, m, *_ in read}:
+            mine = [(dev, ok) for _, m, dev, _, ok, _ in read if m is metric]
+            if len(mine) > 1:
+                names_with = np.zeros(n_dev, dtype=np.int64)
+                for dev, ok in mine:
+                    names_with[dev[ok.any(axis=1)]] += 1
+                simple[names_with > 1] = False
+        seen: dict[tuple[int, str], int] = {}
+        for d in np.flatnonzero(has_pod).tolist():
+            other = seen.setdefault((id(pods[d]), gpu_keys[d]), d)
+            if other != d:
+                simple[d] = simple[other] = False
+        groups: dict[tuple[int, str, str], tuple[PodRef, str, Metric, list[BucketRun | list[Bucket]]]] = {}
+        dirty: dict[str, list[tuple[Series, PodRef, GpuId, list[int]]]] = {}
+        kept: list[NameRows] = []
+        sizes = np.zeros(n_dev, dtype=np.int64)
+        for name, metric, dev, part, ok, bad in sorted(read, key=lambda r: r[1].value):
+            scale = scale_of(name, naming)
+            is_simple = simple[dev]
+            rows = name_rows(metric, scale, part, ok, np.flatnonzero(is_simple & ok.any(axis=1)), dev, n_dev, sizes)
+            if rows is not None:
+                kept.append(rows)
+            general = np.flatnonzero(~is_simple).tolist()
+            if not general:
+                continue
+            mkey = metric.value
+            for j, (idx, ends) in zip(general, row_verdicts(ok, bad, general, first_end, width_ms)):
+                d = int(dev[j])
+                gpu, pod = gpus[d], pods[d]
+                assert gpu is not None and pod is not None
+                cnts, sums, mins, maxs = part[:, j, :].tolist()
+                if idx:
+                    run = BucketRun(pod, gpu, metric, scale, spans, sums, cnts, mins, maxs, idx)
+                    _add_part(groups, pod, gpu_keys[d], metric, mkey, run)
+                if ends:
+                    row = Series(name, metric, labels[d], {"count": cnts, "sum": sums, "min": mins, "max": maxs})
+                    dirty.setdefault(name, []).append((row, pod, gpu, ends))
+        counts: dict[int, int] = dict(histogram)
         self._reread_dirty(dirty, groups, width_ms, major, naming, report)
-        return groups, conv, counts
+        block = ReadBlock(kept, spans)
+        pieces: list[Piece] = []
+        for d in np.flatnonzero(simple & (sizes > 0)).tolist():
+            pod, gpu = pods[d], gpus[d]
+            assert pod is not None and gpu is not None
+            pieces.append((pod, gpu_keys[d], DeviceRows(block, d, pod, gpu, int(sizes[d]))))
+        return groups, conv, counts, _in_order(pieces)
 
     def reads_raw(self, span_ms: int, width_ms: int) -> bool:
         """Whether a read of ``span_ms`` in buckets of ``width_ms`` asks raw samples (see
@@ -468,22 +523,10 @@ class PrometheusSource:
     ) -> tuple[GpuId | None, PodRef | None]:
         """The GPU and workload pod of a label set (one :class:`GpuId`/:class:`PodRef` object per
         device/pod), recorded in ``stats``; the pod is None for a GPU no workload holds."""
-        gpu = promql.gpu_of(labels)
-        if gpu is None:
-            return None, None
-        gpu = gpu_objs.setdefault(gpu, gpu)
-        stats.gpus.add(gpu.key)
-        stats.mig = stats.mig or bool(gpu.instance)
-        if gpu.hostname:
-            stats.hosts.setdefault(gpu.hostname, set())
-        pod = promql.pod_of(labels, conv)
-        if pod is not None and promql.looks_like_exporter(labels, conv):
-            stats.exporter_pods.add(f"{pod.namespace}/{pod.pod}")
-            pod = None
-        if pod is None:
-            return gpu, None
-        stats.attributed.add(gpu.key)
-        return gpu, pod_objs.setdefault(pod, pod)
+        gpu, key, pod, exporter = _identify(labels, conv, gpu_objs, pod_objs)
+        if gpu is not None:
+            _record(stats, gpu, key, pod, exporter)
+        return gpu, pod
 
     def _server_major(self, stats: ReadStats) -> int:
         """Prometheus's major version (range-selector boundary semantics changed in 3.0)."""
@@ -612,19 +655,21 @@ class PrometheusSource:
 
     def _read_raw(
         self, names: list[str], first_end: int, last_end: int, width_ms: int, major: int
-    ) -> list[tuple[str, list[dict[str, str]], Any]]:
+    ) -> tuple[list[bytes], list[dict[str, str]], list[tuple[str, list[int], Any]]]:
         """One raw-sample query per exporter name over the whole read, its statistics per bucket
         computed here exactly as the aggregate queries would answer them
-        (:func:`auditor.sources.samples.bucket_stats`): per name, its series' label dicts and
-        one ``(4, series, buckets)`` block.
+        (:func:`auditor.sources.samples.bucket_stats`).
 
-        Label dicts are shared by the series of one device (the exporter names of a GPU carry
-        the same labels), so the identity of a GPU and its pod is worked out once per device.
+        Returns the read's distinct label sets (the exporter names of a GPU carry the same
+        labels: one set per device) as their JSON keys and their label dicts, and per name its
+        rows' label-set indices and one ``(4, series, buckets)`` block. The label sets are
+        matched across names by their bytes, and only those a read sees first are decoded
+        (:meth:`_labels_of`).
         """
         n = (last_end - first_end) // width_ms + 1
         first_start = first_end - width_ms
 
-        def fetch(name: str) -> list[tuple[int, int, list[dict], Any]]:
+        def fetch(name: str) -> list[tuple[int, int, list[bytes], Any]]:
             return self._raw_chunk(name, first_end, last_end, width_ms, major, first_start, n)
 
         if self.concurrency == 1:
@@ -632,31 +677,83 @@ class PrometheusSource:
         else:
             with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
                 answers = list(pool.map(fetch, names))
-        owner = _SharedLabels()
-        out: list[tuple[str, list[dict[str, str]], Any]] = []
+        index: dict[bytes, int] = {}
+        out: list[tuple[str, list[int], Any]] = []
         for name, parts in zip(names, answers):
             if len(parts) == 1:
-                _, _, label_sets, block = parts[0]
+                _, _, keys, block = parts[0]
             else:  # split by time: the same series in several answers, each for its buckets
-                label_sets, block = _join_parts(parts, n, first_end, width_ms)
-            out.append((name, owner.of(label_sets), block))
+                keys, block = _join_parts(parts, n, first_end, width_ms)
+            out.append((name, [index.setdefault(k, len(index)) for k in keys], block))
+        keys = list(index)
+        return keys, self._labels_of(keys), out
+
+    def _labels_of(self, keys: list[bytes]) -> list[dict[str, str]]:
+        """The label dicts of label-set keys; those the last read saw are kept, not decoded again
+        (a cycle reads the same series as the one before, bar a few)."""
+        known = self._labels
+        fresh = [k for k in keys if k not in known]
+        if fresh:
+            known = {**known, **dict(zip(fresh, labels_of(fresh)))}
+        out = [known[k] for k in keys]
+        self._labels = dict(zip(keys, out))
         return out
+
+    def _identities(
+        self,
+        keys: list[bytes],
+        labels: list[dict[str, str]],
+        used: Sequence[int],
+        conv: promql.LabelConvention,
+        stats: ReadStats,
+    ) -> tuple[list[GpuId | None], list[str], list[PodRef | None]]:
+        """:meth:`_identity` of the label sets ``used`` (by index; the others get None): their
+        GPUs, GPU keys and workload pods, recorded in ``stats``. Worked out once per label set
+        and convention, and kept for the next read, whose label sets are mostly the same."""
+        cache = self._known if self._known_conv == conv else {}
+        gpus: list[GpuId | None] = [None] * len(keys)
+        gpu_keys: list[str] = [""] * len(keys)
+        pods: list[PodRef | None] = [None] * len(keys)
+        kept: dict[bytes, tuple[GpuId | None, str, PodRef | None, str]] = {}
+        objs: tuple[dict[GpuId, GpuId], dict[PodRef, PodRef]] | None = None
+        for d in used:
+            key = keys[d]
+            known = cache.get(key)
+            if known is None:
+                if objs is None:  # one object per GPU and pod, across reads too
+                    objs = ({g: g for g, *_ in cache.values() if g}, {p: p for *_, p, _ in cache.values() if p})
+                known = _identify(labels[d], conv, *objs)
+            kept[key] = known
+            gpu, gkey, pod, exporter = known
+            if gpu is not None:
+                gpus[d], gpu_keys[d], pods[d] = gpu, gkey, pod
+                _record(stats, gpu, gkey, pod, exporter)
+        self._known, self._known_conv = kept, conv
+        return gpus, gpu_keys, pods
 
     def _raw_chunk(
         self, name: str, first_end: int, last_end: int, width_ms: int, major: int, first_start: int, n: int
-    ) -> list[tuple[int, int, list[dict], Any]]:
+    ) -> list[tuple[int, int, list[bytes], Any]]:
         """The raw samples of bucket ends ``first_end..last_end`` as ``(first_end, last_end,
-        labels, statistics)``; halves itself on the engines' size limits, as :meth:`_range_chunk`."""
+        label-set keys, statistics)``; halves itself on the engines' size limits, as
+        :meth:`_range_chunk`."""
         sel = promql.selector(name, self.matchers, self.regex_matchers)
 
-        def query(a: int, b: int) -> list[tuple[int, int, list[dict], Any]]:
+        def decoded(data: Any) -> tuple[list[bytes], Any]:
+            labels, block = bucket_stats((data or {}).get("result", []), first_start, width_ms, n)
+            return [label_key(lab) for lab in labels], block
+
+        def read(body: bytes) -> tuple[list[bytes], Any] | None:
+            got = parse_matrix(body, name)
+            if got is None:
+                return None
+            keys, lens, pairs = got
+            return keys, stats_of(lens, pairs[0::2], pairs[1::2], first_start, width_ms, n)
+
+        def query(a: int, b: int) -> list[tuple[int, int, list[bytes], Any]]:
             rng = promql.range_ms(b - a + width_ms, major)
-            labels, block = self.client.query(
-                f"{sel}[{rng}ms]",
-                at_ms=b - 1,
-                convert=lambda data: bucket_stats((data or {}).get("result", []), first_start, width_ms, n),
-            )
-            return [(a, b, labels, block)]
+            keys, block = self.client.query(f"{sel}[{rng}ms]", at_ms=b - 1, convert=decoded, raw=read)
+            return [(a, b, keys, block)]
 
         return _halving(query, first_end, last_end, width_ms, f"the raw read of {sel}")
 
@@ -765,69 +862,61 @@ def _add_part(
 
 
 def _join_parts(
-    parts: list[tuple[int, int, list[dict], Any]], n: int, first_end: int, width_ms: int
-) -> tuple[list[dict], Any]:
+    parts: list[tuple[int, int, list[bytes], Any]], n: int, first_end: int, width_ms: int
+) -> tuple[list[bytes], Any]:
     """The answers of a time-split raw read as one: a row per distinct label set (in order of
     first appearance), each part's buckets copied from its own columns."""
     import numpy as np
 
-    index: dict[tuple[tuple[str, str], ...], int] = {}
-    label_sets: list[dict] = []
-    rows: list[list[int]] = []
-    for _, _, labels, _ in parts:
-        mine = []
-        for lab in labels:
-            key = tuple(sorted(lab.items()))
-            i = index.get(key)
-            if i is None:
-                i = index[key] = len(label_sets)
-                label_sets.append(lab)
-            mine.append(i)
-        rows.append(mine)
-    block = np.full((len(STATS), len(label_sets), n), np.nan)
+    index: dict[bytes, int] = {}
+    rows = [[index.setdefault(k, len(index)) for k in keys] for _, _, keys, _ in parts]
+    block = np.full((len(STATS), len(index), n), np.nan)
     for (a, b, _, part), mine in zip(parts, rows):
         lo, hi = (a - first_end) // width_ms, (b - first_end) // width_ms + 1
         block[:, mine, lo:hi] = part[:, :, lo:hi]
-    return label_sets, block
+    return list(index), block
 
 
-class _SharedLabels:
-    """One label dict per label set across the answers of a read (a GPU's exporter names carry
-    the same labels), each a copy (:func:`~auditor.sources.series.own_labels`) made once.
-
-    Prometheus lists the series of every name in the same label order, so an answer's series are
-    matched to the first answer's by position (a dict comparison: no hashing of fresh strings);
-    only where that fails is the label set looked up by its items.
-    """
-
-    def __init__(self) -> None:
-        self.strings: dict[str, str] = {}
-        self.ref: list[dict[str, str]] = []
-        self.ref_own: list[dict[str, str]] = []
-        self.by_items: dict[tuple[tuple[str, str], ...], dict[str, str]] | None = None
-
-    def of(self, label_sets: list[dict[str, str]]) -> list[dict[str, str]]:
-        ref, ref_own, n_ref = self.ref, self.ref_own, len(self.ref)
-        out: list[dict[str, str]] = []
-        for j, labels in enumerate(label_sets):
-            if j < n_ref and ref[j] == labels:
-                out.append(ref_own[j])
-                continue
-            if self.by_items is None:
-                self.by_items = {tuple(r.items()): o for r, o in zip(ref, ref_own)}
-            key = tuple(labels.items())
-            own = self.by_items.get(key)
-            if own is None:
-                own = self.by_items[key] = own_labels(labels, self.strings)
-            out.append(own)
-        if not n_ref:
-            self.ref, self.ref_own = label_sets, list(out)
-        return out
+def _identify(
+    labels: dict[str, str], conv: promql.LabelConvention, gpu_objs: dict[GpuId, GpuId], pod_objs: dict[PodRef, PodRef]
+) -> tuple[GpuId | None, str, PodRef | None, str]:
+    """The GPU, its key, the workload pod and (where the "workload" is dcgm-exporter itself)
+    the exporter pod's name of a label set, as :meth:`PrometheusSource._identity` finds them."""
+    gpu = promql.gpu_of(labels)
+    if gpu is None:
+        return None, "", None, ""
+    gpu = gpu_objs.setdefault(gpu, gpu)
+    pod = promql.pod_of(labels, conv)
+    exporter = ""
+    if pod is not None and promql.looks_like_exporter(labels, conv):
+        exporter, pod = f"{pod.namespace}/{pod.pod}", None
+    return gpu, gpu.key, None if pod is None else pod_objs.setdefault(pod, pod), exporter
 
 
-def _distinct(label_dicts: Iterable[dict[str, str]]) -> list[dict[str, str]]:
-    """The distinct label dict objects, in order of first appearance (they are shared by a device's series)."""
-    return list({id(lab): lab for lab in label_dicts}.values())
+def _record(stats: ReadStats, gpu: GpuId, key: str, pod: PodRef | None, exporter: str) -> None:
+    """A label set's GPU (key ``key``), pod and exporter pod name (or "") in a read's ``stats``."""
+    stats.gpus.add(key)
+    if gpu.instance:
+        stats.mig = True
+    if gpu.hostname:
+        stats.hosts.setdefault(gpu.hostname, set())
+    if exporter:
+        stats.exporter_pods.add(exporter)
+    if pod is not None:
+        stats.attributed.add(key)
+
+
+def _in_order(*lists: list[Piece]) -> list[Piece]:
+    """The pieces of ``lists`` as one list sorted by pod and GPU key (as
+    :func:`~auditor.sources.series.merge_duplicates` sorts them; the pods are shared objects,
+    so each one's sort key is made once)."""
+    out = [p for pieces in lists for p in pieces]
+    pod_keys: dict[int, tuple[str, str, str]] = {}
+    for pod, _, _ in out:
+        if id(pod) not in pod_keys:
+            pod_keys[id(pod)] = (pod.namespace, pod.pod, pod.container)
+    out.sort(key=lambda p: (pod_keys[id(p[0])], p[1]))
+    return out
 
 
 def _series_of(name: str, own: list[dict[str, str]], block: Any) -> list[Series]:

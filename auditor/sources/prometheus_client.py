@@ -164,6 +164,7 @@ class PrometheusClient:
         *,
         method: str = "POST",
         convert: Callable[[Any], Any] | None = None,
+        raw: Callable[[bytes], Any] | None = None,
     ) -> Any:
         """Call ``/api/v1/<path>`` and return its ``data``; raise our errors on failure.
 
@@ -171,6 +172,9 @@ class PrometheusClient:
         answers are decoded one at a time (decoding holds the GIL anyway, so this costs no
         speed), and a large decoded answer is turned into something compact before the next
         one is decoded, so concurrent queries do not hold several decoded answers at once.
+        ``raw`` (with ``convert``) reads a successful answer's body itself, under the same lock,
+        where that is cheaper than JSON objects; where it returns None (a body it does not
+        read) the answer is decoded and converted as without it.
         """
         url = f"{self.url}/api/v1/{path}"
         with self._lock:
@@ -198,6 +202,10 @@ class PrometheusClient:
             reason = _root_reason(exc)
             raise SourceUnavailable(f"Prometheus at {self.url} is unreachable: {reason}") from exc
         with self._decode_lock:
+            if raw is not None and resp.status_code == 200:
+                got = raw(resp.content)
+                if got is not None:
+                    return got
             data = self._decode(resp, path)
             return convert(data) if convert is not None else data
 
@@ -263,11 +271,17 @@ class PrometheusClient:
         return body.get("data")
 
     # -- API -------------------------------------------------------------------------------------
-    def query(self, expr: str, at_ms: int | None = None, convert: Callable[[Any], Any] | None = None) -> Any:
+    def query(
+        self,
+        expr: str,
+        at_ms: int | None = None,
+        convert: Callable[[Any], Any] | None = None,
+        raw: Callable[[bytes], Any] | None = None,
+    ) -> Any:
         params = {"query": expr, "timeout": f"{self.timeout:g}s", **STRICT}
         if at_ms is not None:
             params["time"] = promql.format_ts(at_ms)
-        return self.call("query", params, convert=convert)
+        return self.call("query", params, convert=convert, raw=raw)
 
     def query_range(
         self, expr: str, start_ms: int, end_ms: int, step_ms: int, convert: Callable[[Any], Any] | None = None

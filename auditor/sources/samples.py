@@ -19,11 +19,18 @@ per series (collecting its values), not per sample or per bucket. Pure: no I/O.
 
 from __future__ import annotations
 
+import json
 from itertools import chain
 from operator import itemgetter
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
+
+_loads: Callable[[bytes], Any]
+try:
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - orjson is a dependency; json reads the same, slower
+    _loads = json.loads
 
 #: the four statistics, in the order :func:`bucket_stats` returns them
 STATS = ("count", "sum", "min", "max")
@@ -45,25 +52,106 @@ def bucket_stats(result: list[dict], first_start_ms: int, width_ms: int, n: int)
         lab.pop("__name__", None)
         labels.append(lab)
         lens.append(len(item.get("values") or ()))
-    out = np.full((4, len(labels), n), np.nan)
     total = sum(lens)
     if not total:
-        return labels, out
+        return labels, np.full((4, len(labels), n), np.nan)
     points = list(chain.from_iterable(item.get("values") or () for item in result))
     values = np.fromiter(map(float, map(itemgetter(1), points)), dtype=np.float64, count=total)
-    row = np.repeat(np.arange(len(labels), dtype=np.int64), lens)
+    ts = None if n == 1 else np.fromiter(map(itemgetter(0), points), dtype=np.float64, count=total)
+    del points
+    return labels, stats_of(lens, ts, values, first_start_ms, width_ms, n)
+
+
+#: how a plain Prometheus answer of a range-vector query begins and ends (Go's encoding of
+#: ``{"status":"success","data":{"resultType":"matrix","result":[...]}}``, no warnings)
+_HEAD = b'{"status":"success","data":{"resultType":"matrix","result":['
+_TAIL = b"]}}"
+_ITEM = b'{"metric":'
+#: between one series' last sample and the next series' labels; and between labels and samples.
+#: Neither can occur inside a JSON string (a quote there is escaped), nor in the samples
+_NEXT = b']]},{"metric":'
+_VALUES = b',"values":['
+
+
+def parse_matrix(body: bytes, name: str) -> tuple[list[bytes], list[int], Any] | None:
+    """A range-vector answer's body read without making an object per sample: per series its
+    label set as the JSON bytes of its ``metric`` object (``__name__`` removed, so the series
+    of every exporter name of one device have equal keys), its number of samples, and all
+    samples as one float64 array of ``(timestamp, value)`` pairs in answer order.
+
+    Only the plain form Prometheus writes is read so; for anything else (warnings or infos,
+    histograms, another engine's layout, a value JSON cannot hold as a number) this returns
+    None and the caller decodes the body as JSON. Values are parsed as JSON numbers (correctly
+    rounded, as ``float`` parses the quoted strings), NaN and infinities by numpy's parser.
+    """
+    if not (body.startswith(_HEAD) and body.endswith(_TAIL)) or b'"warnings"' in body or b'"infos"' in body:
+        return None
+    inner = body[len(_HEAD) : -len(_TAIL)]
+    if not inner:
+        return [], [], np.empty(0)
+    if b'"histogram' in inner or not (inner.startswith(_ITEM) and inner.endswith(b"]]}")):
+        return None
+    quoted = name.encode()
+    inner = (
+        inner.replace(b'"__name__":"' + quoted + b'",', b"")
+        .replace(b',"__name__":"' + quoted + b'"}', b"}")
+        .replace(b'{"__name__":"' + quoted + b'"}', b"{}")
+    )
+    keys: list[bytes] = []
+    segments: list[bytes] = []
+    for key, sep, seg in (c.partition(_VALUES) for c in inner[len(_ITEM) : -3].split(_NEXT)):
+        if not sep:
+            return None
+        keys.append(key)
+        segments.append(seg)
+    # each segment is "[t,"v"],[t,"v"]...[t,"v"" : 2k - 1 commas for k samples
+    lens = [(seg.count(b",") + 1) >> 1 for seg in segments]
+    flat = b",".join(segments).translate(None, b'[]"')
+    del segments
+    pairs = None
+    if b'"-0"' not in inner:  # (JSON reads -0 as the integer 0: the sign would be lost)
+        try:
+            pairs = np.array(_loads(b"[" + flat + b"]"), dtype=np.float64)
+        except ValueError:  # NaN or an infinity: not JSON numbers
+            pass
+    if pairs is None:
+        pairs = np.array(flat.split(b","), dtype=np.bytes_).astype(np.float64)
+    if len(pairs) != 2 * sum(lens):
+        return None
+    return keys, lens, pairs
+
+
+def label_key(labels: dict[str, str]) -> bytes:
+    """A decoded label set's key, as :func:`parse_matrix` gives one (compact JSON: a series the
+    plain reader and the decoder both saw gets equal keys wherever the engine writes its labels
+    as Go does)."""
+    return json.dumps(labels, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def labels_of(keys: list[bytes]) -> list[dict[str, str]]:
+    """The label dicts of label-set keys (:func:`parse_matrix`, :func:`label_key`), decoded at once."""
+    return list(_loads(b"[" + b",".join(keys) + b"]")) if keys else []
+
+
+def stats_of(lens: list[int], ts: Any, values: Any, first_start_ms: int, width_ms: int, n: int) -> Any:
+    """:func:`bucket_stats` of samples given as arrays: ``lens[i]`` samples of series ``i`` in
+    time order, their timestamps ``ts`` (Unix seconds; unused when ``n == 1``) and ``values``
+    concatenated; a ``(4, series, n)`` block."""
+    out = np.full((4, len(lens), n), np.nan)
+    total = len(values)
+    if not total:
+        return out
+    row = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
     if n == 1:  # the query's range is the one bucket: every sample is in it
         col = np.zeros(total, dtype=np.int64)
     else:
-        ts = np.fromiter(map(itemgetter(0), points), dtype=np.float64, count=total)
         # whole milliseconds, rounded as auditor.sources.promql.parse_ts_ms does (half to even)
         col = (np.rint(ts * 1000).astype(np.int64) - first_start_ms) // width_ms
         inside = (col >= 0) & (col < n)
         if not inside.all():
             row, col, values = row[inside], col[inside], values[inside]
             if not len(values):
-                return labels, out
-    del points
+                return out
     cell = row * n + col
     # samples of one series are in time order, so each (series, bucket) cell is one run
     starts = np.flatnonzero(np.concatenate(([True], cell[1:] != cell[:-1])))
@@ -92,4 +180,4 @@ def bucket_stats(result: list[dict], first_start_ms: int, width_ms: int, n: int)
     flat = out.reshape(4, -1)
     at = cell[starts]
     flat[0, at], flat[1, at], flat[2, at], flat[3, at] = cnt, tot, lo, hi
-    return labels, out
+    return out

@@ -122,18 +122,10 @@ def classify(
                 return np.array(got, dtype=np.float64).reshape(len(rows), n)
             return np.frombuffer(b"".join(got), dtype=np.float64).reshape(len(rows), n)
 
-        rows_out = classify_block(
-            stack("count"),
-            stack("sum"),
-            stack("min"),
-            stack("max"),
-            name,
-            naming,
-            first_end,
-            width_ms,
-            histogram,
-            last_open=last_open,
+        ok, bad = classify_masks(
+            stack("count"), stack("sum"), stack("min"), stack("max"), name, naming, histogram, last_open=last_open
         )
+        rows_out = row_verdicts(ok, bad, range(len(rows)), first_end, width_ms)
         for s, got in zip(rows, rows_out):
             out[id(s)] = got
     for v, t in histogram.items():
@@ -141,34 +133,30 @@ def classify(
     return out
 
 
-def classify_block(
+def classify_masks(
     cnt: Any,
     tot: Any,
     mins: Any,
     maxs: Any,
     name: str,
     naming: Naming,
-    first_end: int,
-    width_ms: int,
     histogram: dict[int, int],
     *,
     last_open: bool = False,
-) -> list[tuple[Sequence[int] | None, list[int] | None]]:
-    """:func:`classify` of one exporter name's rows given as 2-D arrays (series x buckets):
-    per row, its clean bucket positions and dirty bucket ends; full buckets' sample counts
-    are added to ``histogram``."""
+) -> tuple[Any, Any]:
+    """The clean and the dirty buckets of one exporter name's rows (2-D arrays, series x
+    buckets) as two boolean arrays of that shape; full buckets' sample counts are added to
+    ``histogram``."""
     import numpy as np
 
     spec = SPECS[BY_NAME[name]]
     scale = scale_of(name, naming)
-    n = cnt.shape[1]
     present = cnt == cnt
     with np.errstate(invalid="ignore"):
         ok = present & np.isfinite(tot)
         ok &= mins * scale >= spec.low
         ok &= maxs * scale <= spec.high
     bad = present & ~ok
-    full, any_ok, any_bad = ok.all(axis=1).tolist(), ok.any(axis=1).tolist(), bad.any(axis=1).tolist()
     # only full buckets tell the scrape interval: a series that starts, ends or pauses inside
     # a bucket has fewer samples there, and so has the bucket the window's end cuts
     left = np.ones_like(present)
@@ -179,9 +167,21 @@ def classify_block(
     values, times = np.unique(cnt[full_ok].astype(np.int64), return_counts=True)
     for v, t in zip(values.tolist(), times.tolist()):
         histogram[v] = histogram.get(v, 0) + t
+    return ok, bad
+
+
+def row_verdicts(
+    ok: Any, bad: Any, rows: Iterable[int], first_end: int, width_ms: int
+) -> list[tuple[Sequence[int] | None, list[int] | None]]:
+    """Per row of :func:`classify_masks`' arrays (those ``rows``): its clean bucket positions
+    (a range where they are consecutive) and its dirty buckets' ends (None for none)."""
+    import numpy as np
+
+    n = ok.shape[1]
     whole = range(n)
+    full, any_ok, any_bad = ok.all(axis=1).tolist(), ok.any(axis=1).tolist(), bad.any(axis=1).tolist()
     out: list[tuple[Sequence[int] | None, list[int] | None]] = []
-    for j in range(len(full)):
+    for j in rows:
         idx: Sequence[int] | None = None
         if full[j]:
             idx = whole

@@ -184,12 +184,12 @@ def test_a_split_raw_read_joins_its_halves(mixed) -> None:
     query = src.client.query
     refused = []
 
-    def limited(expr: str, at_ms: int | None = None, convert=None):
+    def limited(expr: str, at_ms: int | None = None, convert=None, raw=None):
         rng_ms = int(expr.rsplit("[", 1)[1].rstrip("ms]"))
         if convert is not None and rng_ms > 600_000:  # the raw read (the garbage re-read is not limited)
             refused.append(expr)
             raise QueryTooLarge("query processing would load too many samples into memory", limit="samples")
-        return query(expr, at_ms, convert)
+        return query(expr, at_ms, convert, raw)
 
     src.client.query = limited  # type: ignore[method-assign]
     split = src.read(window, WIDTH)
@@ -206,3 +206,53 @@ def test_six_buckets_of_a_fresh_source_stay_on_the_aggregates(mixed) -> None:
     # the next cycle's one bucket at the measured 15 s: 20 samples a series, read raw
     cycle = src.read(Window(_utc(s + 1500), _utc(s + 1800)), WIDTH)
     assert cycle.report.queries == 1 + len(src.stats.names)  # names, then one per name (the version is known)
+
+
+def test_a_raw_read_hands_one_piece_per_device(mixed, monkeypatch) -> None:
+    """A cycle's read hands one piece per (pod, GPU) holding all its metrics, sorted by pod and
+    GPU, each materializing to that device's buckets in the aggregate path's order; the bed's
+    answers are read from their bodies (no JSON object per sample), garbage and all."""
+    import auditor.sources.prometheus as prometheus
+
+    plain: list[bool] = []
+    real = prometheus.parse_matrix
+
+    def counting(body: bytes, name: str):
+        got = real(body, name)
+        plain.append(got is not None)
+        return got
+
+    monkeypatch.setattr(prometheus, "parse_matrix", counting)
+    s = mixed[2]
+    window = Window(_utc(s + 600), _utc(s + 1200))
+    lazy = _source(mixed, RAW_ALWAYS).read_lazy(window, WIDTH).buckets
+    agg = _source(mixed, AGGREGATES_ONLY).read(window, WIDTH).buckets
+    assert plain and all(plain)
+    devices = [(pod.namespace, pod.pod, pod.container, key) for pod, key, _ in lazy.pieces]
+    assert devices == sorted(set(devices))
+    assert len(devices) == len({(b.pod, b.gpu.key) for b in agg})
+    for pod, key, _ in lazy.pieces:
+        assert {(b.pod, b.gpu.key) for b in lazy.materialize([(pod, key, _)])} == {(pod, key)}
+    assert [tuple(b) for b in lazy.materialize(lazy.pieces)] == [tuple(b) for b in agg]
+    assert len(lazy) == len(agg)
+
+
+def test_the_next_read_decodes_no_label_set_again(mixed, monkeypatch) -> None:
+    """An operator's source reads the same series each cycle: the second read's label sets and
+    identities come from the first, with the same buckets and read details."""
+    import auditor.sources.prometheus as prometheus
+
+    decoded: list[int] = []
+    real = prometheus.labels_of
+    monkeypatch.setattr(prometheus, "labels_of", lambda keys: decoded.append(len(keys)) or real(keys))
+    s = mixed[2]
+    window = Window(_utc(s + 300), _utc(s + 900))
+    src = _source(mixed, RAW_ALWAYS)
+    first = src.read(window, WIDTH)
+    stats = src.stats
+    second = src.read(window, WIDTH)
+    assert len(decoded) == 1 and decoded[0] > 0  # only the first read decoded any
+    assert _bucket_rows(second) == _bucket_rows(first)
+    assert second.report.warnings == first.report.warnings and second.report.labels == first.report.labels
+    assert src.stats.gpus == stats.gpus and src.stats.attributed == stats.attributed
+    assert src.stats.hosts == stats.hosts and src.stats.exporter_pods == stats.exporter_pods

@@ -1,0 +1,94 @@
+"""A raw read's clean buckets kept as its answers' rows, one piece per device.
+
+An operator cycle at 10,000 GPUs reads nine exporter names: 90,000 series. Made into one
+:class:`~auditor.core.rollup.BucketRun` per series (and sorted as such) they cost more than the
+arithmetic; here each exporter name keeps its answer's statistics as flat lists (one entry per
+row and bucket), and each device (pod, GPU) is one :class:`DeviceRows` that finds its row in
+every name by index. Its buckets are those the per-series runs would make, in the same order
+(metric by metric, bucket by bucket): :func:`~auditor.core.rollup.add_run` makes both.
+
+Only a device with one label set, no bucket to re-read and one exporter name per metric is kept
+so; the others take the general path (runs, re-reads, duplicates merged) in the source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Sequence
+
+from auditor.core.metrics import Metric
+from auditor.core.model import Bucket, GpuId, PodRef
+from auditor.core.rollup import add_run
+
+
+@dataclass(slots=True)
+class NameRows:
+    """One exporter name's clean rows: ``row_of[d]`` is device ``d``'s row (-1: none), the
+    aggregates of row ``j``'s bucket ``i`` are at ``j * width + i`` of the flat lists, and
+    ``idx[j]`` lists row ``j``'s clean bucket positions."""
+
+    metric: Metric
+    scale: float
+    row_of: list[int]
+    counts: list[float]
+    sums: list[float]
+    mins: list[float]
+    maxs: list[float]
+    idx: list[Sequence[int]]
+    width: int
+
+
+class ReadBlock:
+    """The clean rows of a read, per exporter name in metric order, and the buckets' spans."""
+
+    __slots__ = ("names", "spans")
+
+    def __init__(self, names: list[NameRows], spans: Sequence[tuple[datetime, datetime]]) -> None:
+        self.names, self.spans = names, spans
+
+
+class DeviceRows:
+    """One device's buckets of a :class:`ReadBlock` (a :class:`~auditor.core.rollup.Run`)."""
+
+    __slots__ = ("block", "device", "pod", "gpu", "size")
+
+    def __init__(self, block: ReadBlock, device: int, pod: PodRef, gpu: GpuId, size: int) -> None:
+        self.block, self.device, self.pod, self.gpu, self.size = block, device, pod, gpu, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def buckets(self) -> list[Bucket]:
+        out: list[Bucket] = []
+        d, pod, gpu, spans = self.device, self.pod, self.gpu, self.block.spans
+        for rows in self.block.names:
+            j = rows.row_of[d]
+            if j >= 0:
+                add_run(out, pod, gpu, rows, spans, rows.idx[j], j * rows.width)
+        return out
+
+
+def name_rows(
+    metric: Metric, scale: float, part: Any, ok: Any, rows: Any, devices: Any, n_devices: int, sizes: Any
+) -> NameRows | None:
+    """The clean rows ``rows`` (of ``part``, one name's ``(4, series, buckets)`` block, whose
+    clean buckets are ``ok``) as a :class:`NameRows`; row ``j`` is device ``devices[j]``.
+    Adds each device's clean buckets to ``sizes``; None when no row is given."""
+    import numpy as np
+
+    if not len(rows):
+        return None
+    n = part.shape[2]
+    row_of = np.full(n_devices, -1, dtype=np.int64)
+    row_of[devices[rows]] = rows
+    per_row = ok.sum(axis=1)
+    sizes[devices[rows]] += per_row[rows]
+    whole = range(n)
+    idx: list[Sequence[int]] = [whole] * len(ok)
+    for j in np.flatnonzero(per_row[rows] < n).tolist():
+        r = int(rows[j])
+        clean = np.flatnonzero(ok[r]).tolist()
+        idx[r] = range(clean[0], clean[-1] + 1) if clean[-1] - clean[0] + 1 == len(clean) else clean
+    cnts, sums, mins, maxs = (part[k].ravel().tolist() for k in range(4))
+    return NameRows(metric, scale, row_of.tolist(), cnts, sums, mins, maxs, idx, n)
