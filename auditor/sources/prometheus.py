@@ -744,11 +744,11 @@ class PrometheusSource:
             return [label_key(lab) for lab in labels], block
 
         def read(body: bytes) -> tuple[list[bytes], Any] | None:
-            got = parse_matrix(body, name)
+            got = parse_matrix(body, name, times=n > 1)
             if got is None:
                 return None
-            keys, lens, pairs = got
-            return keys, stats_of(lens, pairs[0::2], pairs[1::2], first_start, width_ms, n)
+            keys, lens, ts, values = got
+            return keys, stats_of(lens, ts, values, first_start, width_ms, n)
 
         def query(a: int, b: int) -> list[tuple[int, int, list[bytes], Any]]:
             rng = promql.range_ms(b - a + width_ms, major)

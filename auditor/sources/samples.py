@@ -73,52 +73,55 @@ _NEXT = b']]},{"metric":'
 _VALUES = b',"values":['
 
 
-def parse_matrix(body: bytes, name: str) -> tuple[list[bytes], list[int], Any] | None:
+def parse_matrix(body: bytes, name: str, times: bool = True) -> tuple[list[bytes], list[int], Any, Any] | None:
     """A range-vector answer's body read without making an object per sample: per series its
     label set as the JSON bytes of its ``metric`` object (``__name__`` removed, so the series
-    of every exporter name of one device have equal keys), its number of samples, and all
-    samples as one float64 array of ``(timestamp, value)`` pairs in answer order.
+    of every exporter name of one device have equal keys) and its number of samples; and all
+    samples' timestamps (None unless ``times``) and values as float64 arrays in answer order.
 
     Only the plain form Prometheus writes is read so; for anything else (warnings or infos,
-    histograms, another engine's layout, a value JSON cannot hold as a number) this returns
-    None and the caller decodes the body as JSON. Values are parsed as JSON numbers (correctly
-    rounded, as ``float`` parses the quoted strings), NaN and infinities by numpy's parser.
+    histograms, another engine's layout) this returns None and the caller decodes the body as
+    JSON. Values are parsed as JSON numbers (correctly rounded, as ``float`` parses the quoted
+    strings), or where one is not (NaN, an infinity, -0) all by numpy's parser, which is too.
     """
     if not (body.startswith(_HEAD) and body.endswith(_TAIL)) or b'"warnings"' in body or b'"infos"' in body:
         return None
-    inner = body[len(_HEAD) : -len(_TAIL)]
-    if not inner:
-        return [], [], np.empty(0)
-    if b'"histogram' in inner or not (inner.startswith(_ITEM) and inner.endswith(b"]]}")):
+    if len(body) == len(_HEAD) + len(_TAIL):
+        return [], [], np.empty(0), np.empty(0)
+    if not (body.startswith(_ITEM, len(_HEAD)) and body.endswith(b"]]}" + _TAIL)) or b'"histogram' in body:
         return None
     quoted = name.encode()
-    inner = (
-        inner.replace(b'"__name__":"' + quoted + b'",', b"")
-        .replace(b',"__name__":"' + quoted + b'"}', b"}")
-        .replace(b'{"__name__":"' + quoted + b'"}', b"{}")
-    )
-    keys: list[bytes] = []
-    segments: list[bytes] = []
-    for key, sep, seg in (c.partition(_VALUES) for c in inner[len(_ITEM) : -3].split(_NEXT)):
-        if not sep:
-            return None
-        keys.append(key)
-        segments.append(seg)
+    inner = body[len(_HEAD) + len(_ITEM) : -len(_TAIL) - 3].replace(b'"__name__":"' + quoted + b'",', b"")
+    if b'"__name__":' in inner:  # the name last in a label set, or its only label
+        inner = inner.replace(b',"__name__":"' + quoted + b'"}', b"}").replace(b'{"__name__":"' + quoted + b'"}', b"{}")
+    # labels, samples, labels, samples, ...: neither separator can occur inside them
+    parts = inner.replace(_NEXT, _VALUES).split(_VALUES)
+    del inner
+    if len(parts) % 2:
+        return None
+    keys, segments = parts[0::2], parts[1::2]
+    del parts
     # each segment is "[t,"v"],[t,"v"]...[t,"v"" : 2k - 1 commas for k samples
     lens = [(seg.count(b",") + 1) >> 1 for seg in segments]
-    flat = b",".join(segments).translate(None, b'[]"')
+    joined = b",".join(segments)
     del segments
+    flat = joined.translate(None, b'[]"')
     pairs = None
-    if b'"-0"' not in inner:  # (JSON reads -0 as the integer 0: the sign would be lost)
+    if b'"-0"' not in joined:  # (JSON reads -0 as the integer 0: the sign would be lost)
         try:
-            pairs = np.array(_loads(b"[" + flat + b"]"), dtype=np.float64)
+            numbers = _loads(b"[" + flat + b"]")
         except ValueError:  # NaN or an infinity: not JSON numbers
             pass
-    if pairs is None:
-        pairs = np.array(flat.split(b","), dtype=np.bytes_).astype(np.float64)
+        else:
+            if len(numbers) != 2 * sum(lens):
+                return None
+            values = np.array(numbers[1::2], dtype=np.float64)
+            return keys, lens, np.array(numbers[0::2], dtype=np.float64) if times else None, values
+    del joined
+    pairs = np.array(flat.split(b","), dtype=np.bytes_).astype(np.float64)
     if len(pairs) != 2 * sum(lens):
         return None
-    return keys, lens, pairs
+    return keys, lens, pairs[0::2] if times else None, pairs[1::2]
 
 
 def label_key(labels: dict[str, str]) -> bytes:
@@ -162,8 +165,9 @@ def stats_of(lens: list[int], ts: Any, values: Any, first_start_ms: int, width_m
     lo = values[starts].copy()
     hi = lo.copy()
     with np.errstate(invalid="ignore", over="ignore"):
+        shortest = int(runs.min())
         for k in range(int(runs.max())):
-            has = np.flatnonzero(runs > k) if k else None
+            has = None if k < shortest else np.flatnonzero(runs > k)
             v = values[starts + k] if has is None else values[starts[has] + k]
             s_k = s if has is None else s[has]
             t = s_k + v

@@ -67,14 +67,19 @@ def _result(rng: random.Random, specials: list[float]) -> list[dict]:
 def _same_stats(body: bytes) -> list[dict]:
     got = parse_matrix(body, NAME)
     assert got is not None, "a plain answer is read without the decoder"
-    keys, lens, pairs = got
+    keys, lens, ts, values = got
     decoded = json.loads(body)["data"]["result"]
     labels, want = bucket_stats(decoded, FIRST, WIDTH, N)
     assert labels_of(keys) == labels  # __name__ removed wherever it stood
     assert lens == [len(item["values"]) for item in decoded]
-    block = stats_of(lens, pairs[0::2], pairs[1::2], FIRST, WIDTH, N)
+    block = stats_of(lens, ts, values, FIRST, WIDTH, N)
     assert block.shape == want.shape
     assert block.tobytes() == want.tobytes()  # bit for bit: NaN payloads, -0 and all
+    # one bucket (a cycle's usual read): every sample is in it, no timestamps needed
+    alone = parse_matrix(body, NAME, times=False)
+    assert alone is not None and alone[2] is None
+    one = stats_of(alone[1], None, alone[3], FIRST, WIDTH, 1)
+    assert one.tobytes() == bucket_stats(json.loads(body)["data"]["result"], FIRST, WIDTH, 1)[1].tobytes()
     return labels
 
 
@@ -92,12 +97,15 @@ def test_numbers_only_and_the_sign_of_zero() -> None:
     _same_stats(_body(_result(rng, [0.5, 1.0, 2.0**63 + 2.0**11])))  # every value a JSON number
     body = _body([{"metric": {"a": "1"}, "values": [[1.0, "-0"], [2.0, "-0"]]}])
     got = parse_matrix(body, NAME)
-    assert got is not None and str(got[2][1]) == "-0.0" and str(got[2][3]) == "-0.0"
+    assert got is not None and [str(v) for v in got[3]] == ["-0.0", "-0.0"] and got[2] is not None
+    assert list(got[2]) == [1.0, 2.0]
+    one = parse_matrix(body, NAME, times=False)
+    assert one is not None and one[2] is None and [str(v) for v in one[3]] == ["-0.0", "-0.0"]
 
 
 def test_an_empty_answer_and_bodies_left_to_the_decoder() -> None:
     empty = parse_matrix(_body([]), NAME)
-    assert empty is not None and empty[0] == [] and empty[1] == [] and not len(empty[2])
+    assert empty is not None and empty[0] == [] and empty[1] == [] and not len(empty[3])
     item = {"metric": {"a": "1"}, "values": [[1.0, "2"]]}
     plain = _body([item])
     assert parse_matrix(plain, NAME) is not None
