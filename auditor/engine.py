@@ -43,6 +43,8 @@ __all__ = ["AuditResult", "JobResolver", "NoKubeResolver", "run_audit"]
 log = logging.getLogger(__name__)
 
 _POD = attrgetter("pod")
+_START = attrgetter("start")
+_END = attrgetter("end")
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
@@ -165,7 +167,7 @@ def _fold_cumulative(
     returned for the summary. A job without a usable aggregate (first seen, or older buckets
     rewritten since) is folded from its stored history once.
     """
-    win_start = min(b.start for b in buckets)
+    win_start = min(map(_START, buckets))
     done = [b for b in buckets if b.start < freeze_to]
     tail = [b for b in buckets if b.start >= freeze_to]
     agg = store.aggregate(job_id)
@@ -252,7 +254,7 @@ class _BulkWrites(Protocol):
 
 def _span(buckets: list[Bucket], window: Window) -> tuple[datetime, datetime]:
     """The first and last time of a job's buckets within the window (its stored span)."""
-    return max(window.start, min(b.start for b in buckets)), min(window.end, max(b.end for b in buckets))
+    return max(window.start, min(map(_START, buckets))), min(window.end, max(map(_END, buckets)))
 
 
 def _cluster_of(resolver: JobResolver) -> dict[str, str]:

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from auditor.core.accumulate import JobAggregate
 from auditor.store.database import Database
+from auditor.store.driver import DriverStatement
 from auditor.store.tables import AGGREGATES, JOBS
 from auditor.store.values import Invalid, aware
 
@@ -26,8 +27,12 @@ class Aggregates:
         # built once: a cycle reads and saves the aggregate of every job (thousands)
         self._read_stmt = sa.select(AGGREGATES.c.state).where(AGGREGATES.c.job_id == sa.bindparam("job_id"))
         upsert = db.insert(AGGREGATES)
-        self._upsert_stmt = upsert.on_conflict_do_update(
-            index_elements=["job_id"], set_={k: upsert.excluded[k] for k in ("through", "updated", "state")}
+        self._upsert = DriverStatement(
+            db,
+            upsert.on_conflict_do_update(
+                index_elements=["job_id"], set_={k: upsert.excluded[k] for k in ("through", "updated", "state")}
+            ),
+            times=("through", "updated"),
         )
 
     def aggregate(self, job_id: int) -> JobAggregate | None:
@@ -72,7 +77,7 @@ class Aggregates:
         ids = list(values)
         where = f"save the aggregate of job {ids[0]}" if len(ids) == 1 else f"save the aggregates of {len(ids)} jobs"
         with self._db.writing(where) as conn:
-            conn.execute(self._upsert_stmt, list(values.values()))
+            self._upsert.executemany(conn, values.values())
 
     def stamps(self, cluster: str) -> dict[int, tuple[datetime, datetime]]:
         """``(through, updated)`` of every stored aggregate of ``cluster``'s jobs: what tells a

@@ -26,12 +26,17 @@ class DriverStatement:
     """One executemany statement (an ``INSERT .. ON CONFLICT``), compiled for the driver.
 
     ``times`` names the parameters that are :class:`UTCDateTime` values; every other parameter
-    must be what the driver takes as is (strings, numbers, None, JSON text).
+    must be what the driver takes as is (strings, numbers, None, bytes, JSON text), and so must
+    the literals of the statement's own SQL. ``columns``:
+    the parameters each row gives, where the statement does not name all of its own.
     """
 
-    def __init__(self, db: Database, stmt: Any, *, times: Iterable[str] = ()) -> None:
+    def __init__(
+        self, db: Database, stmt: Any, *, times: Iterable[str] = (), columns: Iterable[str] | None = None
+    ) -> None:
         dialect = db.engine.dialect
-        compiled: SQLCompiler = stmt.compile(dialect=dialect, for_executemany=True)
+        keys = {} if columns is None else {"column_keys": list(columns)}
+        compiled: SQLCompiler = stmt.compile(dialect=dialect, for_executemany=True, **keys)
         self.sql = str(compiled)
         names = tuple(compiled.positiontup or ()) if compiled.positional else None
         #: a row's parameters in the SQL's order (qmark: SQLite), or None: by name (PostgreSQL)
@@ -40,6 +45,10 @@ class DriverStatement:
             self._order = lambda p, _n=names[0]: (p[_n],)
         elif names:
             self._order = itemgetter(*names)
+        # values the statement holds itself (a literal in its SQL: ``team != ''``), for every row
+        self._consts = {
+            name: bp.value for bp, name in compiled.bind_names.items() if not bp.required and bp.callable is None
+        }
         self._times = tuple(times)
         self._to_db = UTCDateTime().dialect_impl(dialect).bind_processor(dialect) or (lambda v: v)
 
@@ -52,11 +61,11 @@ class DriverStatement:
     def rows(self, params: Iterable[Mapping[str, Any]]) -> list[Any]:
         """The driver's parameters of each row: tuples in the SQL's order, or dicts."""
         converted: dict[datetime, Any] = {}
-        to_db, times, order = self._to_db, self._times, self._order
+        to_db, times, order, consts = self._to_db, self._times, self._order, self._consts
         out: list[Any] = []
         for p in params:
-            if times:
-                p = dict(p)
+            if times or consts:
+                p = {**consts, **p}
                 for name in times:
                     value = p[name]
                     if value is not None:

@@ -11,6 +11,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from auditor.core.model import JobRef
 from auditor.store.database import Database
+from auditor.store.driver import DriverStatement
 from auditor.store.jobs import job_ref
 from auditor.store.lineage_tables import record_summaries
 from auditor.store.summaries import SUMMARY_FIELDS, summary_columns
@@ -66,9 +67,11 @@ class SummaryRecords:
         # column type's own serializer (the standard library's) cost ~1 ms per summary.
         data = sa.bindparam("data_json", type_=sa.Text)
         upsert = db.insert(SUMMARIES).values(data=data if db.is_sqlite else sa.cast(data, JSONB))
-        self._upsert_stmt = upsert.on_conflict_do_update(
-            index_elements=["job_id"],
-            set_={k: upsert.excluded[k] for k in _WRITTEN},
+        self._upsert = DriverStatement(
+            db,
+            upsert.on_conflict_do_update(index_elements=["job_id"], set_={k: upsert.excluded[k] for k in _WRITTEN}),
+            times=("start", "end", "computed_at"),
+            columns=("job_id", *(k for k in _WRITTEN if k != "data"), "data_json"),
         )
 
     def save_summary(self, job_id: int, summary: dict) -> None:
@@ -117,7 +120,7 @@ class SummaryRecords:
                 )
                 params.append(values)
                 runs.append((job_ref(job), summary, values["computed_at"]))
-            conn.execute(self._upsert_stmt, params)
+            self._upsert.executemany(conn, params)
             # the jobs' runs of their lineages, in the same transaction: the efficiency gate reads them
             record_summaries(conn, runs)
 

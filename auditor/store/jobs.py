@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from auditor.core.model import JobRef
 from auditor.errors import BadInput
 from auditor.store.database import Database
+from auditor.store.driver import DriverStatement
 from auditor.store.spans import earlier, later
 from auditor.store.tables import BUCKETS, JOBS
 from auditor.store.values import Invalid, aware
@@ -47,7 +48,8 @@ class JobRecords:
                 "queue": sa.func.coalesce(ex.queue, j.queue),
             },
         )
-        self._upsert_jobs_stmt = upsert  # executemany: the ids are read after
+        # executemany: the ids are read after
+        self._upsert_jobs = DriverStatement(self._db, upsert, times=("first_seen", "last_seen"))
         return upsert.returning(j.id)
 
     def upsert_jobs(self, items: Sequence[tuple[JobRef, datetime, datetime]]) -> list[int]:
@@ -61,7 +63,7 @@ class JobRecords:
         j = JOBS.c
         found: dict[tuple[str, str, str, str], int] = {}
         with self._db.writing(f"save {len(items)} jobs") as conn:
-            conn.execute(self._upsert_jobs_stmt, params)
+            self._upsert_jobs.executemany(conn, params)
             for i in range(0, len(params), 500):
                 part = params[i : i + 500]
                 q = sa.select(j.id, j.cluster, j.namespace, j.kind, j.name).where(
