@@ -127,49 +127,35 @@ class BucketRun:
 
     def buckets(self) -> list[Bucket]:
         out: list[Bucket] = []
-        add_run(out, self.pod, self.gpu, self, self.spans, self.idx)
+        s = self.scale
+        sums, mins, maxs = (
+            (self.sums, self.mins, self.maxs)
+            if s == 1.0
+            else ([v * s for v in a] for a in (self.sums, self.mins, self.maxs))
+        )
+        add_runs(out, self.pod, self.gpu, self.spans, [(self.metric, sums, self.counts, mins, maxs, self.idx, 0)])
         return out
 
 
-class Rows(Protocol):
-    """Aggregates of one exporter name's series, in the exporter's unit (a :class:`BucketRun`,
-    or a read's rows of one name kept flat)."""
-
-    @property
-    def metric(self) -> Metric: ...
-    @property
-    def scale(self) -> float: ...
-    @property
-    def sums(self) -> Sequence[float]: ...
-    @property
-    def counts(self) -> Sequence[float]: ...
-    @property
-    def mins(self) -> Sequence[float]: ...
-    @property
-    def maxs(self) -> Sequence[float]: ...
+#: one series' clean buckets for :func:`add_runs`: its metric; its sums, counts, minima and
+#: maxima in the metric's unit (bucket ``i``'s at ``base + i``); its clean positions; ``base``
+RunRows = tuple[Metric, Sequence[float], Sequence[float], Sequence[float], Sequence[float], Iterable[int], int]
 
 
-def add_run(
-    out: list[Bucket],
-    pod: PodRef,
-    gpu: GpuId,
-    rows: Rows,
-    spans: Sequence[tuple[datetime, datetime]],
-    idx: Iterable[int],
-    base: int = 0,
+def add_runs(
+    out: list[Bucket], pod: PodRef, gpu: GpuId, spans: Sequence[tuple[datetime, datetime]], runs: Iterable[RunRows]
 ) -> None:
-    """Append the clean buckets ``idx`` of one series of ``rows`` to ``out``: bucket ``i``'s
-    aggregates are at ``base + i`` (a row of a flat block), scaled by the rows' scale."""
-    metric, scale, sums, counts, mins, maxs = rows.metric, rows.scale, rows.sums, rows.counts, rows.mins, rows.maxs
+    """Append the clean buckets of one device's series ``runs`` to ``out``, run by run."""
     new = tuple.__new__
     append = out.append
-    for i in idx:
-        k = base + i
-        lo, hi = mins[k] * scale, maxs[k] * scale
-        if hi == lo and lo != 0.0:  # one float object for both (a steady reading): less memory
-            hi = lo
-        start, end = spans[i]
-        append(new(Bucket, (pod, gpu, metric, start, end, sums[k] * scale, int(counts[k]), lo, hi, 0)))
+    for metric, sums, counts, mins, maxs, idx, base in runs:
+        for i in idx:
+            k = base + i
+            lo, hi = mins[k], maxs[k]
+            if hi == lo and lo != 0.0:  # one float object for both (a steady reading): less memory
+                hi = lo
+            start, end = spans[i]
+            append(new(Bucket, (pod, gpu, metric, start, end, sums[k], int(counts[k]), lo, hi, 0)))
 
 
 class Run(Protocol):

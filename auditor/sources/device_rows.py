@@ -5,7 +5,7 @@ An operator cycle at 10,000 GPUs reads nine exporter names: 90,000 series. Made 
 arithmetic; here each exporter name keeps its answer's statistics as flat lists (one entry per
 row and bucket), and each device (pod, GPU) is one :class:`DeviceRows` that finds its row in
 every name by index. Its buckets are those the per-series runs would make, in the same order
-(metric by metric, bucket by bucket): :func:`~auditor.core.rollup.add_run` makes both.
+(metric by metric, bucket by bucket): :func:`~auditor.core.rollup.add_runs` makes both.
 
 Only a device with one label set, no bucket to re-read and one exporter name per metric is kept
 so; the others take the general path (runs, re-reads, duplicates merged) in the source.
@@ -19,19 +19,18 @@ from typing import Any, Sequence
 
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, GpuId, PodRef
-from auditor.core.rollup import add_run
+from auditor.core.rollup import add_runs
 
 
 @dataclass(slots=True)
 class NameRows:
     """One exporter name's clean rows: ``row_of[d]`` is device ``d``'s row (-1: none), the
-    aggregates of row ``j``'s bucket ``i`` are at ``j * width + i`` of the flat lists, and
-    ``idx[j]`` lists row ``j``'s clean bucket positions."""
+    aggregates of row ``j``'s bucket ``i`` (in the metric's unit: scaled once, in numpy) are at
+    ``j * width + i`` of the flat lists, and ``idx[j]`` lists row ``j``'s clean bucket positions."""
 
     metric: Metric
-    scale: float
     row_of: list[int]
-    counts: list[float]
+    counts: list[int]
     sums: list[float]
     mins: list[float]
     maxs: list[float]
@@ -61,11 +60,13 @@ class DeviceRows:
 
     def buckets(self) -> list[Bucket]:
         out: list[Bucket] = []
-        d, pod, gpu, spans = self.device, self.pod, self.gpu, self.block.spans
-        for rows in self.block.names:
-            j = rows.row_of[d]
-            if j >= 0:
-                add_run(out, pod, gpu, rows, spans, rows.idx[j], j * rows.width)
+        d = self.device
+        runs = (
+            (rows.metric, rows.sums, rows.counts, rows.mins, rows.maxs, rows.idx[j], j * rows.width)
+            for rows in self.block.names
+            if (j := rows.row_of[d]) >= 0
+        )
+        add_runs(out, self.pod, self.gpu, self.block.spans, runs)
         return out
 
 
@@ -90,5 +91,7 @@ def name_rows(
         r = int(rows[j])
         clean = np.flatnonzero(ok[r]).tolist()
         idx[r] = range(clean[0], clean[-1] + 1) if clean[-1] - clean[0] + 1 == len(clean) else clean
-    cnts, sums, mins, maxs = (part[k].ravel().tolist() for k in range(4))
-    return NameRows(metric, scale, row_of.tolist(), cnts, sums, mins, maxs, idx, n)
+    # (x * scale in numpy is the same IEEE product as in Python; a count is whole where clean)
+    sums, mins, maxs = (part[k].ravel() * scale if scale != 1.0 else part[k].ravel() for k in (1, 2, 3))
+    cnts = np.nan_to_num(part[0].ravel()).astype(np.int64).tolist()
+    return NameRows(metric, row_of.tolist(), cnts, sums.tolist(), mins.tolist(), maxs.tolist(), idx, n)
