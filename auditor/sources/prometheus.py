@@ -453,6 +453,8 @@ class PrometheusSource:
             ok, bad = classify_masks(part[0], part[1], part[2], part[3], name, naming, histogram, last_open=last_open)
             dev = dev[sel]
             simple[dev[bad.any(axis=1)]] = False
+            # one label set twice in an answer (an engine's failed deduplication): merged per bucket
+            simple[np.bincount(dev, minlength=n_dev) > 1] = False
             read.append((name, metric, dev, part, ok, bad))
         # a metric read from two names (a rename inside the window) is merged per bucket, and
         # a device with two label sets (duplicate scrapes) per bucket too: the general path

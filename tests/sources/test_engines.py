@@ -42,6 +42,8 @@ class EngineFront:
         self.refusal: tuple[int, str] = (422, "")
         self.seen_tenants: list[str | None] = []
         self.refused = 0
+        #: answer every series of an instant query twice (an engine whose deduplication failed)
+        self.twice = False
         front = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -71,7 +73,12 @@ class EngineFront:
                     headers={"Content-Type": self.headers.get("Content-Type", "")} if body else None,
                     timeout=60,
                 )
-                self._answer(resp.status_code, resp.content, resp.headers.get("Content-Type", "application/json"))
+                content = resp.content
+                if front.twice and url.path.endswith("/query") and resp.ok:
+                    doc = resp.json()
+                    doc["data"]["result"] = [item for item in doc["data"]["result"] for _ in range(2)]
+                    content = json.dumps(doc, separators=(",", ":")).encode()  # (as compact as Go writes it)
+                self._answer(resp.status_code, content, resp.headers.get("Content-Type", "application/json"))
 
             def _answer(self, status: int, body: bytes, ctype: str) -> None:
                 self.send_response(status)
@@ -154,6 +161,21 @@ def test_size_limit_errors_split_the_range_like_prometheus_s(
     src = PrometheusSource(front.url, matchers={"case": case}, retries=0)
     assert _means(src, window) == direct  # the same buckets, read in halves
     assert front.refused >= 1
+
+
+def test_a_series_answered_twice_is_counted_once(front: EngineFront, history, prometheus) -> None:
+    """A cycle's raw read of an engine that answers a series twice (as HA pairs that were not
+    deduplicated do) keeps one bucket per GPU and bucket, and says so."""
+    case, window = history
+    cycle = Window(window.end - WIDTH, window.end)
+    direct = PrometheusSource(prometheus.url, matchers={"case": case}).read(cycle, WIDTH)
+    front.twice = True
+    doubled = PrometheusSource(front.url, matchers={"case": case}).read(cycle, WIDTH)
+    assert doubled.report.queries == direct.report.queries == 3  # version, names, the one raw read
+    assert [tuple(b) for b in doubled.buckets] == [tuple(b) for b in direct.buckets]
+    assert len(direct.buckets) == 2
+    assert any("duplicate series" in w for w in doubled.report.warnings)
+    assert not any("duplicate series" in w for w in direct.report.warnings)
 
 
 def test_a_series_limit_is_not_split_but_said(front: EngineFront, history) -> None:
