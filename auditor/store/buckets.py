@@ -19,7 +19,7 @@ from auditor.core.model import Bucket, GpuId, PodRef, Window
 from auditor.errors import StoreError
 from auditor.store.claims import Displaced, GpuClaims, PodSpans, spans_of
 from auditor.store.database import Database
-from auditor.store.tables import AGGREGATES, BUCKETS
+from auditor.store.tables import AGGREGATES, BUCKETS, UTCDateTime
 from auditor.store.values import Invalid
 
 _BUCKET_KEY = ("job_id", "pod_namespace", "pod_name", "container", "gpu_uuid", "gpu_instance", "metric", "start")
@@ -90,6 +90,11 @@ class BucketRollup:
                 f"CREATE TEMPORARY TABLE IF NOT EXISTS {load} (LIKE {q(BUCKETS.name)}) ON COMMIT DELETE ROWS"
             )
             self._pg_copy = f"COPY {load} ({cols}) FROM STDIN"
+            # rows the fast path built (each value of its column's own Python type) go in
+            # PostgreSQL's binary format: no text formatting of every float and time (measured
+            # 5-6x less client CPU than text for 90,000 rows)
+            self._pg_copy_binary = f"{self._pg_copy} (FORMAT BINARY)"
+            self._pg_types = [_pg_type(BUCKETS.c[c].type) for c in _BUCKET_COLUMNS]
             # Inside a batch the next write comes before the commit empties the table (and
             # DELETE would leave dead rows that every later merge rescans).
             self._pg_clear = f"TRUNCATE {load}"
@@ -107,15 +112,18 @@ class BucketRollup:
             raise AssertionError(f"unexpected parameter order {compiled.positiontup}")
         return str(compiled)
 
-    def _copy_buckets(self, conn: Connection, rows: Iterable[tuple]) -> None:
-        """PostgreSQL bulk path (see :meth:`_make_bucket_sql`), on the connection's transaction."""
+    def _copy_buckets(self, conn: Connection, rows: Iterable[tuple], *, typed: bool) -> None:
+        """PostgreSQL bulk path (see :meth:`_make_bucket_sql`), on the connection's transaction;
+        ``typed``: every row is of the columns' own types (:func:`_fast_rows`), so binary."""
         dbapi = conn.connection.driver_connection
         if dbapi is None:  # pragma: no cover - a checked-out connection always has one
             raise StoreError("the PostgreSQL connection has no driver connection")
         try:
             with dbapi.cursor() as cur:
                 cur.execute(self._pg_load_ddl)
-                with cur.copy(self._pg_copy) as copy:
+                with cur.copy(self._pg_copy_binary if typed else self._pg_copy) as copy:
+                    if typed:
+                        copy.set_types(self._pg_types)
                     for row in rows:
                         copy.write_row(row)
                 cur.execute(self._bucket_sql)
@@ -151,13 +159,13 @@ class BucketRollup:
             return []
         rows: dict[tuple, tuple] = {}
         with self._db.checking(f"write buckets of job {job_id}"):
-            spans = _add_rows(rows, job_id, buckets, self._time_to_db)
+            spans, typed = _add_rows(rows, job_id, buckets, self._time_to_db)
         earliest = min(lo for lo, _hi, _gpus in spans.values())
         with self._db.writing(f"write {len(rows)} buckets of job {job_id}") as conn:
             if self._db.is_sqlite:
                 conn.exec_driver_sql(self._bucket_sql, list(rows.values()))
             else:
-                self._copy_buckets(conn, rows.values())
+                self._copy_buckets(conn, rows.values(), typed=typed)
             # an aggregate that already folded buckets from here on no longer matches them
             conn.execute(self._stale_aggregate, {"job_id": job_id, "earliest": earliest})
             return self._claims.claim(conn, job_id, spans)
@@ -172,16 +180,18 @@ class BucketRollup:
         rows: dict[tuple, tuple] = {}
         stale: list[dict[str, Any]] = []
         claims: list[tuple[int, PodSpans]] = []
+        all_typed = True
         for job_id, buckets in items:
             with self._db.checking(f"write buckets of job {job_id}"):
-                spans = _add_rows(rows, job_id, buckets, self._time_to_db)
+                spans, typed = _add_rows(rows, job_id, buckets, self._time_to_db)
+            all_typed = all_typed and typed
             stale.append({"job_id": job_id, "earliest": min(lo for lo, _hi, _gpus in spans.values())})
             claims.append((job_id, spans))
         with self._db.writing(f"write {len(rows)} buckets of {len(items)} jobs") as conn:
             if self._db.is_sqlite:
                 conn.exec_driver_sql(self._bucket_sql, list(rows.values()))
             else:
-                self._copy_buckets(conn, rows.values())
+                self._copy_buckets(conn, rows.values(), typed=all_typed)
             conn.execute(self._stale_aggregate, stale)
             settled = self._claims.claim_many(conn, claims)
             if settled is None:
@@ -257,9 +267,10 @@ class _Recheck(Exception):
     """A bucket the fast path leaves to :func:`_bucket_row` (which refuses it or writes it)."""
 
 
-def _add_rows(rows: dict[tuple, tuple], job_id: int, buckets: Sequence[Bucket], to_db: Any) -> PodSpans:
+def _add_rows(rows: dict[tuple, tuple], job_id: int, buckets: Sequence[Bucket], to_db: Any) -> tuple[PodSpans, bool]:
     """Add the job's buckets to ``rows`` (driver rows by their ``_BUCKET_KEY`` columns: the last
-    of several with one key wins) and return its pods' spans (:func:`~auditor.store.claims.spans_of`).
+    of several with one key wins); its pods' spans (:func:`~auditor.store.claims.spans_of`), and
+    whether the rows are typed (each value of its column's type: the fast path's).
 
     A cycle writes ~100k buckets, nine per GPU and a handful of distinct times: the fast path
     builds each (pod, GPU)'s columns, each time's conversion and check, and each metric's name
@@ -273,9 +284,9 @@ def _add_rows(rows: dict[tuple, tuple], job_id: int, buckets: Sequence[Bucket], 
         for b in buckets:
             row = _bucket_row(job_id, b, to_db)
             rows[row[:6] + row[10:12]] = row  # the _BUCKET_KEY columns
-        return spans_of(buckets)
+        return spans_of(buckets), False
     rows.update(mine)
-    return spans
+    return spans, True
 
 
 def _fast_rows(job_id: int, buckets: Sequence[Bucket], to_db: Any) -> tuple[dict[tuple, tuple], PodSpans]:
@@ -289,6 +300,8 @@ def _fast_rows(job_id: int, buckets: Sequence[Bucket], to_db: Any) -> tuple[dict
     pods: dict[tuple[str, str], list] = {}
     rows: dict[tuple, tuple] = {}
     isfinite, bucket, int_max = math.isfinite, Bucket, _INT_MAX
+    if type(job_id) is not int:
+        raise _Recheck
     for b in buckets:
         if type(b) is not bucket:
             raise _Recheck
@@ -296,6 +309,8 @@ def _fast_rows(job_id: int, buckets: Sequence[Bucket], to_db: Any) -> tuple[dict
         head = heads.get((id(pod), id(gpu)))
         if head is None:
             cols = _head(job_id, pod, gpu)
+            if not all(type(v) is str for v in cols[1:]):  # the typed rows' promise
+                raise _Recheck
             span = pods.get((cols[1], cols[2]))
             if span is None:
                 span = pods[(cols[1], cols[2])] = [start, start, set()]
@@ -358,6 +373,16 @@ def _bucket_row(job_id: int, b: Bucket, to_db: Any) -> tuple:
         )
     except (Invalid, TypeError, ValueError, AttributeError) as exc:
         raise Invalid(f"bad bucket {_describe(b)}: {exc}") from None
+
+
+def _pg_type(column_type: Any) -> str:
+    """The PostgreSQL type name of a bucket column, for the binary COPY."""
+    if isinstance(column_type, UTCDateTime):
+        return "timestamptz"
+    for kind, name in ((sa.Integer, "int4"), (sa.Float, "float8"), (sa.String, "text")):
+        if isinstance(column_type, kind):
+            return name
+    raise AssertionError(f"no binary COPY type for {column_type!r}")
 
 
 def _head(job_id: int, pod: PodRef, gpu: GpuId) -> tuple:

@@ -5,13 +5,16 @@ leaves every bucket it cannot vouch for to them: what they refuse is refused wit
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from enum import IntEnum
 
 import pytest
+import sqlalchemy as sa
 
 from auditor.core.metrics import Metric
-from auditor.core.model import Bucket, GpuId, PodRef
+from auditor.core.model import Bucket, GpuId, JobRef, PodRef
+from auditor.store import Store
 from auditor.store.buckets import _add_rows, _bucket_row, _fast_rows
 from auditor.store.claims import spans_of
 from auditor.store.values import Invalid
@@ -34,7 +37,7 @@ def _reference(job_id: int, buckets: list) -> tuple[dict, dict]:
 
 def _built(job_id: int, buckets: list) -> tuple[dict, dict]:
     rows: dict = {}
-    spans = _add_rows(rows, job_id, buckets, _to_db)
+    spans, _typed = _add_rows(rows, job_id, buckets, _to_db)
     return rows, spans
 
 
@@ -116,3 +119,44 @@ def test_what_the_per_bucket_checks_refuse_is_refused_with_their_message(change:
     with pytest.raises(Invalid) as reference:
         _reference(7, buckets)
     assert str(refused.value) == str(reference.value)
+
+
+def _stored(store: Store, cluster: str) -> list[tuple]:
+    with store.reading("compare") as conn:
+        return [
+            tuple(r)
+            for r in conn.execute(
+                sa.text(
+                    "SELECT j.name, b.pod_name, b.container, b.gpu_uuid, b.gpu_instance, b.hostname, b.gpu_index, "
+                    'b.gpu_model, b.mig_profile, b.metric, b.start, b."end", b.total, b.count, b.minimum, b.maximum, '
+                    "b.dropped FROM gpu_buckets b JOIN jobs j ON j.id = b.job_id WHERE j.cluster = :c "
+                    "ORDER BY 1, 2, 4, 10, 11"
+                ),
+                {"c": cluster},
+            )
+        ]
+
+
+@pytest.mark.parametrize("odd", [False, True], ids=["typed rows", "a job the fast path leaves"])
+def test_a_group_write_stores_what_one_write_per_job_stores(store_url: str, odd: bool) -> None:
+    """PostgreSQL takes typed rows in COPY's binary format, others as text: the same rows
+    (cluster ``one`` written a job at a time, cluster ``group`` in one group write)."""
+    store = Store.open(store_url)
+    try:
+        for cluster in ("one", "group"):
+            per_job = []
+            for i in range(3):
+                job = JobRef(cluster, "ns", "Job", f"j{i}", uid=f"{cluster}-{i}")
+                buckets = [b._replace(pod=PodRef("ns", f"j{i}-{b.pod.pod}", b.pod.container)) for b in _buckets()]
+                if odd and i == 1:  # an index that is not a string: the per-bucket path writes it
+                    buckets = [b._replace(gpu=replace(b.gpu, index=3)) for b in buckets]
+                per_job.append((store.upsert_job(job, T0 - W, T0 + 6 * W), buckets))
+            if cluster == "group":
+                store.replace_buckets_many(per_job)
+            else:
+                for job_id, buckets in per_job:
+                    store.replace_buckets(job_id, buckets)
+        one, group = _stored(store, "one"), _stored(store, "group")
+    finally:
+        store.close()
+    assert one == group and len(one) == 3 * len(_reference(1, _buckets())[0])
