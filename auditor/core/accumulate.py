@@ -48,6 +48,10 @@ _METRIC_START = attrgetter("metric", "start")
 _POD_GPU = attrgetter("pod", "gpu")
 
 
+#: the start before a run's first bucket (never a bucket's: nothing is added under it)
+_NO_START = datetime.min.replace(tzinfo=timezone.utc)
+
+
 class StaleFold(ValueError):
     """Buckets at or before what an aggregate already holds: it must be rebuilt from the store."""
 
@@ -309,20 +313,26 @@ class RowAggregate:
         if not buckets:
             return
         stats = self.stats
-        seen_by_metric: list[dict[datetime, int]] = []
+        scraped: dict[datetime, int] = {}  # bucket start → samples seen (max over metrics)
         ends: dict[datetime, datetime] = {}
         # One pass per metric run with the Stat fields in locals: this loop sees every bucket of
-        # an audit. Buckets without valid samples add only their dropped count.
+        # an audit. Buckets without valid samples add only their dropped count. A run is in start
+        # order, so a metric's samples at one start (summed, should it hold two buckets there)
+        # are complete when the start changes.
         for metric, run in groupby(buckets, key=_METRIC):
             st = stats.get(metric)
             if st is None:
                 st = stats[metric] = Stat()
             total, count, dropped, lo, hi, points = st.total, st.count, st.dropped, st.minimum, st.maximum, st.points
-            seen: dict[datetime, int] = {}
-            seen_by_metric.append(seen)
+            prev, seen = _NO_START, 0
             for _, _, _, start, end, t, n, mn, mx, d in run:  # Bucket's fields, in order
-                seen[start] = seen.get(start, 0) + n + d
                 ends[start] = end
+                if start == prev:
+                    seen += n + d
+                else:
+                    if seen > scraped.get(prev, 0):
+                        scraped[prev] = seen
+                    prev, seen = start, n + d
                 dropped += d
                 if n <= 0:
                     continue
@@ -333,17 +343,14 @@ class RowAggregate:
                 if mx > hi:
                     hi = mx
                 points.append((t / n, n))
+            if seen > scraped.get(prev, 0):
+                scraped[prev] = seen
             st.total, st.count, st.dropped, st.minimum, st.maximum = total, count, dropped, lo, hi
-        scraped: dict[datetime, int] = {}  # bucket start → samples seen (max over metrics)
-        for seen in seen_by_metric:
-            for start, n in seen.items():
-                if n > scraped.get(start, 0):
-                    scraped[start] = n
         earliest = min(ends)
         if self.first_any is None or earliest < self.first_any:
             self.first_any = earliest
         key = self.gpu.key
-        for s in sorted(s for s, n in scraped.items() if n > 0):
+        for s in sorted(scraped):  # only starts with samples are in it
             self._present(s, ends[s], scraped[s], max(1, shares.get((key, s), 1)), key, shares)
 
     def _present(self, s: datetime, end: datetime, scraped: int, share: int, key: str, shares: ShareMap) -> None:

@@ -30,24 +30,14 @@ from typing import Mapping, Sequence
 from auditor.core.accumulate import JobAggregate, RowView, ShareMap, Stat, peak_held
 from auditor.core.findings import job_findings, silent_zero
 from auditor.core.identity import JobKey
-from auditor.core.job_summary import MEAN_FIELDS, GpuSummary, JobSummary, Means, MetricStats
+from auditor.core.job_summary import GpuSummary, JobSummary, MetricStats
 from auditor.core.job_summary import rounded as _r
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket, Finding, JobRef, Window
 from auditor.core.sharing import gpu_shares
-from auditor.core.stat_block import metric_stats
+from auditor.core.stat_block import means_of, metric_stats
 from auditor.core.thresholds import Thresholds
 from auditor.core.verdicts import Evidence, classify
-
-
-def _means(stats: Mapping[Metric, Stat]) -> Means:
-    """:meth:`Means.of` the stats' means, reading each Stat once."""
-    out: dict[str, float | None] = {}
-    for name, m in MEAN_FIELDS:
-        s = stats.get(m)
-        out[name] = round(s.total / s.count, 6) if s is not None and s.count else None
-    return Means(**out)
-
 
 # --------------------------------------------------------------------------- MFU
 
@@ -136,6 +126,7 @@ def summarize_aggregate(
             busy_total += b.total
             busy_count += b.count
     block = metric_stats(row_stats + list(pooled.values()), list(pool_members.values()))
+    means = means_of([r.stats for r in rows] + [pooled])
     per_row_stats: list[dict[Metric, MetricStats]] = []
     k = 0
     for r in rows:
@@ -173,7 +164,7 @@ def summarize_aggregate(
     # per-GPU breakdown with per-GPU verdicts
     per_gpu: list[GpuSummary] = []
     silent: list[dict[str, object]] = []
-    for r, r_stats in zip(rows, per_row_stats):
+    for r, r_stats, r_means in zip(rows, per_row_stats, means):
         sz = silent_zero(r, th)
         if sz:
             silent.append(sz)
@@ -197,7 +188,7 @@ def summarize_aggregate(
                 gpu_hours=_r(r.gpu_hours),
                 coverage=_r(r.coverage),
                 busy_signal=r.busy_metric,
-                means=_means(r.stats),
+                means=r_means,
                 mfu_estimate=_r(r_mfu),
                 waste_gpu_hours=_r(r.waste_gpu_hours),
                 shared_with_pods=r.max_share - 1 if r.max_share > 1 else 0,
@@ -264,7 +255,7 @@ def summarize_aggregate(
         end=max((r.end for r in rows), default=window.start),
         gpu_hours=_r(gpu_hours),
         busy_signal=busy_metric,
-        means=_means(pooled),
+        means=means[-1],
         coverage=_r(coverage),
         mfu_estimate=_r(mfu),
         waste_gpu_hours=_r(waste),

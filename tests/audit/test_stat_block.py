@@ -9,8 +9,9 @@ import struct
 import numpy as np
 
 from auditor.core.accumulate import Stat
-from auditor.core.job_summary import MetricStats, rounded
-from auditor.core.stat_block import metric_stats, round6
+from auditor.core.job_summary import MEAN_FIELDS, Means, MetricStats, rounded
+from auditor.core.metrics import Metric
+from auditor.core.stat_block import means_of, metric_stats, round6
 
 
 def _bits(v: float | None) -> object:
@@ -88,8 +89,8 @@ def test_metric_stats_equal_the_one_by_one_statistics() -> None:
         assert [tuple(map(_bits_or_int, g)) for g in got] == [tuple(map(_bits_or_int, w)) for w in want], case
 
 
-def test_metric_stats_falls_back_where_numpy_could_differ() -> None:
-    """A negative zero, a non-finite value or a weight that is not whole: the Python path."""
+def test_metric_stats_on_odd_values() -> None:
+    """A negative zero, a non-finite value, a weight that is not whole: still the same."""
     for pts in ([(-0.0, 3), (0.0, 5), (0.1, 1)], [(math.inf, 2), (0.3, 1)], [(0.2, 1.5), (0.1, 2.5)]):
         st = Stat(sum(v * w for v, w in pts), 3, 0, min(v for v, _ in pts), max(v for v, _ in pts), pts)
         (got,) = metric_stats([st], [])
@@ -98,3 +99,17 @@ def test_metric_stats_falls_back_where_numpy_could_differ() -> None:
 
 def _bits_or_int(v: object) -> object:
     return _bits(v) if isinstance(v, float) else v
+
+
+def test_means_of_equals_means_of_each() -> None:
+    rnd = random.Random(5)
+    maps = []
+    for _ in range(40):
+        metrics = rnd.sample([m for _, m in MEAN_FIELDS] + [Metric.MAX_SM_CLOCK], rnd.randint(0, 10))
+        maps.append({m: _stat(rnd, rnd.randint(0, 5)) for m in metrics})
+    maps[0] = {Metric.SM_ACTIVE: Stat(dropped=2)}  # present, nothing valid: None
+    want = [Means.of(lambda m, by=by: by[m].mean if m in by else None) for by in maps]
+    got = means_of(maps)
+    assert [tuple(map(_bits, (getattr(g, n) for n, _ in MEAN_FIELDS))) for g in got] == [
+        tuple(map(_bits, (getattr(w, n) for n, _ in MEAN_FIELDS))) for w in want
+    ]
