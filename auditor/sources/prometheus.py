@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import re
-from array import array
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -42,12 +41,10 @@ from auditor.errors import BadInput, QueryTooLarge
 from auditor.sources import promql
 from auditor.sources.device_rows import DeviceRows, NameRows, ReadBlock, name_rows
 from auditor.sources.prometheus_client import PrometheusClient
-from auditor.sources.samples import STATS, bucket_stats, label_key, labels_of, parse_matrix, stats_of
+from auditor.sources.samples import STATS, bucket_stats, label_key, labels_of, matrix_of, parse_matrix, stats_of
 from auditor.sources.series import (
-    EMPTY_ROW,
     Series,
     aggregate_raw,
-    bucket_index,
     classify,
     classify_masks,
     device_labels,
@@ -55,7 +52,6 @@ from auditor.sources.series import (
     interval_estimate,
     merge_duplicates,
     nans,
-    own_labels,
     raw_spans,
     row_verdicts,
     short_labels,
@@ -190,16 +186,22 @@ class PrometheusSource:
         names = self._present_names(start_ms, end_ms)
         stats.names = names
         first_end = start_ms + width_ms
+        partial: dict[str, Any] = {}
         if self.reads_raw(end_ms - start_ms, width_ms):
             keys, labels, blocks = self._read_raw(names, first_end, end_ms, width_ms, major)
-            if not any(lab.get(SOURCE_LABEL) for lab in labels):
-                # no series names a source, so none shadows another: the blocks go straight on
-                parts = self._raw_groups(blocks, keys, labels, names, window, width_ms, major, report, stats)
-                return self._finish(*parts[:3], width_ms, q0, w0, report, stats, parts[3])
-            series = [s for name, devs, block in blocks for s in _series_of(name, [labels[d] for d in devs], block)]
-            del blocks
         else:
-            series = self._read_aggregates(names, first_end, end_ms, width_ms, rng)
+            keys, labels, blocks, partial = self._read_aggregates(names, first_end, end_ms, width_ms, rng)
+        if not partial and not any(lab.get(SOURCE_LABEL) for lab in labels):
+            # no series names a source, so none shadows another, and each series has its four
+            # statistics: the blocks go straight on
+            parts = self._raw_groups(blocks, keys, labels, names, window, width_ms, major, report, stats)
+            return self._finish(*parts[:3], width_ms, q0, w0, report, stats, parts[3])
+        series = [
+            s
+            for name, devs, block in blocks
+            for s in _series_of(name, [labels[d] for d in devs], block, partial.get(name))
+        ]
+        del blocks
         # the naming decides the unit of DCGM_FI_DEV_GPU_UTIL_RATIO (percent in DCGM 4.6, a
         # ratio in dcgm-exporter 4.9): told by the names, else by that name's values
         util = [v for s in series if s.name == UTIL_RATIO for a in ("min", "max") for v in s.aggs.get(a, ())]
@@ -556,13 +558,19 @@ class PrometheusSource:
 
     def _read_aggregates(
         self, names: list[str], first_end: int, last_end: int, width_ms: int, rng: int
-    ) -> list[Series]:
+    ) -> tuple[list[bytes], list[dict[str, str]], list[tuple[str, list[int], Any]], dict[str, Any]]:
         """Run the bucket queries (concurrently) and fold each answer in as it arrives.
 
-        At most ``concurrency`` queries are in flight, and each worker turns its decoded answer
-        into flat arrays of values (NaN = no sample) before handing it over, so peak memory
-        is a few answers plus the arrays, not every decoded answer at once.
+        Returns what :meth:`_read_raw` returns (the distinct label sets as keys and dicts, and per
+        name its rows' label-set indices and one ``(4, series, buckets)`` block of
+        :data:`~auditor.sources.samples.STATS`), and per name whose rows some answer lacked (an
+        incomplete answer) which aggregates each row has (``(4, rows)`` booleans). Each answer is
+        read from its bytes (:func:`~auditor.sources.samples.parse_matrix`: a query_range answer
+        is a matrix of one point per bucket end), so no Python object is made per point; at most
+        ``concurrency`` queries are in flight, each answer's rows held as arrays until the end.
         """
+        import numpy as np
+
         jobs = [
             (name, agg, a, b)
             for name in names
@@ -570,90 +578,60 @@ class PrometheusSource:
             for a, b in promql.chunks(first_end, last_end, width_ms, self.max_points - 1)
         ]
         n = (last_end - first_end) // width_ms + 1
-        #: (name, sorted label items) → series: a sorted tuple is half the size of a frozenset
-        by_key: dict[tuple[str, tuple[tuple[str, str], ...]], Series] = {}
-        index: dict[object, int] = {}
-        #: (name, chunk) → the series of the first answer for it, in answer order. Prometheus
-        #: answers every aggregate of one selector with the same series in the same order, so
-        #: the other three answers find their series by position, checked by comparing the
-        #: label dicts (cheap), and hash the label set only where that check fails.
-        order: dict[tuple[str, int], list[Series]] = {}
-        strings: dict[str, str] = {}
-        #: sorted label items → the one label dict the series of that label set share
-        shared: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
+        stat_of = {agg: STATS.index(agg) for agg in promql.AGGREGATES}
 
-        def compact(result: list[dict]) -> list[tuple[dict, int, Any]]:
-            """An answer as (labels, first bucket index, values array) per series; the
-            index is -1 (and the values (index, value) pairs) where the series has gaps."""
-            out: list[tuple[dict, int, Any]] = []
-            for item in result:
-                labels = item.get("metric", {})
-                labels.pop("__name__", None)
-                points = item.get("values")
-                if not points:
-                    out.append((labels, 0, EMPTY_ROW))
-                    continue
-                first = bucket_index(index, points[0][0], first_end, width_ms)
-                last = bucket_index(index, points[-1][0], first_end, width_ms)
-                if last - first + 1 == len(points):  # no gaps: one slice assignment
-                    out.append((labels, first, array("d", [float(v) for _, v in points])))
-                else:
-                    out.append(
-                        (labels, -1, [(bucket_index(index, t, first_end, width_ms), float(v)) for t, v in points])
-                    )
-            return out
+        def fetch(name: str, agg: str, a: int, b: int) -> list[tuple[list[bytes], list[int], Any, Any]]:
+            return self._range_chunk(name, agg, a, b, width_ms, rng)
 
-        def fetch(name: str, agg: str, a: int, b: int) -> list[tuple[dict, int, Any]]:
-            return self._range_chunk(name, agg, a, b, width_ms, rng, compact)
-
+        #: per name: label-set key → row, and its answers' (stat, rows, lens, columns, values)
+        rows_of: dict[str, dict[bytes, int]] = {name: {} for name in names}
+        got: dict[str, list[tuple[int, Any, Any, Any, Any]]] = {name: [] for name in names}
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             queue = iter(jobs)
-            inflight: dict[Future, tuple[str, str, int]] = {}
+            inflight: dict[Future, tuple[str, str]] = {}
 
             def submit_next() -> None:
                 job = next(queue, None)
                 if job is not None:
-                    inflight[pool.submit(fetch, *job)] = job[:3]
+                    inflight[pool.submit(fetch, *job)] = job[:2]
 
             for _ in range(self.concurrency):
                 submit_next()
             while inflight:
                 done, _ = wait(inflight, return_when=FIRST_COMPLETED)
                 for future in done:
-                    name, agg, chunk = inflight.pop(future)
+                    name, agg = inflight.pop(future)
                     submit_next()
-                    metric = BY_NAME[name]
-                    result = future.result()
-                    ref = order.get((name, chunk))
-                    mine: list[Series] | None = None
-                    if ref is None:
-                        mine = order[(name, chunk)] = []
-                        ref = []
-                    n_ref = len(ref)
-                    for j, (labels, first, got) in enumerate(result):
-                        if j < n_ref and ref[j].labels == labels:
-                            s = ref[j]
-                        else:
-                            items = tuple(sorted(labels.items()))
-                            found = by_key.get((name, items))
-                            if found is None:
-                                own = shared.get(items)
-                                if own is None:
-                                    own = shared[items] = own_labels(labels, strings)
-                                found = by_key[(name, items)] = Series(name, metric, own)
-                            s = found
-                        if mine is not None:
-                            mine.append(s)
-                        values = s.aggs.get(agg)
-                        if values is None:
-                            values = s.aggs[agg] = nans(n)
-                        if first >= 0:
-                            values[first : first + len(got)] = got
-                        else:
-                            for i, v in got:
-                                values[i] = v
-                    del result, future
-        return list(by_key.values())
+                    row_of = rows_of[name]
+                    for keys, lens, ts, values in future.result():
+                        rows = np.array([row_of.setdefault(k, len(row_of)) for k in keys], dtype=np.int64)
+                        # evaluation timestamps are bucket ends - 1 ms (promql.parse_ts_ms's rounding)
+                        cols = (np.rint(ts * 1000).astype(np.int64) + 1 - first_end) // width_ms
+                        got[name].append((stat_of[agg], rows, np.asarray(lens, dtype=np.int64), cols, values))
+                    del future
+        index: dict[bytes, int] = {}
+        out: list[tuple[str, list[int], Any]] = []
+        partial: dict[str, Any] = {}
+        for name in names:
+            mine = rows_of[name]
+            block = np.full((len(STATS), len(mine), n), np.nan)
+            seen = np.zeros((len(STATS), len(mine)), dtype=bool)
+            for k, rows, lens, cols, values in got.pop(name):
+                seen[k, rows] = True
+                at = np.repeat(rows, lens)
+                inside = (cols >= 0) & (cols < n)
+                if not inside.all():
+                    at, cols, values = at[inside], cols[inside], values[inside]
+                if len(np.unique(at * n + cols)) == len(at):
+                    block[k, at, cols] = values
+                else:  # one label set twice in an answer: the later point wins, as it always did
+                    for r, c, v in zip(at.tolist(), cols.tolist(), values.tolist()):
+                        block[k, r, c] = v
+            if not seen.all():
+                partial[name] = seen
+            out.append((name, [index.setdefault(k, len(index)) for k in mine], block))
+        keys = list(index)
+        return keys, self._labels_of(keys), out, partial
 
     def _read_raw(
         self, names: list[str], first_end: int, last_end: int, width_ms: int, major: int
@@ -760,25 +738,26 @@ class PrometheusSource:
         return _halving(query, first_end, last_end, width_ms, f"the raw read of {sel}")
 
     def _range_chunk(
-        self,
-        name: str,
-        agg: str,
-        first_end: int,
-        last_end: int,
-        width_ms: int,
-        rng: int,
-        convert: Callable[[list[dict]], list] = list,
-    ) -> list:
+        self, name: str, agg: str, first_end: int, last_end: int, width_ms: int, rng: int
+    ) -> list[tuple[list[bytes], list[int], Any, Any]]:
         """One query_range over bucket ends ``first_end..last_end``; halves itself on sample limits.
 
-        Returns ``convert`` of the answer's series (run under the client's decode lock).
+        Returns per answer (one, or one per half) what :func:`~auditor.sources.samples.parse_matrix`
+        reads of it (label-set keys with ``__name__`` removed, samples per series, timestamps and
+        values); a body it does not read is decoded as JSON and given the same form.
         """
         expr = promql.bucket_query(promql.selector(name, self.matchers, self.regex_matchers), agg, rng)
 
+        def read(body: bytes) -> list[tuple[list[bytes], list[int], Any, Any]] | None:
+            parsed = parse_matrix(body, name)
+            return None if parsed is None else [parsed]
+
+        def decoded(data: Any) -> list[tuple[list[bytes], list[int], Any, Any]]:
+            labels, lens, ts, values = matrix_of((data or {}).get("result", []))
+            return [([label_key(lab) for lab in labels], lens, ts, values)]
+
         def query(a: int, b: int) -> list:
-            return self.client.query_range(
-                expr, a - 1, b - 1, width_ms, convert=lambda data: convert((data or {}).get("result", []))
-            )
+            return self.client.query_range(expr, a - 1, b - 1, width_ms, convert=decoded, raw=read)
 
         return _halving(query, first_end, last_end, width_ms, expr)
 
@@ -921,11 +900,21 @@ def _in_order(*lists: list[Piece]) -> list[Piece]:
     return out
 
 
-def _series_of(name: str, own: list[dict[str, str]], block: Any) -> list[Series]:
-    """A raw read's block of one name as :class:`Series` (rows as lists of floats, made in C)."""
+def _series_of(name: str, own: list[dict[str, str]], block: Any, seen: Any = None) -> list[Series]:
+    """A read's block of one name as :class:`Series` (rows as lists of floats, made in C);
+    where ``seen`` (``(4, rows)`` booleans) is given, a row has only the statistics its
+    answers had (an incomplete answer: the series is re-read raw)."""
+    import numpy as np
+
     metric = BY_NAME[name]
     cnts, sums, mins, maxs = block.tolist()
-    return [
+    out = [
         Series(name, metric, lab, {"count": cnt, "sum": sm, "min": lo, "max": hi})
         for lab, cnt, sm, lo, hi in zip(own, cnts, sums, mins, maxs)
     ]
+    if seen is not None:
+        for j in np.flatnonzero(~seen.all(axis=0)).tolist():
+            aggs = out[j].aggs
+            for k in np.flatnonzero(~seen[:, j]).tolist():
+                del aggs[STATS[k]]
+    return out

@@ -284,7 +284,13 @@ class PrometheusClient:
         return self.call("query", params, convert=convert, raw=raw)
 
     def query_range(
-        self, expr: str, start_ms: int, end_ms: int, step_ms: int, convert: Callable[[Any], Any] | None = None
+        self,
+        expr: str,
+        start_ms: int,
+        end_ms: int,
+        step_ms: int,
+        convert: Callable[[Any], Any] | None = None,
+        raw: Callable[[bytes], Any] | None = None,
     ) -> Any:
         return self.call(
             "query_range",
@@ -297,6 +303,7 @@ class PrometheusClient:
                 **STRICT,
             },
             convert=convert,
+            raw=raw,
         )
 
     def label_values(self, label: str, match: Iterable[str], start_ms: int, end_ms: int) -> list[str]:

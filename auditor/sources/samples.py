@@ -45,6 +45,16 @@ def bucket_stats(result: list[dict], first_start_ms: int, width_ms: int, n: int)
     dicts (as decoded, ``__name__`` removed) and a float64 array of shape ``(4, series, n)``:
     :data:`STATS` per series and bucket, NaN where a bucket has no sample.
     """
+    labels, lens, ts, values = matrix_of(result, times=n > 1)
+    if not len(values):
+        return labels, np.full((4, len(labels), n), np.nan)
+    return labels, stats_of(lens, ts, values, first_start_ms, width_ms, n)
+
+
+def matrix_of(result: list[dict], times: bool = True) -> tuple[list[dict], list[int], Any, Any]:
+    """A decoded matrix answer as :func:`parse_matrix` reads a body: per series its label dict
+    (``__name__`` removed) and number of samples, and all timestamps (None unless ``times``)
+    and values as float64 arrays in answer order."""
     labels: list[dict] = []
     lens: list[int] = []
     for item in result:
@@ -53,13 +63,10 @@ def bucket_stats(result: list[dict], first_start_ms: int, width_ms: int, n: int)
         labels.append(lab)
         lens.append(len(item.get("values") or ()))
     total = sum(lens)
-    if not total:
-        return labels, np.full((4, len(labels), n), np.nan)
     points = list(chain.from_iterable(item.get("values") or () for item in result))
     values = np.fromiter(map(float, map(itemgetter(1), points)), dtype=np.float64, count=total)
-    ts = None if n == 1 else np.fromiter(map(itemgetter(0), points), dtype=np.float64, count=total)
-    del points
-    return labels, stats_of(lens, ts, values, first_start_ms, width_ms, n)
+    ts = np.fromiter(map(itemgetter(0), points), dtype=np.float64, count=total) if times else None
+    return labels, lens, ts, values
 
 
 #: how a plain Prometheus answer of a range-vector query begins and ends (Go's encoding of
