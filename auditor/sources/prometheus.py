@@ -585,7 +585,34 @@ class PrometheusSource:
 
         #: per name: label-set key → row, and its answers' (stat, rows, lens, columns, values)
         rows_of: dict[str, dict[bytes, int]] = {name: {} for name in names}
-        got: dict[str, list[tuple[int, Any, Any, Any, Any]]] = {name: [] for name in names}
+        #: per name: its (4, rows, buckets) block and which (statistic, row) an answer had,
+        #: grown as answers bring new rows (the first answer of a name usually brings them all)
+        held: dict[str, tuple[Any, Any]] = {}
+
+        def empty(rows: int) -> tuple[Any, Any]:
+            return np.full((len(STATS), rows, n), np.nan), np.zeros((len(STATS), rows), dtype=bool)
+
+        def fold(name: str, k: int, keys: list[bytes], lens: list[int], ts: Any, values: Any) -> None:
+            row_of = rows_of[name]
+            rows = np.array([row_of.setdefault(key, len(row_of)) for key in keys], dtype=np.int64)
+            block, seen = held.get(name) or empty(0)
+            if len(row_of) > block.shape[1]:
+                grown = empty(max(len(row_of), 2 * block.shape[1]))
+                grown[0][:, : block.shape[1]], grown[1][:, : block.shape[1]] = block, seen
+                block, seen = held[name] = grown
+            seen[k, rows] = True
+            at = np.repeat(rows, lens)
+            # evaluation timestamps are bucket ends - 1 ms (promql.parse_ts_ms's rounding)
+            cols = (np.rint(ts * 1000).astype(np.int64) + 1 - first_end) // width_ms
+            inside = (cols >= 0) & (cols < n)
+            if not inside.all():
+                at, cols, values = at[inside], cols[inside], values[inside]
+            if len(np.unique(at * n + cols)) == len(at):
+                block[k, at, cols] = values
+            else:  # one label set twice in an answer: the later point wins, as it always did
+                for r, c, v in zip(at.tolist(), cols.tolist(), values.tolist()):
+                    block[k, r, c] = v
+
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             queue = iter(jobs)
             inflight: dict[Future, tuple[str, str]] = {}
@@ -602,31 +629,16 @@ class PrometheusSource:
                 for future in done:
                     name, agg = inflight.pop(future)
                     submit_next()
-                    row_of = rows_of[name]
-                    for keys, lens, ts, values in future.result():
-                        rows = np.array([row_of.setdefault(k, len(row_of)) for k in keys], dtype=np.int64)
-                        # evaluation timestamps are bucket ends - 1 ms (promql.parse_ts_ms's rounding)
-                        cols = (np.rint(ts * 1000).astype(np.int64) + 1 - first_end) // width_ms
-                        got[name].append((stat_of[agg], rows, np.asarray(lens, dtype=np.int64), cols, values))
+                    for part in future.result():
+                        fold(name, stat_of[agg], *part)
                     del future
         index: dict[bytes, int] = {}
         out: list[tuple[str, list[int], Any]] = []
         partial: dict[str, Any] = {}
         for name in names:
             mine = rows_of[name]
-            block = np.full((len(STATS), len(mine), n), np.nan)
-            seen = np.zeros((len(STATS), len(mine)), dtype=bool)
-            for k, rows, lens, cols, values in got.pop(name):
-                seen[k, rows] = True
-                at = np.repeat(rows, lens)
-                inside = (cols >= 0) & (cols < n)
-                if not inside.all():
-                    at, cols, values = at[inside], cols[inside], values[inside]
-                if len(np.unique(at * n + cols)) == len(at):
-                    block[k, at, cols] = values
-                else:  # one label set twice in an answer: the later point wins, as it always did
-                    for r, c, v in zip(at.tolist(), cols.tolist(), values.tolist()):
-                        block[k, r, c] = v
+            block, seen = held.pop(name) if name in held else empty(0)
+            block, seen = block[:, : len(mine)], seen[:, : len(mine)]
             if not seen.all():
                 partial[name] = seen
             out.append((name, [index.setdefault(k, len(index)) for k in mine], block))

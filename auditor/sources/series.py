@@ -23,8 +23,6 @@ from auditor.sources import promql
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _NANS = array("d", [math.nan]) * 4096
-#: the values of a series that answered with no point
-EMPTY_ROW = array("d")
 
 
 def from_ms(ms: int) -> datetime:
@@ -44,17 +42,9 @@ class Series:
     name: str
     metric: Metric
     labels: dict[str, str]
-    #: aggregate ("sum", "count", "min", "max") → raw value per bucket of the read (NaN: none):
-    #: an ``array('d')`` from the aggregate queries, a list of floats from the raw-sample read
+    #: aggregate ("sum", "count", "min", "max") → raw value per bucket of the read (NaN: none),
+    #: a list of floats (a block's row: ``_series_of`` in auditor/sources/prometheus.py)
     aggs: dict[str, array | list[float]] = field(default_factory=dict)
-
-
-def bucket_index(cache: dict, ts: float, first_end: int, width_ms: int) -> int:
-    """Bucket index of an evaluation timestamp (``end - 1ms``) in the read's bucket grid."""
-    i = cache.get(ts)
-    if i is None:
-        i = cache[ts] = (promql.parse_ts_ms(ts) + 1 - first_end) // width_ms
-    return i
 
 
 def raw_spans(ends: list[int], width_ms: int, max_buckets: int) -> list[tuple[int, int]]:
@@ -190,23 +180,6 @@ def row_verdicts(
             idx = range(clean[0], clean[-1] + 1) if clean[-1] - clean[0] + 1 == len(clean) else clean
         ends = [first_end + i * width_ms for i in np.flatnonzero(bad[j]).tolist()] if any_bad[j] else None
         out.append((idx, ends))
-    return out
-
-
-def own_labels(labels: dict[str, str], strings: dict[str, str]) -> dict[str, str]:
-    """A copy of a decoded label set whose values are fresh strings shared by all series.
-
-    The series' labels outlive the decoded answer they came in; kept as they are, these few
-    small objects would pin the memory of the whole answer (millions of freed points) in the
-    allocator. Copies are made once per distinct value (the 9 metrics of a GPU share them).
-    """
-    out: dict[str, str] = {}
-    for k, v in labels.items():
-        c = strings.get(v)
-        if c is None:
-            c = v.encode().decode()
-            strings[c] = c
-        out[k] = c
     return out
 
 
