@@ -168,7 +168,7 @@ def summarize_aggregate(
         sz = silent_zero(r, th)
         if sz:
             silent.append(sz)
-        r_verdict, _ = classify(_evidence_row(r, th, sz), th)
+        r_verdict, _ = classify(_evidence_row(r, th, sz), th, explain=False)
         mclock, mclock_src = _max_clock(r.stats, r.gpu.model, th)
         r_mfu, _ = _mfu(r.mean(Metric.TENSOR_ACTIVE), r.mean(Metric.SM_CLOCK), mclock)
         per_gpu.append(

@@ -72,17 +72,24 @@ def pct(v: float | None) -> str:
     return "n/a" if v is None else f"{v * 100:.1f} %"
 
 
-def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
-    """DESIGN.md's verdict table, in order, first match wins; the first finding says why."""
-    base: dict[str, object] = {
-        "busy_signal": ev.busy_metric.value if ev.busy_metric else None,
-        "busy": _r(ev.busy),
-        "sm_active": _r(ev.sm),
-        "coverage": _r(ev.coverage),
-    }
+def classify(ev: Evidence, th: Thresholds, *, explain: bool = True) -> tuple[Verdict, list[Finding]]:
+    """DESIGN.md's verdict table, in order, first match wins; the first finding says why.
+
+    ``explain=False``: the verdict alone, no findings (the per-GPU verdicts of a summary, whose
+    findings nobody reads: their messages and evidence are most of the cost)."""
+    base: dict[str, object] = (
+        {
+            "busy_signal": ev.busy_metric.value if ev.busy_metric else None,
+            "busy": _r(ev.busy),
+            "sm_active": _r(ev.sm),
+            "coverage": _r(ev.coverage),
+        }
+        if explain
+        else {}
+    )
     insufficient = Verdict.INSUFFICIENT_DATA
     if ev.busy is None:
-        return insufficient, [
+        return insufficient, [] if not explain else [
             Finding(
                 "metric_missing",
                 "No utilization signal (neither DCGM_FI_DEV_GPU_UTIL nor DCGM_FI_PROF_GR_ENGINE_ACTIVE): "
@@ -91,7 +98,7 @@ def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
             )
         ]
     if ev.samples < th.min_samples or ev.span_s < th.min_span.total_seconds():
-        return insufficient, [
+        return insufficient, [] if not explain else [
             Finding(
                 "too_short",
                 f"Only {ev.samples} samples over {ev.span_s:.0f} s: too little to judge "
@@ -100,7 +107,7 @@ def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
             )
         ]
     if ev.coverage is not None and ev.coverage < th.min_coverage:
-        return insufficient, [
+        return insufficient, [] if not explain else [
             Finding(
                 "low_coverage",
                 f"Only {pct(ev.coverage)} of the expected samples are present (minimum "
@@ -109,7 +116,7 @@ def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
             )
         ]
     if ev.shared_fraction > th.max_shared_fraction:
-        return insufficient, [
+        return insufficient, [] if not explain else [
             Finding(
                 "gpu_shared_unjudged",
                 f"{pct(ev.shared_fraction)} of this job's GPU time is on GPUs shared with other pods "
@@ -118,7 +125,7 @@ def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
             )
         ]
     if ev.silent_zero:
-        return insufficient, [
+        return insufficient, [] if not explain else [
             Finding(
                 "profiling_zero_suspect",
                 "Profiling fields read exactly 0 while the GPU is busy: a kernel always keeps at least "
@@ -129,7 +136,7 @@ def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
             )
         ]
     if ev.busy < th.idle_util:
-        return Verdict.IDLE, [
+        return Verdict.IDLE, [] if not explain else [
             Finding(
                 "idle",
                 f"GPUs allocated but idle: {ev.busy_metric.value if ev.busy_metric else 'utilization'} "
@@ -138,9 +145,9 @@ def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
             )
         ]
     if ev.busy < th.busy_util:
-        return Verdict.UNDERUTILIZED, [_underutilized(ev, th, base)]
+        return Verdict.UNDERUTILIZED, [_underutilized(ev, th, base)] if explain else []
     if ev.sm is None:
-        return insufficient, [
+        return insufficient, [] if not explain else [
             Finding(
                 "metric_missing",
                 "The GPU is busy but there is no SM-activity series (DCGM_FI_PROF_SM_ACTIVE is off in "
@@ -151,11 +158,11 @@ def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
         ]
     if ev.sm < th.low_sm:
         if _no_kernel(ev, th):
-            return Verdict.LOW_SM_EFFICIENCY, _copy_only(ev, th, base)
+            return Verdict.LOW_SM_EFFICIENCY, _copy_only(ev, th, base) if explain else []
         if ev.sm / ev.busy >= th.sm_while_busy:
             # the SMs are well used while the GPU is busy: the shortfall is the idle time
-            return Verdict.UNDERUTILIZED, [_underutilized(ev, th, base)]
-        return Verdict.LOW_SM_EFFICIENCY, [
+            return Verdict.UNDERUTILIZED, [_underutilized(ev, th, base)] if explain else []
+        return Verdict.LOW_SM_EFFICIENCY, [] if not explain else [
             Finding(
                 "low_sm_efficiency",
                 f"The GPU looks busy ({pct(ev.busy)} utilization) but only {pct(ev.sm)} of SM time "
@@ -164,7 +171,7 @@ def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
             )
         ]
     if ev.tensor is None:
-        return insufficient, [
+        return insufficient, [] if not explain else [
             Finding(
                 "metric_missing",
                 "SMs are busy but there is no tensor-pipe series (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE): "
@@ -172,18 +179,22 @@ def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
                 {**base, "missing": ["tensor_active"]},
             )
         ]
-    pipe_ev = {
-        **base,
-        "tensor_active": _r(ev.tensor),
-        "dram_active": _r(ev.dram),
-        "fp32_active": _r(ev.fp32),
-        "fp16_active": _r(ev.fp16),
-    }
+    pipe_ev = (
+        {
+            **base,
+            "tensor_active": _r(ev.tensor),
+            "dram_active": _r(ev.dram),
+            "fp32_active": _r(ev.fp32),
+            "fp16_active": _r(ev.fp16),
+        }
+        if explain
+        else {}
+    )
     if ev.tensor < th.tensor_idle:
         # The CUDA-core math signal needs the FP32 pipe; FP16 (which excludes HMMA) only adds to it.
         math = max(ev.fp32, ev.fp16 or 0.0) if ev.fp32 is not None else None
         extra: list[Finding] = []
-        if ev.fp32 is None:
+        if explain and ev.fp32 is None:
             extra.append(
                 Finding(
                     "fp32_pipe_missing",
@@ -194,7 +205,7 @@ def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
                 )
             )
         if math is not None and math < th.math_pipe_idle:
-            return Verdict.MEMORY_BOUND, [
+            return Verdict.MEMORY_BOUND, [] if not explain else [
                 Finding(
                     "memory_bound",
                     f"SMs are busy ({pct(ev.sm)}) but neither the tensor ({pct(ev.tensor)}) nor the "
@@ -206,7 +217,7 @@ def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
                 *extra,
             ]
         if ev.dram is not None and ev.dram >= th.dram_busy:
-            return Verdict.MEMORY_BOUND, [
+            return Verdict.MEMORY_BOUND, [] if not explain else [
                 Finding(
                     "memory_bound",
                     f"SMs are busy ({pct(ev.sm)}), tensor pipes (nearly) idle ({pct(ev.tensor)}) and DRAM busy "
@@ -222,7 +233,7 @@ def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
                 if math is not None
                 else f"DRAM is quiet ({pct(ev.dram)}), so the SMs compute on CUDA cores"
             )
-            return Verdict.NO_TENSOR_CORES, [
+            return Verdict.NO_TENSOR_CORES, [] if not explain else [
                 Finding(
                     "no_tensor_cores",
                     f"SMs are busy ({pct(ev.sm)}) but the tensor cores are (nearly) idle ({pct(ev.tensor)}); "
@@ -231,7 +242,7 @@ def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
                 ),
                 *extra,
             ]
-        return insufficient, [
+        return insufficient, [] if not explain else [
             Finding(
                 "metric_missing",
                 "Tensor pipes are idle, but with neither DRAM nor FP32-pipe series memory-bound and "
@@ -239,6 +250,8 @@ def classify(ev: Evidence, th: Thresholds) -> tuple[Verdict, list[Finding]]:
                 {**pipe_ev, "missing": ["dram_active", "fp32_active"]},
             )
         ]
+    if not explain:
+        return Verdict.HEALTHY, []
     findings = [
         Finding(
             "healthy",
