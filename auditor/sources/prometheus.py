@@ -607,9 +607,11 @@ class PrometheusSource:
             inside = (cols >= 0) & (cols < n)
             if not inside.all():
                 at, cols, values = at[inside], cols[inside], values[inside]
-            if len(np.unique(at * n + cols)) == len(at):
+            # (a series' points are one per bucket end: two points share a cell only where a
+            # label set comes twice in an answer)
+            if len(set(keys)) == len(keys):
                 block[k, at, cols] = values
-            else:  # one label set twice in an answer: the later point wins, as it always did
+            else:  # an engine's failed deduplication: the later point wins, as it always did
                 for r, c, v in zip(at.tolist(), cols.tolist(), values.tolist()):
                     block[k, r, c] = v
 
