@@ -119,6 +119,7 @@ def _child(args: argparse.Namespace) -> dict:
         per = {p: 0.0 for p in PHASES}
         if profiler:
             profiler.enable()
+        phases = args.phases
         for job, agg, done, tail in work:
             t0 = clock()
             agg.fold(done, {})
@@ -126,8 +127,12 @@ def _child(args: argparse.Namespace) -> dict:
             view = agg.copy()
             view.fold(tail, {})
             t1 = clock()
+            if "s" not in phases:
+                continue
             summary = summarize_aggregate(job, view, window=window, now=now, interval=view.interval_for(view.interval))
             t2 = clock()
+            if "j" not in phases:
+                continue
             doc = summary.to_json()
             t3 = clock()
             state = agg.to_json()
@@ -136,6 +141,8 @@ def _child(args: argparse.Namespace) -> dict:
             per["summary"] += t2 - t1
             per["to_json"] += t3 - t2
             per["state"] += t4 - t3
+            if not args.digest:
+                continue
             if profiler:
                 profiler.disable()
             digest.update(json.dumps(doc, sort_keys=True, default=str).encode())
@@ -151,8 +158,8 @@ def _child(args: argparse.Namespace) -> dict:
         profiler.dump_stats(args.profile)
     return {
         "cycles": cycles,
-        "cpu_per_cycle_s": {p: cpu[p] / args.cycles for p in PHASES},
-        "per_job_s": (cpu["fold"] + cpu["summary"] + cpu["to_json"]) / args.cycles,
+        "cpu_per_cycle_s": {p: cpu[p] / max(1, args.cycles) for p in PHASES},
+        "per_job_s": (cpu["fold"] + cpu["summary"] + cpu["to_json"]) / max(1, args.cycles),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         "digest": digest.hexdigest(),
     }
@@ -177,6 +184,30 @@ def _run(path: Path, args: argparse.Namespace, profile: str | None = None) -> di
     return json.loads(out.stdout)
 
 
+def _instructions(path: Path, jobs: int, gpus: int, cycles: int) -> dict[str, float]:
+    """Instructions per job and cycle of each phase, counted by valgrind (cachegrind, no cache
+    simulation): the same children with 0 cycles and with the phases added one at a time, so
+    the setup and the phases before are subtracted. Deterministic to about 2 %."""
+
+    def count(c: int, phases: str) -> int:
+        cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]
+        cmd += [sys.executable, __file__, "--child", "--no-digest", "--jobs", str(jobs), "--gpus", str(gpus)]
+        cmd += ["--cycles", str(c), "--phases", phases]
+        env = {**os.environ, "PYTHONPATH": str(path), "PYTHONHASHSEED": "0"}
+        out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stderr
+        line = next(x for x in out.splitlines() if "I   refs" in x or "I refs" in x)
+        return int(line.split(":")[1].replace(",", "").split()[0])
+
+    zero, fold, summary, both = count(0, "f"), count(cycles, "f"), count(cycles, "fs"), count(cycles, "fsj")
+    n = jobs * cycles
+    return {
+        "fold": (fold - zero) / n,
+        "summary": (summary - fold) / n,
+        "to_json_and_state": (both - summary) / n,
+        "per_job": (both - zero) / n,
+    }
+
+
 def _git(*a: str, cwd: Path = REPO) -> str:
     r = subprocess.run(["git", *a], cwd=cwd, capture_output=True, text=True)
     return r.stdout.strip()
@@ -197,7 +228,17 @@ def main() -> int:
     ap.add_argument("--baseline-rev", default="", help="the revision the snapshot was taken at (recorded)")
     ap.add_argument("--out", type=Path, help="write OUT (markdown) and OUT with .json")
     ap.add_argument("--profile", help="cProfile the current tree's cycles into this file")
+    ap.add_argument(
+        "--instructions",
+        type=int,
+        default=0,
+        metavar="JOBS",
+        help="also count CPU instructions per job and cycle (valgrind, JOBS jobs): a figure that other load "
+        "on the machine does not move",
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--phases", default="fsj", help=argparse.SUPPRESS)
+    ap.add_argument("--no-digest", dest="digest", action="store_false", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(_child(args)))
@@ -208,6 +249,11 @@ def main() -> int:
         if args.baseline:
             runs["baseline"].append(_run(args.baseline, args))
         runs["current"].append(_run(REPO, args, args.profile if r == 0 else None))
+    instructions = {}
+    if args.instructions:
+        for name, path in (("baseline", args.baseline), ("current", REPO)):
+            if path is not None:
+                instructions[name] = _instructions(path, args.instructions, args.gpus, args.cycles)
     load_after = os.getloadavg()
 
     def best(rs: list[dict]) -> dict:
@@ -237,6 +283,9 @@ def main() -> int:
         "current": best(runs["current"]),
         "runs": runs,
     }
+    if instructions:
+        result["instructions_per_job_cycle"] = instructions
+        result["instructions_shape"] = {"jobs": args.instructions, "gpus_per_job": args.gpus, "cycles": args.cycles}
     if args.baseline:
         b, c = best(runs["baseline"]), result["current"]
         result["baseline"] = b
@@ -292,6 +341,26 @@ def _markdown(r: dict) -> str:
         lines.append(f"| **per-job summary work** | **{c:.3f}** |")
         lines.append(f"| peak RSS MB | {r['current']['peak_rss_mb']:.0f} |")
     lines.append(f"Per GPU: {c / gpus * 1e3:.3f} ms of the summary work per cycle.")
+    ins = r.get("instructions_per_job_cycle")
+    if ins:
+        sh = r["instructions_shape"]
+        lines += [
+            "",
+            f"Instructions per job and cycle (valgrind, {sh['jobs']} jobs x {sh['gpus_per_job']} GPUs, "
+            f"{sh['cycles']} cycles; load does not move them):",
+            "",
+            "| what | " + " | ".join(f"{k} M" for k in ins) + (" | ratio |" if len(ins) == 2 else " |"),
+            "|---|" + "---:|" * (len(ins) + (1 if len(ins) == 2 else 0)),
+        ]
+        for key, label in (
+            ("fold", "fold"),
+            ("summary", "summarize_aggregate"),
+            ("to_json_and_state", "to_json + state"),
+            ("per_job", "**total**"),
+        ):
+            vals = [ins[k][key] / 1e6 for k in ins]
+            ratio = f" {vals[0] / vals[1]:.2f}x |" if len(vals) == 2 and vals[1] else ""
+            lines.append(f"| {label} | " + " | ".join(f"{v:.2f}" for v in vals) + " |" + ratio)
     return "\n".join(lines) + "\n"
 
 
