@@ -2,7 +2,7 @@
 
 An operator cycle at 10,000 GPUs reads nine exporter names: 90,000 series. Made into one
 :class:`~auditor.core.rollup.BucketRun` per series (and sorted as such) they cost more than the
-arithmetic; here each exporter name keeps its answer's statistics as flat lists (one entry per
+arithmetic; here each exporter name keeps its answer's statistics as flat arrays (one entry per
 row and bucket), and each device (pod, GPU) is one :class:`DeviceRows` that finds its row in
 every name by index. Its buckets are those the per-series runs would make, in the same order
 (metric by metric, bucket by bucket): :func:`~auditor.core.rollup.add_runs` makes both.
@@ -13,6 +13,7 @@ so; the others take the general path (runs, re-reads, duplicates merged) in the 
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Sequence
@@ -26,14 +27,14 @@ from auditor.core.rollup import add_runs
 class NameRows:
     """One exporter name's clean rows: ``row_of[d]`` is device ``d``'s row (-1: none), the
     aggregates of row ``j``'s bucket ``i`` (in the metric's unit: scaled once, in numpy) are at
-    ``j * width + i`` of the flat lists, and ``idx[j]`` lists row ``j``'s clean bucket positions."""
+    ``j * width + i`` of the flat arrays, and ``idx[j]`` lists row ``j``'s clean bucket positions."""
 
     metric: Metric
     row_of: list[int]
-    counts: list[int]
-    sums: list[float]
-    mins: list[float]
-    maxs: list[float]
+    counts: Sequence[int]
+    sums: Sequence[float]
+    mins: Sequence[float]
+    maxs: Sequence[float]
     idx: list[Sequence[int]]
     width: int
 
@@ -91,7 +92,18 @@ def name_rows(
         r = int(rows[j])
         clean = np.flatnonzero(ok[r]).tolist()
         idx[r] = range(clean[0], clean[-1] + 1) if clean[-1] - clean[0] + 1 == len(clean) else clean
-    # (x * scale in numpy is the same IEEE product as in Python; a count is whole where clean)
-    sums, mins, maxs = (part[k].ravel() * scale if scale != 1.0 else part[k].ravel() for k in (1, 2, 3))
-    cnts = np.nan_to_num(part[0].ravel()).astype(np.int64).tolist()
-    return NameRows(metric, row_of.tolist(), cnts, sums.tolist(), mins.tolist(), maxs.tolist(), idx, n)
+    # (x * scale in numpy is the same IEEE product as in Python; a count is whole where clean).
+    # Kept as arrays of machine numbers (8 bytes a value, not a float object's 32: a long
+    # window's rows are millions); indexing one gives the same Python float or int
+    sums, mins, maxs = (_packed("d", part[k] * scale if scale != 1.0 else part[k]) for k in (1, 2, 3))
+    cnts = _packed("q", np.nan_to_num(part[0]).astype(np.int64))
+    return NameRows(metric, row_of.tolist(), cnts, sums, mins, maxs, idx, n)
+
+
+def _packed(code: str, values: Any) -> array:
+    """A numpy array's values, flattened, as an ``array(code)`` (copied bytes, exact)."""
+    import numpy as np
+
+    out = array(code)
+    out.frombytes(np.ascontiguousarray(values).tobytes())
+    return out
