@@ -171,3 +171,8 @@ def test_the_scan_and_the_heap_merge_the_same_pairs() -> None:
         vals = sorted({round(rnd.random(), 3) for _ in range(n * 2)})[:n]  # ties in the gaps too
         wts = [rnd.randint(1, 20) for _ in vals]
         assert _merge_scan(list(vals), list(wts), POINT_LIMIT) == _merge_heap(list(vals), list(wts), POINT_LIMIT)
+
+
+def test_the_fold_reads_buckets_by_position() -> None:
+    """The fold indexes and unpacks a Bucket by position: its field order is part of that."""
+    assert Bucket._fields == ("pod", "gpu", "metric", "start", "end", "total", "count", "minimum", "maximum", "dropped")
