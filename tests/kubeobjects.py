@@ -139,10 +139,12 @@ def replayed_job_pods(
     pods: int = 2,
     gpus: int = 4,
     labels: dict | None = None,
+    first_node: int = 0,
 ) -> None:
-    """``pods`` pods of ``job`` (``<job>-<k>-abcde``, each on its own node ``<case>-node<k>``,
-    ``gpus`` GPUs each) whose DCGM history is the demo trace's ``phase`` over ``[end - duration,
-    end)``, backfilled into Prometheus under the label ``case`` (tests share one TSDB)."""
+    """``pods`` pods of ``job`` (``<job>-<k>-abcde``, each on its own node ``<case>-node<n>``,
+    ``n = first_node + k``, ``gpus`` GPUs each: the same node's GPUs in two jobs are shared)
+    whose DCGM history is the demo trace's ``phase`` over ``[end - duration, end)``, backfilled
+    into Prometheus under the label ``case`` (tests share one TSDB)."""
     import re
 
     from auditor import traces
@@ -152,13 +154,10 @@ def replayed_job_pods(
     tjs = []
     for k in range(pods):
         pod = f"{job['metadata']['name']}-{k}-abcde"
-        create_pod(
-            api, namespace, pod, gpus=gpus, owner=job, labels=labels, node=f"{case}-node{k}", started=end - duration
-        )
+        node = f"{case}-node{first_node + k}"
+        create_pod(api, namespace, pod, gpus=gpus, owner=job, labels=labels, node=node, started=end - duration)
         tjs.append(
-            traces.TraceJob(
-                PodRef(namespace, pod, "main"), traces.make_gpus(gpus, f"{case}-node{k}"), phase, duration=duration
-            )
+            traces.TraceJob(PodRef(namespace, pod, "main"), traces.make_gpus(gpus, node), phase, duration=duration)
         )
     text = traces.trace_to_openmetrics(trace, tjs, end=end, duration=duration, interval=interval)
     prometheus.backfill(re.sub(r"^([A-Za-z_:][A-Za-z0-9_:]*)\{", rf'\1{{case="{case}",', text, flags=re.M))

@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 ORIGIN = "operator"
 #: how long after a job's end its final summary waits for late samples
 END_SETTLE = timedelta(minutes=1)
+#: a kept job aggregate's state is written whole at least this often (of its ``through``)
+STATE_EVERY = timedelta(hours=1)
 
 
 class LostLeadership(AuditorError):
@@ -173,8 +175,12 @@ class _CycleStore:
             self._aggregates.clear()
             now = self._aggregates_now
             assert now is not None
-            self._store.save_aggregates(items, now)
-            self._kept.saved(items, now)
+            write, advance = self._kept.split(items, can_advance=hasattr(self._store, "advance_aggregates"))
+            if write:
+                self._store.save_aggregates(write, now)
+            if advance:
+                self._store.advance_aggregates([(job_id, agg.through) for job_id, agg in advance], now)
+            self._kept.saved(write, advance, now)
         if self._summaries:
             docs = list(self._summaries.items())
             self._summaries.clear()
@@ -195,34 +201,83 @@ class _KeptAggregates:
     read and decode each job's aggregate again. The store stays the truth: a kept copy is used
     only while the store's ``(through, updated)`` of the job is still the one it was saved with
     (read for all jobs of the cluster in one query per chunk), so one that another process wrote
-    or deleted since, a rolled-back cycle's, or one lost with a displacement is read again."""
+    or deleted since, a rolled-back cycle's, or one lost with a displacement is read again.
+
+    A kept aggregate's state is written to the store at most every :data:`STATE_EVERY` of its
+    ``through``; in the cycles between, only the stored ``through`` and stamp move
+    (``advance_aggregates``), since serializing every job's state each cycle was a tenth of a
+    steady cycle. Whoever reads the stored state (a restart, a new leader or shard) folds the
+    buckets after the state's own ``through`` from the store, at most that much; and a rewrite
+    of a bucket the kept copy holds still deletes the row by the moved ``through``, which ends
+    the copy here too. An aggregate not continued from the kept copy (read from the store,
+    rebuilt), and one with a GPU shared with other pods, is always written whole: a reader folds
+    stored buckets without the other pods' shares of them (those come from a cycle's read), so
+    only an aggregate that never saw sharing folds on exactly from an older state."""
 
     def __init__(self) -> None:
         self._kept: dict[int, tuple[tuple[datetime, datetime], JobAggregate]] = {}
         self._stamps: dict[int, tuple[datetime, datetime]] = {}
+        #: the ``through`` of the state last written whole, per kept job
+        self._state: dict[int, datetime] = {}
+        #: the kept copies handed out this chunk (a saved aggregate that is one of them continues it)
+        self._taken: dict[int, JobAggregate] = {}
 
     def check(self, store: Any, cluster: str) -> None:
         """Read the store's stamps (inside the chunk's transaction, before its writes)."""
         self._stamps = store.aggregate_stamps(cluster) if self._kept else {}
+        self._taken.clear()
 
     def take(self, job_id: int) -> JobAggregate | None:
         """The kept aggregate of the job when the store still holds it (the caller may change it:
         it is no longer kept until saved again)."""
         entry = self._kept.pop(job_id, None)
         if entry is None or self._stamps.get(job_id) != entry[0]:
+            self._state.pop(job_id, None)
             return None
+        self._taken[job_id] = entry[1]
         return entry[1]
 
     def forget(self, job_id: int) -> None:
         self._kept.pop(job_id, None)
+        self._state.pop(job_id, None)
+        self._taken.pop(job_id, None)
 
-    def saved(self, items: list[tuple[int, JobAggregate]], now: datetime) -> None:
+    def split(
+        self, items: list[tuple[int, JobAggregate]], *, can_advance: bool
+    ) -> tuple[list[tuple[int, JobAggregate]], list[tuple[int, JobAggregate]]]:
+        """The aggregates to write whole, and those whose stored ``through`` only moves."""
+        write: list[tuple[int, JobAggregate]] = []
+        advance: list[tuple[int, JobAggregate]] = []
         for job_id, agg in items:
+            state = self._state.get(job_id)
+            if (
+                can_advance
+                and state is not None
+                and agg.through is not None
+                and self._taken.get(job_id) is agg
+                and agg.through - state < STATE_EVERY
+                and all(row.max_share <= 1 for row in agg.rows.values())
+            ):
+                advance.append((job_id, agg))
+            else:
+                write.append((job_id, agg))
+        return write, advance
+
+    def saved(
+        self, write: list[tuple[int, JobAggregate]], advance: list[tuple[int, JobAggregate]], now: datetime
+    ) -> None:
+        for job_id, agg in write:
+            if agg.through is not None:
+                self._kept[job_id] = ((agg.through, now), agg)
+                self._state[job_id] = agg.through
+        for job_id, agg in advance:
             if agg.through is not None:
                 self._kept[job_id] = ((agg.through, now), agg)
 
     def clear(self) -> None:
         self._kept.clear()
+        self._state.clear()
+        self._taken.clear()
 
 
 def _as_stored(made: JobSummary | None, doc: dict) -> JobSummary:

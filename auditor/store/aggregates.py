@@ -79,6 +79,30 @@ class Aggregates:
         with self._db.writing(where) as conn:
             self._upsert.executemany(conn, values.values())
 
+    def advance_aggregates(self, items: Sequence[tuple[int, datetime]], now: datetime) -> int:
+        """Move the stored ``through`` of jobs whose state is written later (the operator keeps
+        the newer state in memory: :class:`auditor.operator_loop.cycle._KeptAggregates`), and
+        stamp them ``now``; the state itself, with its own ``through``, stays as it was.
+
+        The column then says which buckets a newer state holds, so a rewrite of any of them
+        still deletes the row (:class:`~auditor.store.buckets.Buckets`' stale-aggregate rule) and
+        the keeper sees its stamp gone; a reader of the state folds the buckets after the state's
+        own ``through``, which the store holds. Returns the rows moved (a deleted row is not)."""
+        if not items:
+            return 0
+        a = AGGREGATES.c
+        stmt = (
+            sa.update(AGGREGATES)
+            .where(a.job_id == sa.bindparam("b_job_id"))
+            .values(through=sa.bindparam("b_through"), updated=sa.bindparam("b_updated"))
+        )
+        where = f"advance the aggregates of {len(items)} job(s)"
+        with self._db.checking(where):
+            stamp = aware(now, "now")
+            rows = [{"b_job_id": job_id, "b_through": aware(t, "through"), "b_updated": stamp} for job_id, t in items]
+        with self._db.writing(where) as conn:
+            return int(conn.execute(stmt, rows).rowcount or 0)
+
     def stamps(self, cluster: str) -> dict[int, tuple[datetime, datetime]]:
         """``(through, updated)`` of every stored aggregate of ``cluster``'s jobs: what tells a
         copy kept in memory (the operator's, between cycles) from the stored one, whoever wrote

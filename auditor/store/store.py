@@ -149,6 +149,10 @@ class Store:
         """:meth:`save_aggregate` of several jobs in one statement (:meth:`Aggregates.save_aggregates`)."""
         self._aggregates.save_aggregates(items, now)
 
+    def advance_aggregates(self, items: Sequence[tuple[int, datetime]], now: datetime) -> int:
+        """The stored ``through`` of jobs moved on without their state (:meth:`Aggregates.advance_aggregates`)."""
+        return self._aggregates.advance_aggregates(items, now)
+
     def aggregate_stamps(self, cluster: str) -> dict[int, tuple[datetime, datetime]]:
         """``(through, updated)`` of each stored aggregate of the cluster (:meth:`Aggregates.stamps`)."""
         return self._aggregates.stamps(cluster)

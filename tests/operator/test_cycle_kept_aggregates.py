@@ -41,11 +41,17 @@ def _copy(src: Path, dst: Path) -> None:
 
 
 def _stored(store: Store) -> tuple[list[dict], list[tuple]]:
+    """The summaries and each aggregate row's ``through`` (the state itself may be older: a kept
+    one is written whole only every STATE_EVERY, and a reader folds the buckets after it)."""
     with store.reading("compare") as conn:
-        aggs = [
-            tuple(r) for r in conn.exec_driver_sql("SELECT job_id, through, state FROM job_aggregates ORDER BY job_id")
-        ]
+        aggs = [tuple(r) for r in conn.exec_driver_sql("SELECT job_id, through FROM job_aggregates ORDER BY job_id")]
     return store.summaries(), aggs
+
+
+def _state_through(store: Store, job_id: int) -> datetime | None:
+    """The ``through`` inside the stored state (what a reader folds on from)."""
+    agg = store.aggregate(job_id)
+    return agg.through if agg is not None else None
 
 
 def test_kept_aggregates_and_summaries_match_a_fresh_runner(
@@ -55,7 +61,8 @@ def test_kept_aggregates_and_summaries_match_a_fresh_runner(
     now = datetime.now(timezone.utc).replace(second=0, microsecond=0)
     start = now.replace(minute=now.minute // 5 * 5) - timedelta(hours=3)
     end = start + timedelta(minutes=50)
-    for name in ("train", "tune"):
+    # train and tune share their node's GPUs (time-slicing); solo has a node of its own
+    for name, node in (("train", 0), ("tune", 0), ("solo", 5)):
         job = batch_job(kube_admin, namespace, name, labels={"team": "research"})
         replayed_job_pods(
             kube_admin,
@@ -70,6 +77,7 @@ def test_kept_aggregates_and_summaries_match_a_fresh_runner(
             pods=1,
             gpus=2,
             labels={"team": "research"},
+            first_node=node,
         )
     main_db, fresh_db = tmp_path / "main.db", tmp_path / "fresh.db"
     resolver = KubeResolver(api_client(KubeConfig(kubeconfig=testbed.kubeconfig)), cluster=case).start()
@@ -99,10 +107,19 @@ def test_kept_aggregates_and_summaries_match_a_fresh_runner(
 
             t = start + timedelta(minutes=20)
             first = cycle(t)  # first sighting: the aggregates are read (there are none) and built
-            assert len(first) == 2
+            assert len(first) == 3
             reads = store.aggregate_reads
+            ids = {name: real.find_job(namespace, "Job", name, case)[0] for name in ("train", "solo")}
+            written = {name: _state_through(real, job_id) for name, job_id in ids.items()}
             cycle(t + timedelta(minutes=5))
-            assert store.aggregate_reads == reads  # steady state: both kept, none read
+            assert store.aggregate_reads == reads  # steady state: all kept, none read
+            # solo's state stays as the first cycle wrote it, only the stored `through` moved (the
+            # fresh runner above, folding the buckets after the state, summarized the same);
+            # train's GPUs are shared, so its state is written whole every cycle
+            assert written["solo"] is not None and _state_through(real, ids["solo"]) == written["solo"]
+            assert (_state_through(real, ids["train"]) or t) > (written["train"] or t)
+            moved = dict(_stored(real)[1])
+            assert str(moved[ids["solo"]]) > str(written["solo"].replace(tzinfo=None))
 
             # another writer changes one job's aggregate (same `through`): the store's is used
             job_id, _ref = real.find_job(namespace, "Job", "train", case)
