@@ -15,16 +15,15 @@ and every report field must be the same either way.
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Iterator
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-import requests
 
 from auditor.core.model import Window
 from auditor.sources.prometheus import PrometheusSource
+from tests.sources.forwarding_front import ForwardingFront
 from tests.sources.test_prometheus_source import WIDTH, _utc
 from tests.sources.test_raw_read import AGGREGATES_ONLY, _bucket_rows, mixed  # noqa: F401 (a fixture)
 
@@ -33,53 +32,23 @@ pytestmark = pytest.mark.testbed
 Rewrite = Callable[[str, list[dict]], list[dict]]
 
 
-class Front:
+class Front(ForwardingFront):
     """A local HTTP front that forwards to a real Prometheus and rewrites query_range answers."""
 
     def __init__(self, upstream: str) -> None:
         self.rewrite: Rewrite | None = None
         self.spaced = False  # answer with JSON as Python writes it: the byte reader declines it
-        front = self
+        super().__init__(upstream)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                self._serve(b"")
-
-            def do_POST(self) -> None:
-                self._serve(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-
-            def _serve(self, body: bytes) -> None:
-                resp = requests.request(
-                    self.command,
-                    upstream + self.path,
-                    data=body or None,
-                    headers={"Content-Type": self.headers.get("Content-Type", "")} if body else None,
-                    timeout=60,
-                )
-                content = resp.content
-                if urlsplit(self.path).path.endswith("/query_range") and resp.ok:
-                    doc = resp.json()
-                    if front.rewrite is not None:
-                        doc["data"]["result"] = front.rewrite(
-                            parse_qs(body.decode())["query"][0], doc["data"]["result"]
-                        )
-                    content = json.dumps(doc, separators=None if front.spaced else (",", ":")).encode()
-                self.send_response(resp.status_code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(content)))
-                self.end_headers()
-                self.wfile.write(content)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def serve(self, handler: BaseHTTPRequestHandler, body: bytes) -> tuple[int, bytes, str]:
+        resp = self.forward(handler, body)
+        content = resp.content
+        if urlsplit(handler.path).path.endswith("/query_range") and resp.ok:
+            doc = resp.json()
+            if self.rewrite is not None:
+                doc["data"]["result"] = self.rewrite(parse_qs(body.decode())["query"][0], doc["data"]["result"])
+            content = json.dumps(doc, separators=None if self.spaced else (",", ":")).encode()
+        return resp.status_code, content, "application/json"
 
 
 @pytest.fixture

@@ -11,32 +11,30 @@ Prometheus; only the limit is enforced by the front.
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator
+from http.server import BaseHTTPRequestHandler
+from typing import Iterator
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-import requests
 
 from auditor.core.model import Window
 from auditor.errors import QueryRefused, QueryTooLarge
 from auditor.sources.prometheus import PrometheusSource
 from auditor.sources.prometheus_client import limit_of
+from tests.sources.forwarding_front import ForwardingFront
 
 pytestmark = pytest.mark.testbed
 
 WIDTH = timedelta(minutes=5)
 
 
-class EngineFront:
+class EngineFront(ForwardingFront):
     """A local HTTP front of a real Prometheus with a tenant check and one range limit."""
 
     def __init__(self, upstream: str) -> None:
-        self.upstream = upstream
         self.tenant: str | None = None  # required X-Scope-OrgID, when set
         self.max_range_s: float | None = None  # a query_range longer than this is refused
         self.refusal: tuple[int, str] = (422, "")
@@ -44,59 +42,28 @@ class EngineFront:
         self.refused = 0
         #: answer every series of an instant query twice (an engine whose deduplication failed)
         self.twice = False
-        front = self
+        super().__init__(upstream)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                self._serve(b"")
-
-            def do_POST(self) -> None:
-                self._serve(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-
-            def _serve(self, body: bytes) -> None:
-                front.seen_tenants.append(self.headers.get("X-Scope-OrgID"))
-                url = urlsplit(self.path)
-                form = {**parse_qs(url.query), **parse_qs(body.decode())}
-                if front.tenant and self.headers.get("X-Scope-OrgID") != front.tenant:
-                    return self._answer(401, b"no org id\n", "text/plain")
-                if front.max_range_s is not None and url.path.endswith("/query_range"):
-                    length = float(form["end"][0]) - float(form["start"][0])
-                    if length > front.max_range_s:
-                        front.refused += 1
-                        status, error = front.refusal
-                        doc = {"status": "error", "errorType": "execution", "error": error}
-                        return self._answer(status, json.dumps(doc).encode(), "application/json")
-                resp = requests.request(
-                    self.command,
-                    front.upstream + self.path,
-                    data=body or None,
-                    headers={"Content-Type": self.headers.get("Content-Type", "")} if body else None,
-                    timeout=60,
-                )
-                content = resp.content
-                if front.twice and url.path.endswith("/query") and resp.ok:
-                    doc = resp.json()
-                    doc["data"]["result"] = [item for item in doc["data"]["result"] for _ in range(2)]
-                    content = json.dumps(doc, separators=(",", ":")).encode()  # (as compact as Go writes it)
-                self._answer(resp.status_code, content, resp.headers.get("Content-Type", "application/json"))
-
-            def _answer(self, status: int, body: bytes, ctype: str) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def serve(self, handler: BaseHTTPRequestHandler, body: bytes) -> tuple[int, bytes, str]:
+        self.seen_tenants.append(handler.headers.get("X-Scope-OrgID"))
+        url = urlsplit(handler.path)
+        form = {**parse_qs(url.query), **parse_qs(body.decode())}
+        if self.tenant and handler.headers.get("X-Scope-OrgID") != self.tenant:
+            return 401, b"no org id\n", "text/plain"
+        if self.max_range_s is not None and url.path.endswith("/query_range"):
+            length = float(form["end"][0]) - float(form["start"][0])
+            if length > self.max_range_s:
+                self.refused += 1
+                status, error = self.refusal
+                doc = {"status": "error", "errorType": "execution", "error": error}
+                return status, json.dumps(doc).encode(), "application/json"
+        resp = self.forward(handler, body)
+        content = resp.content
+        if self.twice and url.path.endswith("/query") and resp.ok:
+            doc = resp.json()
+            doc["data"]["result"] = [item for item in doc["data"]["result"] for _ in range(2)]
+            content = json.dumps(doc, separators=(",", ":")).encode()  # (as compact as Go writes it)
+        return resp.status_code, content, resp.headers.get("Content-Type", "application/json")
 
 
 @pytest.fixture
