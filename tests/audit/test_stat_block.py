@@ -7,6 +7,7 @@ import random
 import struct
 
 import numpy as np
+import pytest
 
 from auditor.core.accumulate import Stat
 from auditor.core.job_summary import MEAN_FIELDS, Means, MetricStats, rounded
@@ -90,8 +91,8 @@ def test_metric_stats_equal_the_one_by_one_statistics() -> None:
 
 
 def test_metric_stats_on_odd_values() -> None:
-    """A negative zero, a non-finite value, a weight that is not whole: still the same."""
-    for pts in ([(-0.0, 3), (0.0, 5), (0.1, 1)], [(math.inf, 2), (0.3, 1)], [(0.2, 1.5), (0.1, 2.5)]):
+    """A negative zero, a non-finite value, one point: still the same."""
+    for pts in ([(-0.0, 3), (0.0, 5), (0.1, 1)], [(math.inf, 2), (0.3, 1)], [(0.2, 7)]):
         st = Stat(sum(v * w for v, w in pts), 3, 0, min(v for v, _ in pts), max(v for v, _ in pts), pts)
         (got,) = metric_stats([st], [])
         assert tuple(map(_bits_or_int, got)) == tuple(map(_bits_or_int, _reference(st)))
@@ -113,3 +114,27 @@ def test_means_of_equals_means_of_each() -> None:
     assert [tuple(map(_bits, (getattr(g, n) for n, _ in MEAN_FIELDS))) for g in got] == [
         tuple(map(_bits, (getattr(w, n) for n, _ in MEAN_FIELDS))) for w in want
     ]
+
+
+def test_the_one_sort_gives_what_sorting_each_stat_gives_at_signed_zeros_and_nan() -> None:
+    """Points that compare equal but differ in bits (-0.0 and 0.0 at one weight) in several rows
+    of one pool come out of the job's one sort in the order sorting each row and then the pool
+    gives them; a NaN mean and pools out of row order take the stat-by-stat path; every case
+    equals the reference."""
+    zero_rows = [
+        Stat(0.0, 6, 0, 0.0, 0.0, [(-0.0, 3), (0.0, 3)]),
+        Stat(0.0, 6, 0, 0.0, 0.0, [(0.0, 3), (-0.0, 3)]),
+        Stat(0.0, 3, 0, 0.0, 0.0, [(-0.0, 3)]),
+    ]
+    nan_rows = [Stat(1.0, 3, 0, 0.5, 0.5, [(math.nan, 1), (0.5, 2)]), Stat(1.0, 2, 0, 0.5, 0.5, [(0.5, 2)])]
+    for rows, pools in ((zero_rows, [[0, 1, 2]]), (zero_rows, [[2, 0], [1]]), (nan_rows, [[0, 1]])):
+        pooled = [_pooled([rows[i] for i in p]) for p in pools]
+        got = metric_stats(rows + [Stat(p.total, p.count, p.dropped, p.minimum, p.maximum) for p in pooled], pools)
+        want = [_reference(s) for s in rows + pooled]
+        assert [tuple(map(_bits_or_int, g)) for g in got] == [tuple(map(_bits_or_int, w)) for w in want]
+
+
+def test_a_weight_is_a_whole_sample_count() -> None:
+    """Weights are sample counts: a fractional one is refused where it is added, not rounded."""
+    with pytest.raises(TypeError):
+        Stat(points=[(0.2, 1.5)])
