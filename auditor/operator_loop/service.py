@@ -147,7 +147,6 @@ class Operator:
         self.last_delivery: Any = None
         self._started = False
         self._cycle_began: float | None = None
-        self.last_result: CycleResult | None = None
         self.cycles_run = 0
 
     # ------------------------------------------------------------------ state
@@ -320,7 +319,6 @@ class Operator:
         # a slow receiver must not hold up the next audit
         self._reports_due.set()
         self.cycles_run += 1
-        self.last_result = result
         m = self.metrics
         m.cycles.labels("ok").inc()
         m.jobs_audited.set(len(result.summaries))
