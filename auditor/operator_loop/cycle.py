@@ -48,6 +48,8 @@ ORIGIN = "operator"
 END_SETTLE = timedelta(minutes=1)
 #: a kept job aggregate's state is written whole at least this often (of its ``through``)
 STATE_EVERY = timedelta(hours=1)
+#: a chunk's summaries are written this many at a time (not all at its end: fewer documents held)
+_SUMMARY_GROUP = 250
 
 
 class LostLeadership(AuditorError):
@@ -104,6 +106,7 @@ class _CycleStore:
         #: the engine's own summaries of ``saved`` (None where another writer's document was saved)
         self.made: dict[str, JobSummary | None] = {}
         self._summaries: dict[int, dict] = {}
+        self._keys: dict[int, str] = {}  # the job key of each pending summary
         self._aggregates: dict[int, JobAggregate] = {}
         self._aggregates_now: datetime | None = None
 
@@ -111,20 +114,23 @@ class _CycleStore:
         return getattr(self._store, name)
 
     def save_summary(self, job_id: int, summary: dict) -> None:
-        key = _job_key_of(summary)
-        info = self._view.get(key)
-        enrich(summary, info, self._cycle_end, self._settle)
-        self._summaries.pop(job_id, None)
-        self._summaries[job_id] = summary
-        self.saved[key] = (job_id, summary)
-        self.made[key] = None
+        self._save(job_id, summary, None)
 
     def save_job_summary(self, job_id: int, summary: JobSummary) -> None:
         """What the engine saves of its own summaries: the document, and the object kept so
         that the cycle's result need not read the document back."""
-        doc = summary.to_json()
-        self.save_summary(job_id, doc)
-        self.made[_job_key_of(doc)] = summary
+        self._save(job_id, summary.to_json(), summary)
+
+    def _save(self, job_id: int, doc: dict, made: JobSummary | None) -> None:
+        key = _job_key_of(doc)
+        enrich(doc, self._view.get(key), self._cycle_end, self._settle)
+        self._summaries.pop(job_id, None)
+        self._summaries[job_id] = doc
+        self._keys[job_id] = key
+        self.saved[key] = (job_id, doc)
+        self.made[key] = made
+        if len(self._summaries) >= _SUMMARY_GROUP:
+            self._flush_summaries()
 
     def save_aggregate(self, job_id: int, agg: JobAggregate, now: datetime) -> None:
         if self._aggregates_now is not None and self._aggregates_now != now:
@@ -181,10 +187,22 @@ class _CycleStore:
             if advance:
                 self._store.advance_aggregates([(job_id, agg.through) for job_id, agg in advance], now)
             self._kept.saved(write, advance, now)
-        if self._summaries:
-            docs = list(self._summaries.items())
-            self._summaries.clear()
-            self._store.save_summaries(docs)
+        self._flush_summaries()
+
+    def _flush_summaries(self) -> None:
+        """Write the pending summaries; of those the engine made, only what :func:`_as_stored`
+        and the cycle read is kept of the document (a 10-GPU job's is ~40 KiB as Python
+        objects, and the summary object holds the rest)."""
+        if not self._summaries:
+            return
+        docs = list(self._summaries.items())
+        self._summaries.clear()
+        self._store.save_summaries(docs)
+        for job_id, doc in docs:
+            key = self._keys.pop(job_id, None)
+            made = self.made.get(key) if key is not None else None
+            if key is not None and made is not None and not made.extra and self.saved.get(key, (0, None))[1] is doc:
+                self.saved[key] = (job_id, {k: doc[k] for k in _STORED_FIELDS if k in doc})
 
     def record_run(self, window: Window, started: datetime, finished: datetime, **kw: Any) -> int:
         if kw.get("status") == "failed":  # the chunk's transaction is rolled back: nothing to add
@@ -298,6 +316,9 @@ def _as_stored(made: JobSummary | None, doc: dict) -> JobSummary:
 
 #: what :func:`enrich` adds to a document beyond JobSummary's own fields
 _ENRICHED_EXTRA = ("kube",)
+#: what the cycle reads of a written document of the engine's own summary (:func:`_as_stored`,
+#: ``final`` for reopening and ending jobs)
+_STORED_FIELDS = ("verdict", "queue", "final", "ended", *_ENRICHED_EXTRA)
 
 
 def enrich(summary: dict, info: JobInfo | None, cycle_end: datetime, settle: timedelta) -> None:
