@@ -38,7 +38,7 @@ T0 = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
 WIDTH = timedelta(minutes=5)
 INTERVAL = 15.0
 FULL = 20  # samples in a full 5-minute bucket at 15 s
-HISTORY = 12  # buckets folded and frozen before the first cycle (1 h)
+HISTORY = 12  # buckets folded and frozen before the first cycle (1 h; ``--history``)
 PHASES = ("fold", "summary", "to_json", "state")
 
 
@@ -78,6 +78,14 @@ def _child(args: argparse.Namespace) -> dict:
                 out.append(Bucket(pod, gpu, m, start, end, mean * count, count, mean * 0.9, mean * 1.05, dropped))
         return out
 
+    import gc
+
+    def rss_mb() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    gc.collect()
+    rss_before = rss_mb()
     jobs = []
     for j in range(args.jobs):
         rnd = random.Random(j)
@@ -91,12 +99,15 @@ def _child(args: argparse.Namespace) -> dict:
         ]
         agg = JobAggregate()
         history = []
-        for k in range(HISTORY):
+        for k in range(args.history):
             history += buckets(j, rows, k, FULL if k else 9, rnd)  # the job started inside its first bucket
         agg.fold(history, {})
-        agg.freeze(T0 + HISTORY * WIDTH)
+        agg.freeze(T0 + args.history * WIDTH)
         agg.interval = INTERVAL
         jobs.append((JobRef("bench-cluster", "bench", "Job", name, uid=f"uid-{j}", team="bench"), rows, agg, rnd))
+    del history
+    gc.collect()
+    kept_mb = rss_mb() - rss_before  # the kept aggregates (and the job list), as the operator holds them
 
     cpu = {p: 0.0 for p in PHASES}
     digest = hashlib.sha256()
@@ -108,7 +119,7 @@ def _child(args: argparse.Namespace) -> dict:
         profiler = cProfile.Profile()
     cycles = []
     for c in range(args.cycles):
-        k = HISTORY + c  # the bucket that closed since the last cycle; k + 1 is still open
+        k = args.history + c  # the bucket that closed since the last cycle; k + 1 is still open
         through = T0 + (k + 1) * WIDTH
         now = through + WIDTH
         window = Window(T0, now)
@@ -163,6 +174,7 @@ def _child(args: argparse.Namespace) -> dict:
         "cpu_per_cycle_s": {p: cpu[p] / max(1, args.cycles) for p in PHASES},
         "per_job_s": (cpu["fold"] + cpu["summary"] + cpu["to_json"]) / max(1, args.cycles),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "kept_mb": kept_mb,
         "digest": digest.hexdigest(),
     }
 
@@ -178,6 +190,8 @@ def _run(path: Path, args: argparse.Namespace, profile: str | None = None) -> di
         str(args.gpus),
         "--cycles",
         str(args.cycles),
+        "--history",
+        str(args.history),
     ]
     if profile:
         cmd += ["--profile", profile]
@@ -186,7 +200,7 @@ def _run(path: Path, args: argparse.Namespace, profile: str | None = None) -> di
     return json.loads(out.stdout)
 
 
-def _instructions(path: Path, jobs: int, gpus: int, cycles: int) -> dict[str, float]:
+def _instructions(path: Path, jobs: int, gpus: int, cycles: int, history: int) -> dict[str, float]:
     """Instructions per job and cycle of each phase, counted by valgrind (cachegrind, no cache
     simulation): the same children with no phase (building the aggregates and each cycle's
     buckets) and with the phases added one at a time, each subtracting the one before.
@@ -195,7 +209,7 @@ def _instructions(path: Path, jobs: int, gpus: int, cycles: int) -> dict[str, fl
     def count(c: int, phases: str) -> int:
         cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]
         cmd += [sys.executable, __file__, "--child", "--no-digest", "--jobs", str(jobs), "--gpus", str(gpus)]
-        cmd += ["--cycles", str(c), "--phases", phases]
+        cmd += ["--cycles", str(c), "--phases", phases, "--history", str(history)]
         env = {**os.environ, "PYTHONPATH": str(path), "PYTHONHASHSEED": "0"}
         out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stderr
         line = next(x for x in out.splitlines() if "I   refs" in x or "I refs" in x)
@@ -221,6 +235,12 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--gpus", type=int, default=10)
     ap.add_argument("--cycles", type=int, default=3)
+    ap.add_argument(
+        "--history",
+        type=int,
+        default=HISTORY,
+        help="5-minute buckets folded and frozen before the first cycle (12: 1 h; past 64 the centroids merge)",
+    )
     ap.add_argument(
         "--rounds",
         type=int,
@@ -256,7 +276,7 @@ def main() -> int:
     if args.instructions:
         for name, path in (("baseline", args.baseline), ("current", REPO)):
             if path is not None:
-                instructions[name] = _instructions(path, args.instructions, args.gpus, args.cycles)
+                instructions[name] = _instructions(path, args.instructions, args.gpus, args.cycles, args.history)
     load_after = os.getloadavg()
 
     def best(rs: list[dict]) -> dict:
@@ -280,7 +300,7 @@ def main() -> int:
             "jobs": args.jobs,
             "gpus_per_job": args.gpus,
             "metrics": 9,
-            "history_buckets": HISTORY,
+            "history_buckets": args.history,
             "cycles": args.cycles,
         },
         "current": best(runs["current"]),
@@ -339,6 +359,11 @@ def _markdown(r: dict) -> str:
             f"| **per-job summary work** (fold + summary + to_json) | **{b:.3f}** | **{c:.3f}** | **{b / c:.1f}x** |"
         )
         lines.append(f"| peak RSS MB | {r['baseline']['peak_rss_mb']:.0f} | {r['current']['peak_rss_mb']:.0f} | |")
+        if "kept_mb" in r["baseline"] and "kept_mb" in r["current"]:
+            lines.append(
+                f"| kept aggregates MB (RSS growth building them) | {r['baseline']['kept_mb']:.0f} | "
+                f"{r['current']['kept_mb']:.0f} | |"
+            )
         lines += ["", f"Same documents and states in every run (sha256 of all): {r['same_output']}."]
     else:
         lines.append(f"| **per-job summary work** | **{c:.3f}** |")
