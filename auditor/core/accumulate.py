@@ -131,9 +131,9 @@ class Stat:
     def compress(self, limit: int = POINT_LIMIT) -> None:
         """Keep at most ``limit`` points (see :func:`merge_nearest`)."""
         if len(self.values) > limit:
-            merged = merge_nearest(self.points, limit)
-            self.values = array("d", [v for v, _ in merged])
-            self.weights = array("q", [w for _, w in merged])
+            values, weights = zip(*merge_nearest(self.points, limit))
+            self.values = array("d", values)
+            self.weights = array("q", weights)
 
     @property
     def mean(self) -> float | None:
