@@ -131,7 +131,7 @@ class Stat:
     def compress(self, limit: int = POINT_LIMIT) -> None:
         """Keep at most ``limit`` points (see :func:`merge_nearest`)."""
         if len(self.values) > limit:
-            values, weights = zip(*merge_nearest(self.points, limit))
+            values, weights = _merged(sorted(zip(self.values, self.weights)), limit)
             self.values = array("d", values)
             self.weights = array("q", weights)
 
@@ -203,17 +203,24 @@ def merge_nearest(points: Sequence[tuple[float, int]], limit: int) -> list[tuple
     Equal values merge first (at no cost to any percentile); with spread-out values the error of
     a percentile is at most the widest merged gap. Deterministic: ties go to the lower value.
     """
-    pts = sorted(points)
-    vals: list[float] = []
-    wts: list[int] = []
-    for v, w in pts:
-        if vals and vals[-1] == v:
-            wts[-1] += w
-        else:
-            vals.append(v)
-            wts.append(w)
+    return list(zip(*_merged(sorted(points), limit)))
+
+
+def _merged(pts: Sequence[tuple[float, int]], limit: int) -> tuple[list[float], list[int]]:
+    """:func:`merge_nearest` of points already sorted, as their values and weights."""
+    if not pts:
+        return [], []
+    vals, wts = (list(c) for c in zip(*pts))
+    if len(set(vals)) != len(vals):  # equal values (0.0 and -0.0 too): their weights summed first
+        vals, wts = [], []
+        for v, w in pts:
+            if vals and vals[-1] == v:
+                wts[-1] += w
+            else:
+                vals.append(v)
+                wts.append(w)
     if len(vals) <= limit:
-        return list(zip(vals, wts))
+        return vals, wts
     if len(vals) - limit <= _SCAN_MERGES:
         return _merge_scan(vals, wts, limit)
     return _merge_heap(vals, wts, limit)
@@ -223,7 +230,7 @@ def merge_nearest(points: Sequence[tuple[float, int]], limit: int) -> list[tuple
 _SCAN_MERGES = 8
 
 
-def _merge_scan(vals: list[float], wts: list[int], limit: int) -> list[tuple[float, int]]:
+def _merge_scan(vals: list[float], wts: list[int], limit: int) -> tuple[list[float], list[int]]:
     """:func:`merge_nearest` by scanning for the closest pair once per merge (the same choice as
     :func:`_merge_heap`: the smallest gap, the lowest value at ties)."""
     while len(vals) > limit:
@@ -236,10 +243,10 @@ def _merge_scan(vals: list[float], wts: list[int], limit: int) -> list[tuple[flo
         vals[i] = (vals[i] * wts[i] + vals[i + 1] * wts[i + 1]) / w
         wts[i] = w
         del vals[i + 1], wts[i + 1]
-    return list(zip(vals, wts))
+    return vals, wts
 
 
-def _merge_heap(vals: list[float], wts: list[int], limit: int) -> list[tuple[float, int]]:
+def _merge_heap(vals: list[float], wts: list[int], limit: int) -> tuple[list[float], list[int]]:
     """:func:`merge_nearest` with a heap of gaps: many merges at once (a first fold of a long
     history, a catch-up)."""
     n = len(vals)
@@ -264,7 +271,8 @@ def _merge_heap(vals: list[float], wts: list[int], limit: int) -> list[tuple[flo
         if prv[i] >= 0:
             heapq.heappush(heap, (vals[i] - vals[prv[i]], prv[i], i))
         left -= 1
-    return [(vals[i], wts[i]) for i in range(n) if alive[i]]
+    keep = [i for i in range(n) if alive[i]]
+    return [vals[i] for i in keep], [wts[i] for i in keep]
 
 
 # --------------------------------------------------------------------------- per-row view
