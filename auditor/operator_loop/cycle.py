@@ -105,8 +105,7 @@ class _CycleStore:
         self.saved: dict[str, tuple[int, dict]] = {}
         #: the engine's own summaries of ``saved`` (None where another writer's document was saved)
         self.made: dict[str, JobSummary | None] = {}
-        self._summaries: dict[int, dict] = {}
-        self._keys: dict[int, str] = {}  # the job key of each pending summary
+        self._summaries: dict[int, tuple[str, dict]] = {}  # pending: job id -> (job key, document)
         self._aggregates: dict[int, JobAggregate] = {}
         self._aggregates_now: datetime | None = None
 
@@ -125,8 +124,7 @@ class _CycleStore:
         key = _job_key_of(doc)
         enrich(doc, self._view.get(key), self._cycle_end, self._settle)
         self._summaries.pop(job_id, None)
-        self._summaries[job_id] = doc
-        self._keys[job_id] = key
+        self._summaries[job_id] = (key, doc)
         self.saved[key] = (job_id, doc)
         self.made[key] = made
         if len(self._summaries) >= _SUMMARY_GROUP:
@@ -195,13 +193,12 @@ class _CycleStore:
         objects, and the summary object holds the rest)."""
         if not self._summaries:
             return
-        docs = list(self._summaries.items())
+        pending = list(self._summaries.items())
         self._summaries.clear()
-        self._store.save_summaries(docs)
-        for job_id, doc in docs:
-            key = self._keys.pop(job_id, None)
-            made = self.made.get(key) if key is not None else None
-            if key is not None and made is not None and not made.extra and self.saved.get(key, (0, None))[1] is doc:
+        self._store.save_summaries([(job_id, doc) for job_id, (_key, doc) in pending])
+        for job_id, (key, doc) in pending:
+            made = self.made.get(key)
+            if made is not None and not made.extra and self.saved[key][1] is doc:
                 self.saved[key] = (job_id, {k: doc[k] for k in _STORED_FIELDS if k in doc})
 
     def record_run(self, window: Window, started: datetime, finished: datetime, **kw: Any) -> int:
