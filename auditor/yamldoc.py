@@ -7,7 +7,10 @@ the node tree ourselves (safe types only) and keep a map from each value's path 
 Bounded: the operator re-reads files that anyone with write access to a ConfigMap can change, and
 a 342-byte "billion laughs" document (aliases of aliases) expands to billions of values. Every
 value built counts against :data:`MAX_VALUES`, aliases included, and a file over
-:data:`MAX_BYTES` is refused before parsing; both say where.
+:data:`MAX_BYTES` is refused before parsing; both say where. PyYAML composes nodes
+recursively, so 600 ``[`` (1.2 kB, within both bounds) exhausted Python's stack with a
+``RecursionError``; a document nested deeper than :data:`MAX_DEPTH` is refused at the level
+past the bound (issue 35).
 """
 
 from __future__ import annotations
@@ -51,6 +54,25 @@ class YamlError(ValueError):
 MAX_BYTES = 1 << 20
 #: The most values one document may expand to, aliases counted at every use (a policy has ~100).
 MAX_VALUES = 100_000
+#: The deepest nesting of collections in a document (a policy nests ~6 levels): PyYAML's
+#: composer recurses a few frames per level, so a few hundred levels would exhaust the stack.
+MAX_DEPTH = 64
+
+
+class _Loader(yaml.SafeLoader):
+    """The safe loader with its composer's recursion bounded by :data:`MAX_DEPTH`."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise YamlError(f"nested deeper than {MAX_DEPTH} levels; refused", mark.line + 1)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 class _Budget:
@@ -95,10 +117,11 @@ def _build(node: yaml.Node, path: Path, lines: dict[Path, int], loader: yaml.Saf
 
 def load_documents(text: str, source: str, *, max_values: int = MAX_VALUES) -> list[Located]:
     """Parse every document in ``text``; raise :class:`YamlError` with the line of a syntax error,
-    a duplicate key, an unsafe tag, or a document that expands past ``max_values``."""
+    a duplicate key, an unsafe tag, a document nested deeper than :data:`MAX_DEPTH` or one that
+    expands past ``max_values``."""
     if len(text) > MAX_BYTES:
         raise YamlError(f"{len(text):,} characters, more than the {MAX_BYTES:,} a file may have; refused", 1)
-    loader = yaml.SafeLoader(text)
+    loader = _Loader(text)
     docs: list[Located] = []
     try:
         while loader.check_node():
