@@ -361,7 +361,13 @@ class JobSummary(KeyedByJob):
     means: Means
     coverage: float | None = field(metadata=measured(RATIO))
     mfu_estimate: float | None = field(metadata=measured(RATIO))
+    #: the MFU the estimate is measured against (issue 28; auditor/core/mfu.py) and its source:
+    #: a workload class's name or ``lineage-best``; None when no reference applies
+    mfu_reference: float | None = field(default=None, metadata=measured(RATIO))
+    mfu_class: str | None = None
     waste_gpu_hours: float | None = field(metadata=measured(Range("GPU-hours")))
+    #: GPU-hours the job would not have needed at its reference MFU (the MFU gap; null without one)
+    recoverable_gpu_hours: float | None = field(default=None, metadata=measured(Range("GPU-hours")))
     verdict: Verdict
     findings: tuple[Finding, ...]
     stats: Mapping[Metric, MetricStats]
@@ -391,7 +397,10 @@ class JobSummary(KeyedByJob):
             **self.means.to_json(),
             "coverage": self.coverage,
             "mfu_estimate": self.mfu_estimate,
+            "mfu_reference": self.mfu_reference,
+            "mfu_class": self.mfu_class,
             "waste_gpu_hours": self.waste_gpu_hours,
+            "recoverable_gpu_hours": self.recoverable_gpu_hours,
             "verdict": self.verdict.value,
             "findings": [finding_to_json(f) for f in self.findings],
             "stats": _stats_json(self.stats),
@@ -445,7 +454,10 @@ class JobSummary(KeyedByJob):
             means=Means.from_json(doc, what),
             coverage=_opt_num(doc, "coverage", what),
             mfu_estimate=_opt_num(doc, "mfu_estimate", what),
+            mfu_reference=_opt_num(doc, "mfu_reference", what),
+            mfu_class=_opt_str(doc, "mfu_class", what),
             waste_gpu_hours=_opt_num(doc, "waste_gpu_hours", what),
+            recoverable_gpu_hours=_opt_num(doc, "recoverable_gpu_hours", what),
             verdict=_verdict(_get(doc, "verdict", what), f"{what}.verdict"),
             findings=tuple(finding_from_json(f, f"{what}.findings[{i}]") for i, f in enumerate(findings)),
             stats=_stats(doc, what),
@@ -497,7 +509,10 @@ _EXAMPLE: dict[str, object] = {
     "busy_signal": None,
     "coverage": None,
     "mfu_estimate": None,
+    "mfu_reference": None,
+    "mfu_class": None,
     "waste_gpu_hours": None,
+    "recoverable_gpu_hours": None,
     "verdict": "healthy",
     "findings": [],
     "stats": {},

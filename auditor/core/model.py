@@ -32,6 +32,9 @@ class Verdict(str, Enum):
     LOW_SM_EFFICIENCY = "low_sm_efficiency"
     MEMORY_BOUND = "memory_bound"
     NO_TENSOR_CORES = "no_tensor_cores"
+    #: SMs busy and tensor cores in use, but the MFU estimate far below the reference of the
+    #: job's workload class or of its lineage's best run (docs/verdicts.md; issue 28)
+    LOW_MFU = "low_mfu"
     HEALTHY = "healthy"
 
     def __str__(self) -> str:
@@ -89,6 +92,9 @@ class JobRef:
     uid: str | None = None
     team: str = ""
     queue: str | None = None
+    #: the job's Kubernetes labels, sorted (a workload class is selected by them, auditor/core/mfu.py)
+    labels: tuple[tuple[str, str], ...] = ()
+    priority_class: str | None = None
 
     @property
     def identity(self) -> JobKey:

@@ -33,6 +33,7 @@ from auditor.core.identity import JobKey
 from auditor.core.job_summary import GpuSummary, JobSummary, MetricStats
 from auditor.core.job_summary import rounded as _r
 from auditor.core.metrics import Metric
+from auditor.core.mfu import MfuContext, recoverable_gpu_hours
 from auditor.core.model import Bucket, Finding, JobRef, Window
 from auditor.core.sharing import gpu_shares
 from auditor.core.stat_block import means_of, metric_stats
@@ -70,6 +71,7 @@ def summarize_job(
     interval: float | None = None,
     thresholds: Thresholds | None = None,
     shares: ShareMap | None = None,
+    mfu: MfuContext | None = None,
 ) -> JobSummary:
     """The audit-JSON summary of one job from its buckets (DESIGN.md "Audit JSON").
 
@@ -82,7 +84,7 @@ def summarize_job(
     agg = JobAggregate()
     agg.fold(buckets, shares)
     iv = agg.interval_for(interval)
-    return summarize_aggregate(job, agg, window=window, now=now, interval=iv, thresholds=thresholds)
+    return summarize_aggregate(job, agg, window=window, now=now, interval=iv, thresholds=thresholds, mfu=mfu)
 
 
 def summarize_aggregate(
@@ -93,10 +95,14 @@ def summarize_aggregate(
     now: datetime,
     interval: float,
     thresholds: Thresholds | None = None,
+    mfu: MfuContext | None = None,
 ) -> JobSummary:
     """The audit-JSON summary of one job from its folded buckets (:mod:`auditor.core.accumulate`);
-    ``interval`` is the scrape interval in seconds (0 when unknown)."""
+    ``interval`` is the scrape interval in seconds (0 when unknown); ``mfu`` the job's reference
+    MFU and serving flag (:func:`auditor.core.mfu.reference_for`; None: no reference)."""
     th = thresholds or Thresholds()
+    ctx = mfu or MfuContext()
+    ref = ctx.reference.value if ctx.reference else None
     iv = interval
     rows = agg.views(window, iv)
     models = sorted({r.gpu.model for r in rows if r.gpu.model})
@@ -168,9 +174,9 @@ def summarize_aggregate(
         sz = silent_zero(r, th)
         if sz:
             silent.append(sz)
-        r_verdict, _ = classify(_evidence_row(r, th, sz), th, explain=False)
         mclock, mclock_src = _max_clock(r.stats, r.gpu.model, th)
         r_mfu, _ = _mfu(r.mean(Metric.TENSOR_ACTIVE), r.mean(Metric.SM_CLOCK), mclock)
+        r_verdict, _ = classify(_evidence_row(r, th, sz, r_mfu, ctx), th, explain=False)
         per_gpu.append(
             GpuSummary(
                 pod=r.pod.pod,
@@ -197,6 +203,12 @@ def summarize_aggregate(
             )
         )
 
+    # MFU
+    tensor = mean(Metric.TENSOR_ACTIVE)
+    clock = mean(Metric.SM_CLOCK)
+    mclock, mclock_src = _max_clock(pooled, models[0] if len(models) == 1 else "", th)
+    mfu_est, mfu_method = _mfu(tensor, clock, mclock)
+
     ev = Evidence(
         busy=busy_mean,
         busy_metric=busy_metric,
@@ -215,16 +227,15 @@ def summarize_aggregate(
         gr_engine=mean(Metric.GR_ENGINE_ACTIVE),
         pcie_rx=mean(Metric.PCIE_RX),
         pcie_tx=mean(Metric.PCIE_TX),
+        occupancy=mean(Metric.SM_OCCUPANCY),
+        mfu=mfu_est,
+        mfu_reference=ctx.reference,
+        serving=ctx.serving,
     )
     verdict, findings = classify(ev, th)
     findings += job_findings(rows, th, verdict, shared_fraction)
 
-    # MFU
-    tensor = mean(Metric.TENSOR_ACTIVE)
-    clock = mean(Metric.SM_CLOCK)
-    mclock, mclock_src = _max_clock(pooled, models[0] if len(models) == 1 else "", th)
-    mfu, mfu_method = _mfu(tensor, clock, mclock)
-    if mfu is not None:
+    if mfu_est is not None:
         findings.append(
             Finding(
                 "mfu_estimate",
@@ -257,8 +268,11 @@ def summarize_aggregate(
         busy_signal=busy_metric,
         means=means[-1],
         coverage=_r(coverage),
-        mfu_estimate=_r(mfu),
+        mfu_estimate=_r(mfu_est),
+        mfu_reference=_r(ref),
+        mfu_class=ctx.reference.source if ctx.reference else None,
         waste_gpu_hours=_r(waste),
+        recoverable_gpu_hours=_r(recoverable_gpu_hours(gpu_hours, mfu_est, ref)),
         verdict=verdict,
         findings=tuple(findings),
         stats=dict(zip(pooled, block[k:])),
@@ -279,7 +293,9 @@ def _peak_gpus(rows: Sequence[RowView], frozen_peak: float = 0.0) -> float:
     return frozen_peak or sum(r.gpu.fraction for r in rows)
 
 
-def _evidence_row(r: RowView, th: Thresholds, sz: dict[str, object] | None) -> Evidence:
+def _evidence_row(
+    r: RowView, th: Thresholds, sz: dict[str, object] | None, mfu: float | None, ctx: MfuContext
+) -> Evidence:
     return Evidence(
         busy=r.busy,
         busy_metric=r.busy_metric,
@@ -298,4 +314,8 @@ def _evidence_row(r: RowView, th: Thresholds, sz: dict[str, object] | None) -> E
         gr_engine=r.mean(Metric.GR_ENGINE_ACTIVE),
         pcie_rx=r.mean(Metric.PCIE_RX),
         pcie_tx=r.mean(Metric.PCIE_TX),
+        occupancy=r.mean(Metric.SM_OCCUPANCY),
+        mfu=mfu,
+        mfu_reference=ctx.reference,
+        serving=ctx.serving,
     )

@@ -97,6 +97,9 @@ class Thresholds:
     dram_busy: float = 0.3
     #: a healthy job whose tensor activity is below this gets an informational finding
     tensor_headroom: float = 0.3
+    #: an MFU estimate below this fraction of the job's reference MFU (its workload class's, or
+    #: its lineage's best run) → low_mfu (auditor/core/mfu.py; docs/verdicts.md "Reference MFU")
+    low_mfu_ratio: float = 0.6
     #: straggler: a GPU at least this much less busy than the job's waiting GPUs
     imbalance_util_gap: float = 0.3
     #: spread of SM activity across one job's GPUs at or above this → gpu_imbalance

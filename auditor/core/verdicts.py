@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from auditor.core.job_summary import rounded as _r
 from auditor.core.metrics import Metric
+from auditor.core.mfu import MfuReference
 from auditor.core.model import Finding, Verdict
 from auditor.core.thresholds import Thresholds
 
@@ -39,6 +40,13 @@ class Evidence:
     #: PCIe receive / transmit rates in bytes/s, where exported
     pcie_rx: float | None = None
     pcie_tx: float | None = None
+    #: SM occupancy (resident warps / the SM's maximum), where exported
+    occupancy: float | None = None
+    #: the MFU estimate and what it is measured against (auditor/core/mfu.py; issue 28)
+    mfu: float | None = None
+    mfu_reference: MfuReference | None = None
+    #: an inference server (a serving kind or class): its idle time is a serving question
+    serving: bool = False
 
 
 _ADVICE = {
@@ -62,6 +70,11 @@ _ADVICE = {
     Verdict.MEMORY_BOUND: "SMs wait on memory while no pipe does much math: fuse element-wise "
     "kernels (torch.compile, fused optimizers), use FlashAttention / fused attention, and improve "
     "data locality (contiguous layouts, larger gathers).",
+    "mfu_dram_busy": "Fuse the memory-bound work between the matmuls: FlashAttention / "
+    "scaled_dot_product_attention instead of a materialised softmax, torch.compile (fused "
+    "element-wise, dropout, norm and residual kernels), fused optimizers.",
+    "mfu_tensor_low": "Feed the tensor cores larger matmuls: a larger (micro-)batch or sequence, "
+    "wider shapes (multiples of 64/128), fewer non-matmul bottlenecks (torch.compile, fused kernels).",
     Verdict.NO_TENSOR_CORES: "Math runs on CUDA cores, not tensor cores: train in bf16 with "
     "mixed precision (torch.autocast), or at least enable TF32 "
     "(torch.backends.cuda.matmul.allow_tf32 = True / torch.set_float32_matmul_precision('high')).",
@@ -250,6 +263,9 @@ def classify(ev: Evidence, th: Thresholds, *, explain: bool = True) -> tuple[Ver
                 {**pipe_ev, "missing": ["dram_active", "fp32_active"]},
             )
         ]
+    low = _low_mfu(ev, th, pipe_ev, explain)
+    if low is not None:
+        return Verdict.LOW_MFU, low
     if not explain:
         return Verdict.HEALTHY, []
     findings = [
@@ -281,6 +297,41 @@ def classify(ev: Evidence, th: Thresholds, *, explain: bool = True) -> tuple[Ver
             )
         )
     return Verdict.HEALTHY, findings
+
+
+def _low_mfu(ev: Evidence, th: Thresholds, pipe_ev: dict[str, object], explain: bool) -> list[Finding] | None:
+    """``low_mfu`` (with its finding) when the MFU estimate is below ``low_mfu_ratio`` of the
+    job's reference; None when it is not, or when there is no reference or estimate."""
+    ref = ev.mfu_reference
+    if ref is None or ev.mfu is None or ev.mfu >= th.low_mfu_ratio * ref.value:
+        return None
+    if not explain:
+        return []
+    dram_busy = ev.dram is not None and ev.dram >= th.dram_busy
+    reason = "dram_busy" if dram_busy else "tensor_low"
+    why = (
+        f"DRAM is busy ({pct(ev.dram)}) while the tensor pipes are {pct(ev.tensor)} busy: unfused "
+        "attention and element-wise kernels stream memory between the matmuls"
+        if dram_busy
+        else f"the tensor pipes are only {pct(ev.tensor)} busy"
+    )
+    source = "its lineage's best run" if ref.source == "lineage-best" else f"the {ref.source} reference"
+    return [
+        Finding(
+            "low_mfu",
+            f"SMs are busy ({pct(ev.sm)}) and the tensor cores in use, but the MFU estimate is "
+            f"{pct(ev.mfu)} against {pct(ref.value)} for {source} ({ev.mfu / ref.value:.0%} of it); "
+            f"{why}. {_ADVICE['mfu_' + reason]}",
+            {
+                **pipe_ev,
+                "mfu_estimate": _r(ev.mfu),
+                "mfu_reference": _r(ref.value),
+                "mfu_class": ref.source,
+                "low_mfu_ratio": th.low_mfu_ratio,
+                "reason": reason,
+            },
+        )
+    ]
 
 
 def _underutilized(ev: Evidence, th: Thresholds, base: dict[str, object]) -> Finding:
