@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Protocol
 
+from auditor.core.identity import Quarantine
 from auditor.core.model import JobRef, PodRef
 
 
@@ -25,11 +26,17 @@ class NoKubeResolver:
 
     def __init__(self, cluster: str = "default") -> None:
         self.cluster = cluster
+        #: pods of the last :meth:`resolve` whose name no job key can hold (left out: unattributed)
+        self.rejected = Quarantine()
 
     def resolve(self, pods: Iterable[PodRef]) -> dict[PodRef, JobRef]:
+        # a pod from the Prometheus source was checked where its labels were read; one from
+        # another source (a trace, a table) is checked here, so no name reaches a job key unchecked
+        self.rejected = Quarantine()
         return {
             p: JobRef(cluster=self.cluster, namespace=p.namespace, kind="Pod", name=p.pod, team=p.namespace)
             for p in pods
+            if not self.rejected.refuses_job(p.namespace, "Pod", p.pod)
         }
 
 
@@ -44,16 +51,21 @@ class StaticResolver:
     ) -> None:
         self.table = dict(table)
         self.fallback = fallback
+        #: the last :meth:`resolve`'s jobs whose identity no job key can hold (left out)
+        self.rejected = Quarantine()
 
     def resolve(self, pods: Iterable[PodRef]) -> dict[PodRef, JobRef]:
         out: dict[PodRef, JobRef] = {}
         rest: list[PodRef] = []
+        self.rejected = Quarantine()
         for p in pods:
             job = self.table.get((p.namespace, p.pod))
             if job is not None:
-                out[p] = job
+                if not self.rejected.refuses_job(job.namespace, job.kind, job.name):
+                    out[p] = job
             else:
                 rest.append(p)
         if rest and self.fallback is not None:
             out.update(self.fallback.resolve(rest))
+            self.rejected.update(getattr(self.fallback, "rejected", Quarantine()))
         return out

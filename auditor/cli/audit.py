@@ -186,7 +186,10 @@ def run(args: argparse.Namespace) -> int:
             f"{m.value} {n}" for m, n in sorted(report.dropped.items(), key=lambda kv: kv[0].value)
         )
     print(note, file=sys.stderr)
-    for w in report.warnings:
+    # series refused for their identity are said in the source's warnings (once per reason);
+    # jobs the resolver refused (an owner's name no job key can hold) here
+    refused = getattr(resolver, "rejected", None)
+    for w in [*report.warnings, *(refused.lines("pods") if refused else ())]:
         print(f"warning: {terminal_safe(w)}", file=sys.stderr)  # warnings quote pod names
     return 1 if wrong else 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from auditor.core.identity import Quarantine
 from auditor.core.metrics import Metric
 from auditor.core.model import Bucket
 
@@ -27,6 +28,8 @@ class SourceReport:
     #: the sample interval the source observed or was told (seconds)
     scrape_interval: float | None = None
     warnings: list[str] = field(default_factory=list)
+    #: series refused for an identity no Kubernetes object could have, per reason (never jobs)
+    rejected: Quarantine = field(default_factory=Quarantine)
 
 
 @dataclass(slots=True)

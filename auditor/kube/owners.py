@@ -20,6 +20,7 @@ from typing import Callable, Iterable
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from auditor.core.identity import is_path_segment_name
 from auditor.core.kinds import BY_GROUP_KIND
 from auditor.kube.client import METADATA_ACCEPT, call_json, resource_path
 from auditor.kube.jobview import OwnerMeta, OwnerRef, PodInfo, controller_of
@@ -52,6 +53,11 @@ class OwnerCache:
         known = BY_GROUP_KIND.get((ref.group, ref.kind))
         if known is None:
             return None  # a kind we do not follow (and may not read): it is the job
+        if not is_path_segment_name(ref.name):
+            # an ownerReference's name is only required to be non-empty: one with a "/" or ".."
+            # would be a path of its own in the GET; it ends the chain, and the resolver refuses
+            # the job it then names (KubeResolver._checked)
+            return None
         now = time.monotonic()
         with self._lock:
             cached = self._objects.get(ref.uid)

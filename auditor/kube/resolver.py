@@ -38,6 +38,7 @@ from typing import Iterable, Mapping, Sequence
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from auditor.core.identity import Quarantine
 from auditor.core.kinds import BY_GROUP_KIND, KUEUE_GROUP, KUEUE_JOB_UID_LABEL
 from auditor.core.kinds import KUEUE_QUEUE_LABEL as KUEUE_QUEUE_LABEL  # re-exported
 from auditor.core.model import JobRef, PodRef
@@ -104,6 +105,9 @@ class KubeResolver:
         self._tombstones: dict[str, PodInfo] = {}
         #: the last view (:meth:`jobs`): when it was made (monotonic), the pod informer's version, the view
         self._view: tuple[float, int, dict[str, JobInfo]] | None = None
+        #: the last view's jobs refused for their identity (counted per pod) and their pods
+        self.rejected = Quarantine()
+        self.refused_pods: set[tuple[str, str]] = set()
         self.pods = Informer(api, "v1", "pods", pod_info, on_delete=self._pod_deleted, name="pods")
         self._owners = OwnerCache(api, self.pods.get)
         self.namespaces = Informer(api, "v1", "namespaces", labels_only, name="namespaces")
@@ -176,6 +180,8 @@ class KubeResolver:
         ns_labels = self.namespaces.items()
         for pr in pods:
             ref = by_pod.get((pr.namespace, pr.pod))
+            if ref is None and (pr.namespace, pr.pod) in self.refused_pods:
+                continue  # its owner's name cannot be a job's: not audited as a bare pod either
             if ref is None and self.unresolved_pods == "pod":
                 ref = JobRef(
                     cluster=self.cluster,
@@ -219,8 +225,27 @@ class KubeResolver:
             wl_index=wl_index,
             lqs=lqs,
         )
+        view = self._checked(view)
         self._view = (time.monotonic(), version, view)
         return view
+
+    def _checked(self, view: dict[str, JobInfo]) -> dict[str, JobInfo]:
+        """The view without the jobs whose identity no job key can hold (an ownerReference's
+        kind and name are only required to be non-empty by the apiserver): their pods are
+        remembered in :attr:`refused_pods`, never resolved, and counted in :attr:`rejected`."""
+        rejected, refused = Quarantine(), set[tuple[str, str]]()
+        out: dict[str, JobInfo] = {}
+        for key, job in view.items():
+            ref = job.ref
+            if rejected.refuses_job(ref.namespace, ref.kind, ref.name, len(job.pods)):
+                refused.update((p.namespace, p.name) for p in job.pods)
+            else:
+                out[key] = job
+        if rejected and rejected.counts != self.rejected.counts:
+            for line in rejected.lines("pods"):
+                log.warning("owner chain: %s", line)
+        self.rejected, self.refused_pods = rejected, refused
+        return out
 
     def forget(self, job: JobInfo) -> None:
         """Drop the remembered deleted pods of a job whose final summary is written."""

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from auditor.clock import SYSTEM_CLOCK
 from auditor.core.accumulate import JobAggregate
-from auditor.core.identity import JobKey
+from auditor.core.identity import JobKey, Quarantine
 from auditor.core.job_summary import JobSummary, sorted_summaries
 from auditor.core.model import Window
 from auditor.core.rfc3339 import format_rfc3339, parse_rfc3339
@@ -74,6 +74,9 @@ class CycleResult:
     queries: int = 0
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: series (and pods of owners) refused for an identity no Kubernetes object could have:
+    #: never a job, counted in ``gpu_auditor_series_rejected_total{reason}``
+    rejected: Quarantine = field(default_factory=Quarantine)
 
 
 class _CycleStore:
@@ -370,6 +373,8 @@ class CycleRunner:
         self.clock = clock
         self._covered: set[str] = set()  # job keys whose history this process has read
         self._kept = _KeptAggregates()
+        #: what the log said was refused last (:meth:`_say_rejected`)
+        self._rejected_said: tuple[dict, dict] = ({}, {})
         #: which namespaces this runner audits (auditor.core.shards); its runs carry the shard,
         #: so each shard continues from its own cursor and ends only its own jobs
         self.shard = shard
@@ -471,7 +476,12 @@ class CycleRunner:
             result.chunks += 1
             result.queries += audit.report.queries
             result.warnings.extend(audit.report.warnings)
+            result.rejected.most(audit.report.rejected)  # one hostile series is in every chunk's read
             touched.update(proxy.saved)
+        owners: Quarantine = getattr(self.resolver, "rejected", Quarantine())  # the view's refused jobs
+        if owners:
+            result.rejected.most(owners)
+            result.warnings.extend(owners.lines("pods"))
         # every stored job still open, not only those with new samples: an evicted job waiting
         # for re-admission sends none, and that is when its Workload changes
         known = {k: job_id for k, (job_id, _ref, _seen) in open_jobs.items()}
@@ -484,7 +494,18 @@ class CycleRunner:
         self._covered = set(view)
         result.summaries = sorted_summaries([_as_stored(summaries.get(k), doc) for k, (_id, doc) in touched.items()])
         result.seconds = self.clock.monotonic() - t0
+        self._say_rejected(result.rejected)
         return result
+
+    def _say_rejected(self, rejected: Quarantine) -> None:
+        """The refused series named in the log once, not every cycle: again only when what is
+        refused changes (the counter says how many each cycle)."""
+        said = (rejected.counts, rejected.named)
+        if said == self._rejected_said:
+            return
+        self._rejected_said = said
+        for line in rejected.lines():
+            log.warning("quarantined: %s", line)
 
     def _reopen(self, saved: dict[str, tuple[int, dict]], open_jobs: dict) -> None:
         """A running job that the store had as ended (same name, new pods) is open again."""

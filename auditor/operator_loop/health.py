@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from auditor.core.identity import REASONS, Quarantine
 from auditor.operator_loop.fleet_metrics import FleetMetrics
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,22 @@ class OperatorMetrics:
             ["team", "reason"],
             registry=r,
         )
+        self.series_rejected = Counter(
+            "gpu_auditor_series_rejected",
+            "Series refused for a pod, namespace, container or owner name no Kubernetes object could have,"
+            " by reason (never audited as a job; the log and doctor name them)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in REASONS:  # each reason present from the start, at 0
+            self.series_rejected.labels(reason=reason)
         #: per-team and cluster series (team, verdict, cluster: never a job or pod)
         self.fleet = FleetMetrics(r)
+
+    def count_rejected(self, rejected: Quarantine) -> None:
+        """A cycle's refused series (auditor/core/identity.py), per reason."""
+        for reason, n in rejected.counts.items():
+            self.series_rejected.labels(reason=reason).inc(n)
 
     def count_undelivered(self, decisions: Iterable[Any]) -> None:
         """Count the cycle's alerts that went nowhere (a team label: teams are few, unlike jobs)."""

@@ -327,6 +327,7 @@ class Operator:
         m.gpu_jobs.set(result.jobs_seen)
         m.prometheus_queries.inc(result.queries)
         m.count_undelivered(result.decisions)
+        m.count_rejected(result.rejected)
         m.fleet.observe_cycle(self.settings.cluster, result.window, result.summaries, result.decisions)
         m.fleet.observe_store(self.store, self.settings.cluster, self.clock(), since=self.clock() - timedelta(days=7))
         m.window_seconds.set(result.window.seconds if result.window else 0)

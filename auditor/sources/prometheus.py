@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Iterable, Mapping, Sequence, cast
 
+from auditor.core.identity import InvalidIdentity, Quarantine
 from auditor.core.metrics import BY_NAME, SPECS, UTIL_RATIO, Metric, Naming, detect_naming, scale_of
 from auditor.core.model import Bucket, GpuId, PodRef, Window
 from auditor.core.readings import SourceReport, SourceResult
@@ -90,6 +91,8 @@ class ReadStats:
     hosts: dict[str, set[Metric]] = field(default_factory=dict)
     mig: bool = False
     exporter_pods: set[str] = field(default_factory=set)
+    #: label sets whose pod no Kubernetes object could have, per reason (auditor/core/identity.py)
+    rejected: Quarantine = field(default_factory=Quarantine)
     #: the exporter naming generation detected (auditor.core.metrics.Naming), and why
     naming: Naming = Naming.CLASSIC
     naming_why: str = ""
@@ -155,7 +158,7 @@ class PrometheusSource:
         #: the last raw read's label sets (JSON key → labels) and their identities under
         #: ``_known_conv``: a cycle's next read decodes and identifies only the new ones
         self._labels: dict[bytes, dict[str, str]] = {}
-        self._known: dict[bytes, tuple[GpuId | None, str, PodRef | None, str]] = {}
+        self._known: dict[bytes, tuple[GpuId | None, str, PodRef | None, str | InvalidIdentity]] = {}
         self._known_conv: promql.LabelConvention | None = None
 
     def close(self) -> None:
@@ -349,6 +352,9 @@ class PrometheusSource:
                 f"{len(unattributed)} of {len(stats.gpus)} GPUs had no workload pod label in the window "
                 "(not in use, or not attributed): not audited as jobs"
             )
+        if stats.rejected:
+            report.rejected = stats.rejected
+            report.warnings.extend(stats.rejected.lines())
         if stats.exporter_pods:
             report.warnings.append(
                 "series whose pod label names dcgm-exporter itself were not treated as jobs "
@@ -708,7 +714,7 @@ class PrometheusSource:
         gpus: list[GpuId | None] = [None] * len(keys)
         gpu_keys: list[str] = [""] * len(keys)
         pods: list[PodRef | None] = [None] * len(keys)
-        kept: dict[bytes, tuple[GpuId | None, str, PodRef | None, str]] = {}
+        kept: dict[bytes, tuple[GpuId | None, str, PodRef | None, str | InvalidIdentity]] = {}
         objs: tuple[dict[GpuId, GpuId], dict[PodRef, PodRef]] | None = None
         for d in used:
             key = keys[d]
@@ -874,28 +880,33 @@ def _join_parts(
 
 def _identify(
     labels: dict[str, str], conv: promql.LabelConvention, gpu_objs: dict[GpuId, GpuId], pod_objs: dict[PodRef, PodRef]
-) -> tuple[GpuId | None, str, PodRef | None, str]:
+) -> tuple[GpuId | None, str, PodRef | None, str | InvalidIdentity]:
     """The GPU, its key, the workload pod and (where the "workload" is dcgm-exporter itself)
     the exporter pod's name of a label set, as :meth:`PrometheusSource._identity` finds them."""
     gpu = promql.gpu_of(labels)
     if gpu is None:
         return None, "", None, ""
     gpu = gpu_objs.setdefault(gpu, gpu)
-    pod = promql.pod_of(labels, conv)
+    try:
+        pod = promql.pod_of(labels, conv)
+    except InvalidIdentity as bad:  # quarantined: counted by _record, never a job
+        return gpu, gpu.key, None, bad
     exporter = ""
     if pod is not None and promql.looks_like_exporter(labels, conv):
         exporter, pod = f"{pod.namespace}/{pod.pod}", None
     return gpu, gpu.key, None if pod is None else pod_objs.setdefault(pod, pod), exporter
 
 
-def _record(stats: ReadStats, gpu: GpuId, key: str, pod: PodRef | None, exporter: str) -> None:
+def _record(stats: ReadStats, gpu: GpuId, key: str, pod: PodRef | None, exporter: str | InvalidIdentity) -> None:
     """A label set's GPU (key ``key``), pod and exporter pod name (or "") in a read's ``stats``."""
     stats.gpus.add(key)
     if gpu.instance:
         stats.mig = True
     if gpu.hostname:
         stats.hosts.setdefault(gpu.hostname, set())
-    if exporter:
+    if isinstance(exporter, InvalidIdentity):
+        stats.rejected.add(exporter)
+    elif exporter:
         stats.exporter_pods.add(exporter)
     if pod is not None:
         stats.attributed.add(key)

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from auditor.core.identity import check_pod
 from auditor.core.model import GpuId, PodRef
 
 AGGREGATES = ("sum", "count", "min", "max")
@@ -176,12 +177,18 @@ def gpu_of(labels: Mapping[str, str]) -> GpuId | None:
 
 
 def pod_of(labels: Mapping[str, str], conv: LabelConvention) -> PodRef | None:
-    """The workload pod of a series under ``conv``; ``None`` for a GPU no pod holds."""
+    """The workload pod of a series under ``conv``; ``None`` for a GPU no pod holds.
+
+    The one place metric labels become a :class:`PodRef`: a pod, namespace or container no
+    Kubernetes object could have (``pod="job-1/../x"``) raises
+    :class:`~auditor.core.identity.InvalidIdentity`, and the source quarantines that series
+    instead of letting the name reach a job key."""
     pod = labels.get(conv.pod, "")
     ns = labels.get(conv.namespace, "")
     if not pod or not ns:
         return None
-    return PodRef(namespace=ns, pod=pod, container=labels.get(conv.container, ""))
+    ns, pod, container = check_pod(ns, pod, labels.get(conv.container, ""))
+    return PodRef(namespace=ns, pod=pod, container=container)
 
 
 def looks_like_exporter(labels: Mapping[str, str], conv: LabelConvention) -> bool:
