@@ -199,6 +199,12 @@ class NvmlSampler:
                 continue  # an empty slot
         return out
 
+    @property
+    def computed_every(self) -> int:
+        """Ticks between two computations of the least often computed field (the agent holds
+        each field's last value that long, so every scrape serves it)."""
+        return self.slow_every
+
     # -- GpuSampler ----------------------------------------------------------------------------
     def devices(self) -> list[Device]:
         return [d.device for d in self._devs]

@@ -12,6 +12,7 @@ import threading
 from typing import Iterable, Mapping, Sequence
 
 from auditor.agent.fields import BY_NAME
+from auditor.agent.nvml import SLOW_GPM
 from auditor.agent.sampler import Device, Sample
 
 
@@ -40,18 +41,32 @@ class RecordedSampler:
 
     ``rows`` maps a device key to the samples it plays in order, looping; a device without rows
     (or with an empty list) yields an empty sample: every series of it absent.
+
+    ``computed_every`` replays NVML GPM's pacing of its costly fields (``slow``, by default
+    GR_ENGINE_ACTIVE; ``--gr-engine-interval``): they appear only on every ``computed_every``-th
+    tick, as the mean of the rows since their previous appearance, and are absent in between,
+    exactly as :class:`~auditor.agent.nvml.NvmlSampler` yields them.
     """
 
     name = "recorded"
 
     def __init__(
-        self, devices: Sequence[Device], rows: Mapping[str, Sequence[Mapping[str, float]]] | None = None
+        self,
+        devices: Sequence[Device],
+        rows: Mapping[str, Sequence[Mapping[str, float]]] | None = None,
+        *,
+        computed_every: int = 1,
+        slow: frozenset[str] = SLOW_GPM,
     ) -> None:
         self._devices = list(devices)
         self._lock = threading.Lock()
         self._rows: dict[str, list[dict[str, float]]] = {}
         self._pos: dict[str, int] = {}
         self.samples = 0
+        self.computed_every = computed_every
+        self._slow = slow
+        #: device key → slow field → values since its last appearance
+        self._pending: dict[str, dict[str, list[float]]] = {}
         for key, r in (rows or {}).items():
             self.play(key, r)
 
@@ -74,9 +89,23 @@ class RecordedSampler:
                     out[d.key] = {}
                     continue
                 i = self._pos[d.key]
-                out[d.key] = dict(rows[i % len(rows)])
+                out[d.key] = self._paced(d.key, dict(rows[i % len(rows)]))
                 self._pos[d.key] = i + 1
         return out
+
+    def _paced(self, key: str, values: dict[str, float]) -> dict[str, float]:
+        """Hold back the slow fields except on every ``computed_every``-th tick (then their mean)."""
+        if self.computed_every == 1:
+            return values
+        pending = self._pending.setdefault(key, {})
+        due = self.samples % self.computed_every == 0
+        for name in self._slow & values.keys():
+            seen = pending.setdefault(name, [])
+            seen.append(values.pop(name))
+            if due:
+                values[name] = sum(seen) / len(seen)
+                seen.clear()
+        return values
 
     def close(self) -> None:
         pass

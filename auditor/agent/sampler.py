@@ -61,6 +61,10 @@ class GpuSampler(Protocol):
     reconfiguration needs an agent restart, as it does for dcgm-exporter). ``sample()`` reads
     every device once; a field that could not be read is left out, never set to 0. A failure of
     one device must not fail the others; ``sample()`` raises only when nothing can be read.
+
+    A source that computes some field only every k ticks may say so with an optional
+    ``computed_every`` attribute (k; 1 when absent): the agent then serves that field's last value
+    at the scrapes in between (:class:`~auditor.agent.window.SampleWindow`, ``hold``).
     """
 
     name: str

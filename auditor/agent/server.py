@@ -9,8 +9,10 @@
   good answer is kept for ``stale_after`` seconds, then GPUs are served without pod labels
   (unattributed rather than wrongly attributed); failures are counted and logged.
 - **Serving**: ``/metrics`` renders the means since the scraper's previous scrape with
-  prometheus_client's exposition (text format, or OpenMetrics when asked), ``/healthz`` answers
-  200 while samples are fresh.
+  prometheus_client's exposition (text format, or OpenMetrics when asked), every field at every
+  scrape (a field the source computes less often than every tick serves its last computed value
+  between computations: :class:`~auditor.agent.window.SampleWindow`), ``/healthz`` answers 200
+  while samples are fresh.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class Agent:
         stale_after: float = 60.0,
         keep: float = 600.0,
         first_window: float = 15.0,
+        hold: float | None = None,
         extra_resources: tuple[str, ...] = (),
         clock: Callable[[], float] = time.time,
         timer: "Clock" = SYSTEM_CLOCK,
@@ -101,7 +104,12 @@ class Agent:
         self.devices: list[Device] = sampler.devices()
         self._list = pod_resources.list if isinstance(pod_resources, PodResourcesClient) else pod_resources
         self._pod_client = pod_resources if isinstance(pod_resources, PodResourcesClient) else None
-        self.window = SampleWindow(keep=keep, first_window=first_window)
+        if hold is None:
+            # a field computed every k ticks is absent from the k-1 between: hold its last value
+            # one computation period and a tick more, so every scrape serves it (never longer:
+            # a field the source stopped computing disappears rather than go stale)
+            hold = interval * (getattr(sampler, "computed_every", 1) + 1)
+        self.window = SampleWindow(keep=keep, first_window=first_window, hold=hold)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []

@@ -10,6 +10,14 @@ its previous scrape (scraping faster than the sampling interval) it gets the lat
 if that sample is fresh (``max_age``); when sampling has stopped, the GPU series disappear rather
 than repeat an old value.
 
+A field that a source computes less often than it samples (NVML GPM's GR_ENGINE_ACTIVE, every
+10 s by default) is absent from the ticks between its computations. A scrape whose window holds
+none of its computations gets the device's last computed value instead, as long as that value is
+at most ``hold`` seconds older than the window's newest tick: an exporter serves its last value at
+every scrape, so a series never comes and goes between scrapes (Prometheus would write a
+staleness marker each time it went missing, and instant queries and ``absent()`` alerts would
+flicker). Past ``hold`` (the source stopped computing it) the field is absent again, never stale.
+
 Pure: time is passed in; the agent holds the lock around calls.
 """
 
@@ -45,16 +53,25 @@ class Mean:
 class SampleWindow:
     """A time-ordered buffer of :class:`Tick` with per-scraper cursors."""
 
-    def __init__(self, *, keep: float = 600.0, first_window: float = 15.0, max_scrapers: int = 256) -> None:
+    def __init__(
+        self, *, keep: float = 600.0, first_window: float = 15.0, max_scrapers: int = 256, hold: float = 0.0
+    ) -> None:
         self.keep = keep
         self.first_window = first_window
         self.max_scrapers = max_scrapers
+        self.hold = hold
         self._ticks: deque[Tick] = deque()
+        #: device key → field → (tick time, value) of the field's last computed value
+        self._last: dict[str, dict[str, tuple[float, float]]] = {}
         #: scraper → (time of the last tick it was given, wall time of its last scrape)
         self._cursors: dict[str, tuple[float, float]] = {}
 
     def add(self, tick: Tick) -> None:
         self._ticks.append(tick)
+        for key, (_, values) in tick.devices.items():
+            last = self._last.setdefault(key, {})
+            for name, v in values.items():
+                last[name] = (tick.t, v)
         horizon = tick.t - self.keep
         while self._ticks and self._ticks[0].t < horizon:
             self._ticks.popleft()
@@ -69,7 +86,9 @@ class SampleWindow:
         """Means per (device key, owner) and field over this scraper's window, and the tick count.
 
         A device that changed owner inside the window yields one entry per owner, each the mean
-        of its own samples. Fields absent from every tick of the window stay absent.
+        of its own samples. A field absent from every tick of the window gets the device's last
+        computed value (in its latest owner's entry) when that is at most ``hold`` seconds older
+        than the window's newest tick; otherwise it stays absent.
         """
         cursor = self._cursors.get(scraper)
         since = cursor[0] if cursor is not None else now - self.first_window
@@ -88,7 +107,18 @@ class SampleWindow:
                         m = fields[name] = Mean()
                     m.total += v
                     m.n += 1
+        if ticks and self.hold > 0:
+            self._hold_last(ticks[-1], out)
         return out, len(ticks)
+
+    def _hold_last(self, newest: Tick, out: dict[tuple[str, PodRef | None], dict[str, Mean]]) -> None:
+        """Fill fields absent from the window with their last computed value, if recent enough."""
+        horizon = newest.t - self.hold
+        for key, (owner, _) in newest.devices.items():
+            fields = out.setdefault((key, owner), {})
+            for name, (t, v) in self._last.get(key, {}).items():
+                if name not in fields and t >= horizon:
+                    fields[name] = Mean(v, 1)
 
     def _remember(self, scraper: str, t: float, now: float) -> None:
         self._cursors[scraper] = (t, now)

@@ -12,9 +12,12 @@ import importlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from concurrent import futures
 from pathlib import Path
 from typing import Any, Iterator
@@ -22,6 +25,7 @@ from typing import Any, Iterator
 import pytest
 
 from auditor.testbed.config import K8S_VERSION
+from auditor.testbed.process import free_port
 
 
 def _kubelet_module() -> str:
@@ -156,4 +160,72 @@ def kubelet(kubelet_api: Any) -> Iterator[PodResourcesServer]:
         yield server
     finally:
         server.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _prometheus_binary() -> str:
+    path = shutil.which("prometheus") or "/usr/bin/prometheus"
+    if not os.path.exists(path):
+        pytest.fail("Debian prometheus (/usr/bin/prometheus) is not installed")
+    return path
+
+
+@pytest.fixture
+def scraping_prometheus():
+    """Start a private Prometheus; yields a function(*targets, interval="1s") -> base URL.
+
+    Each target is its own scrape job (``gpu-auditor-agent``, ``gpu-auditor-agent-1``, …), scraped every
+    ``interval``."""
+    procs: list[subprocess.Popen] = []
+    d = Path(tempfile.mkdtemp(prefix="agent-prom-"))
+
+    def start(*targets: str, interval: str = "1s") -> str:
+        port = free_port()
+        jobs = "".join(
+            f"  - job_name: {'gpu-auditor-agent' if i == 0 else f'gpu-auditor-agent-{i}'}\n    honor_labels: true\n"
+            f"    static_configs:\n      - targets: ['{t}']\n"
+            for i, t in enumerate(targets)
+        )
+        (d / "prometheus.yml").write_text(
+            f"global:\n  scrape_interval: {interval}\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n" + jobs
+        )
+        log = open(d / "prometheus.log", "wb")
+        procs.append(
+            subprocess.Popen(
+                [
+                    _prometheus_binary(),
+                    f"--config.file={d / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={d / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--storage.tsdb.retention.time=1d",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if procs[-1].poll() is not None:
+                pytest.fail(f"prometheus exited: {(d / 'prometheus.log').read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return url
+            except OSError:
+                time.sleep(0.2)
+        pytest.fail(f"prometheus not ready: {(d / 'prometheus.log').read_text()[-2000:]}")
+
+    try:
+        yield start
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
         shutil.rmtree(d, ignore_errors=True)

@@ -11,16 +11,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import signal
-import subprocess
-import tempfile
 import time
 import urllib.parse
 import urllib.request
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 
@@ -30,7 +24,6 @@ from auditor.agent.sampler import Device
 from auditor.agent.server import Agent
 from auditor.cli.main import main
 from auditor.core.metrics import Metric
-from auditor.testbed.process import free_port
 from auditor.traces import fake_uuid, load_trace
 
 pytestmark = pytest.mark.testbed
@@ -48,70 +41,9 @@ BUCKET = 10
 SPAN = 70  # seconds of audited window (the audit needs a 1 min span per job)
 
 
-def _prometheus_binary() -> str:
-    path = shutil.which("prometheus") or "/usr/bin/prometheus"
-    if not os.path.exists(path):
-        pytest.fail("Debian prometheus (/usr/bin/prometheus) is not installed")
-    return path
-
-
 def _get(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=10) as r:
         return json.loads(r.read())
-
-
-@pytest.fixture
-def scraping_prometheus():
-    """Start a private Prometheus; yields a function(target) -> base URL."""
-    procs: list[subprocess.Popen] = []
-    d = Path(tempfile.mkdtemp(prefix="agent-prom-"))
-
-    def start(target: str) -> str:
-        port = free_port()
-        (d / "prometheus.yml").write_text(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
-            "scrape_configs:\n  - job_name: gpu-auditor-agent\n    honor_labels: true\n"
-            f"    static_configs:\n      - targets: ['{target}']\n"
-        )
-        log = open(d / "prometheus.log", "wb")
-        procs.append(
-            subprocess.Popen(
-                [
-                    _prometheus_binary(),
-                    f"--config.file={d / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={d / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                    "--storage.tsdb.retention.time=1d",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if procs[-1].poll() is not None:
-                pytest.fail(f"prometheus exited: {(d / 'prometheus.log').read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return url
-            except OSError:
-                time.sleep(0.2)
-        pytest.fail(f"prometheus not ready: {(d / 'prometheus.log').read_text()[-2000:]}")
-
-    try:
-        yield start
-    finally:
-        for p in procs:
-            os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(10)
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_real_prometheus_scrapes_the_agent_and_the_audit_gets_the_verdicts(
