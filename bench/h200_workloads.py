@@ -552,12 +552,8 @@ def run_extra2(rec: Recorder, seconds: float) -> dict:
     return res
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--group", choices=["core", "extra", "extra2"], default="core")
-    ap.add_argument("--seconds", type=float, default=25.0)
-    args = ap.parse_args()
-    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+def start_recording(*agent_args: str) -> tuple[AgentProcess, Recorder]:
+    """Start the agent (``--source auto --interval 1s`` and ``agent_args``) and a recorder of GPU 0."""
     import pynvml
     import torch
 
@@ -565,17 +561,24 @@ def main() -> int:
     pynvml.nvmlInit()
     uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
     uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-    agent = AgentProcess("--source", "auto", "--interval", "1s", "--pod-resources-socket", "")
+    agent = AgentProcess("--source", "auto", "--interval", "1s", "--pod-resources-socket", "", *agent_args)
     rec = Recorder(agent, uuid)
     rec.t.start()
-    try:
-        res = {"core": run_core, "extra": run_extra, "extra2": run_extra2}[args.group](rec, args.seconds)
-    finally:
-        rec.stop.set()
-        rec.t.join(5)
-        agent.stop()
+    return agent, rec
+
+
+def finish_recording(rec: Recorder, agent: AgentProcess, name: str, truth: dict) -> None:
+    """Stop the recorder and the agent; write $OUT/<name>.csv (the recorder's rows), .truth.json
+    (the machine, the peaks, when and ``truth``), .agent.log; then each phase's steady means on
+    stdout, for the log."""
+    import statistics
+
+    import torch
+
+    rec.stop.set()
+    rec.t.join(5)
+    agent.stop()
     out = Path(os.environ.get("OUT", "."))
-    name = f"h200-workloads-{args.group}"
     with open(out / f"{name}.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
         w.writeheader()
@@ -587,13 +590,10 @@ def main() -> int:
         "torch": torch.__version__,
         "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "peak_tflops_dense": PEAK_TFLOPS,
-        "workloads": res,
+        **truth,
     }
     (out / f"{name}.truth.json").write_text(json.dumps(truth, indent=1))
     (out / f"{name}.agent.log").write_text(agent.output())
-    # per-phase means, for the log
-    import statistics
-
     for ph in dict.fromkeys(r["phase"] for r in rec.rows):
         rows = [r for r in rec.rows if r["phase"] == ph][1:]
         if not rows:
@@ -604,6 +604,20 @@ def main() -> int:
             if any(c in r for r in rows)
         }
         print(ph, len(rows), json.dumps(m), flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--group", choices=["core", "extra", "extra2"], default="core")
+    ap.add_argument("--seconds", type=float, default=25.0)
+    args = ap.parse_args()
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    agent, rec = start_recording()
+    res: dict = {}
+    try:
+        res = {"core": run_core, "extra": run_extra, "extra2": run_extra2}[args.group](rec, args.seconds)
+    finally:
+        finish_recording(rec, agent, f"h200-workloads-{args.group}", {"workloads": res})
     return 0
 
 
