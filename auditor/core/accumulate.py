@@ -38,8 +38,18 @@ from auditor.core.model import Bucket, GpuId, PodRef, Window
 #: centroids of bucket means kept per metric and row once frozen (5-min buckets: 5 h 20 min exact)
 POINT_LIMIT = 64
 #: version of :meth:`JobAggregate.to_json`; another version is rebuilt from the buckets
-#: (2: rows keep the sample counts of their full buckets, for :meth:`JobAggregate.sample_interval`)
-STATE_VERSION = 2
+#: (2: rows keep the sample counts of their full buckets, for :meth:`JobAggregate.sample_interval`;
+#: 3: the busy signal's stats keep their idle-phase samples, :attr:`Stat.low`)
+STATE_VERSION = 3
+
+#: the busy signals, whose buckets are read for idle phases (:attr:`Stat.low`)
+PHASED = frozenset({Metric.GPU_UTIL, Metric.GR_ENGINE_ACTIVE})
+#: a bucket whose samples span at least this much of the 0–1 scale swings between an idle and a
+#: busy level inside it (a stall of tens of seconds in a bucket of minutes); steady jobs recorded on
+#: the H200 span at most 0.26 (a data-loader stall at 20 % busy: 0.00–0.26)
+SWING = 0.5
+#: a bucket whose every sample is below this is an idle phase as a whole (the verdicts' idle line)
+IDLE_LEVEL = 0.05
 
 ShareMap = Mapping[tuple[str, datetime], int]
 
@@ -53,6 +63,21 @@ _POD_GPU = itemgetter(0, 1)  # Bucket.pod, Bucket.gpu
 
 #: the start before a run's first bucket (never a bucket's: nothing is added under it)
 _NO_START = datetime.min.replace(tzinfo=timezone.utc)
+
+
+def idle_phase_samples(buckets: Iterable[Bucket]) -> float:
+    """The samples of ``buckets`` (one busy signal, ratios) estimated to lie in idle phases
+    (:attr:`Stat.low` says how)."""
+    low = 0.0
+    for b in buckets:
+        n, lo, hi = b[6], b[7], b[8]  # Bucket.count, .minimum, .maximum
+        if n <= 0:
+            continue
+        if hi < IDLE_LEVEL:
+            low += n
+        elif hi - lo >= SWING:
+            low += n * (hi - b[5] / n) / (hi - lo)  # Bucket.total
+    return low
 
 
 class StaleFold(ValueError):
@@ -73,7 +98,7 @@ class Stat:
     of its points').
     """
 
-    __slots__ = ("total", "count", "dropped", "minimum", "maximum", "values", "weights")
+    __slots__ = ("total", "count", "dropped", "minimum", "maximum", "values", "weights", "low")
 
     def __init__(
         self,
@@ -83,6 +108,7 @@ class Stat:
         minimum: float = float("inf"),
         maximum: float = float("-inf"),
         points: Iterable[tuple[float, int]] = (),
+        low: float = 0.0,
     ) -> None:
         self.total = total
         self.count = count
@@ -96,6 +122,13 @@ class Stat:
         for v, w in points:
             self.values.append(v)
             self.weights.append(w)
+        #: the samples (an estimate) in idle phases, for the busy signals (:data:`PHASED`) only:
+        #: every sample of a bucket below :data:`IDLE_LEVEL`, and in a bucket that swings
+        #: (range ≥ :data:`SWING`) the share ``(max − mean) / (max − min)`` of its samples — the
+        #: time at the low level of a two-level (square) wave with that mean, minimum and maximum.
+        #: Why: a job that stops every 30 s for 10 s reads a steady 0.67 in every bucket mean; only
+        #: the buckets' extremes show the square wave (issue 28).
+        self.low = low
 
     @property
     def points(self) -> list[tuple[float, int]]:
@@ -110,7 +143,7 @@ class Stat:
     def __repr__(self) -> str:
         return (
             f"Stat(total={self.total!r}, count={self.count!r}, dropped={self.dropped!r}, "
-            f"minimum={self.minimum!r}, maximum={self.maximum!r}, points={self.points!r})"
+            f"minimum={self.minimum!r}, maximum={self.maximum!r}, points={self.points!r}, low={self.low!r})"
         )
 
     def merge(self, other: "Stat") -> None:
@@ -121,9 +154,10 @@ class Stat:
         self.maximum = max(self.maximum, other.maximum)
         self.values += other.values
         self.weights += other.weights
+        self.low += other.low
 
     def copy(self) -> "Stat":
-        c = Stat(self.total, self.count, self.dropped, self.minimum, self.maximum)
+        c = Stat(self.total, self.count, self.dropped, self.minimum, self.maximum, low=self.low)
         c.values = self.values[:]
         c.weights = self.weights[:]
         return c
@@ -161,17 +195,19 @@ class Stat:
             self.minimum if has else None,
             self.maximum if has else None,
             flat,
+            self.low,
         ]
 
     @classmethod
     def from_json(cls, doc: Sequence[Any]) -> "Stat":
-        total, count, dropped, lo, hi, flat = doc
+        total, count, dropped, lo, hi, flat, low = doc
         st = cls(
             float(total),
             int(count),
             int(dropped),
             float("inf") if lo is None else float(lo),
             float("-inf") if hi is None else float(hi),
+            low=float(low),
         )
         st.values = array("d", flat[0::2])  # JSON numbers: floats and ints
         st.weights = array("q", flat[1::2])
@@ -377,6 +413,9 @@ class RowAggregate:
             st = stats.get(metric)
             if st is None:
                 st = stats[metric] = Stat()
+            if metric in PHASED:
+                run = list(run)  # type: ignore[assignment]  # read twice: the idle phases, then the sums
+                st.low += idle_phase_samples(run)
             total, count, dropped, lo, hi = st.total, st.count, st.dropped, st.minimum, st.maximum
             add_value, add_weight = st.values.append, st.weights.append
             prev, seen = _NO_START, 0

@@ -12,7 +12,7 @@ from auditor.core.job_summary import rounded as _r
 from auditor.core.metrics import Metric
 from auditor.core.model import Finding, Verdict
 from auditor.core.thresholds import Thresholds
-from auditor.core.verdicts import pct
+from auditor.core.verdicts import RankLoad, Straggler, pct
 
 
 def silent_zero(row: RowView, th: Thresholds) -> dict[str, object] | None:
@@ -42,6 +42,29 @@ def gpu_label(r: RowView) -> str:
     return f"{r.pod.pod} {host}{idx}"
 
 
+def straggler(rows: Sequence[RowView], th: Thresholds) -> Straggler | None:
+    """Ranks spinning in a collective on a straggler: GPUs at utilization ≥ ``busy_util`` with SM
+    activity < ``low_sm`` (NCCL kernels spin on a few SMs) while other, non-idle GPUs of the job are
+    at least ``imbalance_util_gap`` less busy (the slow rank they wait for). None otherwise."""
+    if len(rows) < 2:
+        return None
+    busy = [(r, r.busy) for r in rows if r.busy is not None]
+    waiting = [
+        r for r, b in busy if b >= th.busy_util and (sm := r.mean(Metric.SM_ACTIVE)) is not None and sm < th.low_sm
+    ]
+    if not waiting:
+        return None
+    top = min(r.busy or 0.0 for r in waiting)
+    slow = [r for r, b in busy if r not in waiting and b >= th.idle_util and b <= top - th.imbalance_util_gap]
+    if not slow:
+        return None
+    return Straggler(tuple(_load(r) for r in slow), tuple(_load(r) for r in waiting))
+
+
+def _load(r: RowView) -> RankLoad:
+    return RankLoad(gpu_label(r), r.busy, r.mean(Metric.SM_ACTIVE))
+
+
 def job_findings(rows: Sequence[RowView], th: Thresholds, verdict: Verdict, shared_fraction: float) -> list[Finding]:
     """Findings beyond the verdict's own: multi-GPU patterns, sharing, garbage, MIG, partial metrics."""
     out: list[Finding] = []
@@ -57,37 +80,26 @@ def job_findings(rows: Sequence[RowView], th: Thresholds, verdict: Verdict, shar
                     {"idle_gpus": [gpu_label(r) for r in idle], "gpus": len(rows), "threshold": th.idle_util},
                 )
             )
-        waiting = [
-            r for r, b in busy if b >= th.busy_util and (sm := r.mean(Metric.SM_ACTIVE)) is not None and sm < th.low_sm
-        ]
-        straggler_found = False
-        if waiting:
-            top = min(r.busy or 0.0 for r in waiting)
-            stragglers = [r for r, b in busy if r not in waiting and r not in idle and b <= top - th.imbalance_util_gap]
-            if stragglers:
-                straggler_found = True
-                out.append(
-                    Finding(
-                        "collective_wait_straggler",
-                        f"{len(waiting)} GPU(s) read near-full utilization with little SM activity while "
-                        f"{len(stragglers)} GPU(s) of the same job are far less busy: the signature of ranks "
-                        "spinning in a collective (NCCL) waiting on a straggler. "
-                        f"Slow: {', '.join(gpu_label(r) for r in stragglers)}; waiting: "
-                        f"{', '.join(gpu_label(r) for r in waiting)}. Find why the slow rank lags "
-                        "(its input pipeline, host CPU, a slower node or link) and balance the work.",
-                        {
-                            "waiting": [
-                                {"gpu": gpu_label(r), "busy": _r(r.busy), "sm_active": _r(r.mean(Metric.SM_ACTIVE))}
-                                for r in waiting
-                            ],
-                            "stragglers": [
-                                {"gpu": gpu_label(r), "busy": _r(r.busy), "sm_active": _r(r.mean(Metric.SM_ACTIVE))}
-                                for r in stragglers
-                            ],
-                            "util_gap": th.imbalance_util_gap,
-                        },
-                    )
+        found = straggler(rows, th)
+        straggler_found = found is not None
+        if found is not None:
+            slow, waiting = found
+            out.append(
+                Finding(
+                    "collective_wait_straggler",
+                    f"{len(waiting)} GPU(s) read near-full utilization with little SM activity while "
+                    f"{len(slow)} GPU(s) of the same job are far less busy: the signature of ranks "
+                    "spinning in a collective (NCCL) waiting on a straggler. "
+                    f"Slow: {', '.join(r.gpu for r in slow)}; waiting: "
+                    f"{', '.join(r.gpu for r in waiting)}. Find why the slow rank lags "
+                    "(its input pipeline, host CPU, a slower node or link) and balance the work.",
+                    {
+                        "waiting": [r.to_json() for r in waiting],
+                        "stragglers": [r.to_json() for r in slow],
+                        "util_gap": th.imbalance_util_gap,
+                    },
                 )
+            )
         sms = [(r, r.mean(Metric.SM_ACTIVE)) for r in rows if r.mean(Metric.SM_ACTIVE) is not None and r not in idle]
         if not straggler_found and len(sms) >= 2:
             lo = min(sms, key=lambda x: x[1] or 0.0)

@@ -21,6 +21,8 @@ from auditor.core.model import JobRef
 CLASS_LABEL = "gpu-auditor.io/workload-class"
 #: the ``source`` of a reference that is the lineage's own best run
 LINEAGE_BEST = "lineage-best"
+#: kinds that run inference servers: their idle time between requests is a serving question
+SERVING_KINDS = frozenset({"Deployment", "StatefulSet", "LeaderWorkerSet", "InferenceService", "RayService"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,14 +111,15 @@ def select_class(job: JobRef, classes: Sequence[WorkloadClass]) -> WorkloadClass
 
 def reference_for(job: JobRef, classes: Sequence[WorkloadClass], lineage_best: float | None) -> MfuContext:
     """The job's reference: the higher of its class's reference and its lineage's best MFU
-    (either alone when only one exists).
+    (either alone when only one exists). ``serving``: the class is marked serving or the job's
+    kind is one of :data:`SERVING_KINDS`.
 
     Why the higher: a lineage that once ran at 0.45 can run at 0.45 again, whatever its class
     says; one whose best is below its class's reference is still measured against what its kind
     of work reaches elsewhere. A serving class takes no lineage reference (a server's MFU
     follows its traffic, so its best hour says nothing about the code)."""
     cls = select_class(job, classes)
-    serving = bool(cls and cls.serving)
+    serving = bool(cls and cls.serving) or job.kind in SERVING_KINDS
     ref = MfuReference(cls.reference_mfu, cls.name) if cls and cls.reference_mfu is not None else None
     if lineage_best is not None and lineage_best > 0 and not serving:
         if ref is None or lineage_best > ref.value:

@@ -28,12 +28,12 @@ from datetime import datetime
 from typing import Mapping, Sequence
 
 from auditor.core.accumulate import JobAggregate, RowView, ShareMap, Stat, peak_held
-from auditor.core.findings import job_findings, silent_zero
+from auditor.core.findings import job_findings, silent_zero, straggler
 from auditor.core.identity import JobKey
 from auditor.core.job_summary import GpuSummary, JobSummary, MetricStats
 from auditor.core.job_summary import rounded as _r
 from auditor.core.metrics import Metric
-from auditor.core.mfu import MfuContext, recoverable_gpu_hours
+from auditor.core.mfu import SERVING_KINDS, MfuContext, recoverable_gpu_hours
 from auditor.core.model import Bucket, Finding, JobRef, Window
 from auditor.core.sharing import gpu_shares
 from auditor.core.stat_block import means_of, metric_stats
@@ -43,12 +43,15 @@ from auditor.core.verdicts import Evidence, classify
 # --------------------------------------------------------------------------- MFU
 
 
-def _mfu(tensor: float | None, clock: float | None, max_clock: float | None) -> tuple[float | None, str | None]:
+def _mfu(
+    tensor: float | None, clock: float | None, max_clock: float | None, rate: float
+) -> tuple[float | None, str | None]:
+    """Tensor activity × the clock's share of the max clock × ``rate`` (:attr:`Thresholds.mfu_tensor_rate`)."""
     if tensor is None:
         return None, None
     if clock is not None and max_clock:
-        return tensor * min(1.0, clock / max_clock), "tensor_active*sm_clock/max_sm_clock"
-    return tensor, "tensor_active"
+        return tensor * min(1.0, clock / max_clock) * rate, "tensor_active*sm_clock/max_sm_clock*rate"
+    return tensor * rate, "tensor_active*rate"
 
 
 def _max_clock(stats: Mapping[Metric, Stat], model: str, th: Thresholds) -> tuple[float | None, str | None]:
@@ -103,6 +106,7 @@ def summarize_aggregate(
     th = thresholds or Thresholds()
     ctx = mfu or MfuContext()
     ref = ctx.reference.value if ctx.reference else None
+    serving = ctx.serving or job.kind in SERVING_KINDS
     iv = interval
     rows = agg.views(window, iv)
     models = sorted({r.gpu.model for r in rows if r.gpu.model})
@@ -125,6 +129,7 @@ def summarize_aggregate(
             p.dropped += s.dropped
             p.minimum = min(p.minimum, s.minimum)
             p.maximum = max(p.maximum, s.maximum)
+            p.low += s.low
             pool_members[m].append(len(row_stats))
             row_stats.append(s)
         if r.busy_metric is not None:
@@ -170,12 +175,14 @@ def summarize_aggregate(
     # per-GPU breakdown with per-GPU verdicts
     per_gpu: list[GpuSummary] = []
     silent: list[dict[str, object]] = []
+    row_mfus: list[tuple[float | None, RowView]] = []
     for r, r_stats, r_means in zip(rows, per_row_stats, means):
         sz = silent_zero(r, th)
         if sz:
             silent.append(sz)
         mclock, mclock_src = _max_clock(r.stats, r.gpu.model, th)
-        r_mfu, _ = _mfu(r.mean(Metric.TENSOR_ACTIVE), r.mean(Metric.SM_CLOCK), mclock)
+        r_mfu, _ = _mfu(r.mean(Metric.TENSOR_ACTIVE), r.mean(Metric.SM_CLOCK), mclock, th.mfu_tensor_rate)
+        row_mfus.append((r_mfu, r))
         r_verdict, _ = classify(_evidence_row(r, th, sz, r_mfu, ctx), th, explain=False)
         per_gpu.append(
             GpuSummary(
@@ -207,7 +214,15 @@ def summarize_aggregate(
     tensor = mean(Metric.TENSOR_ACTIVE)
     clock = mean(Metric.SM_CLOCK)
     mclock, mclock_src = _max_clock(pooled, models[0] if len(models) == 1 else "", th)
-    mfu_est, mfu_method = _mfu(tensor, clock, mclock)
+    mfu_est, mfu_method = _mfu(tensor, clock, mclock, th.mfu_tensor_rate)
+    mig = [r for r in rows if r.gpu.instance]
+    if mig and mfu_est is not None:
+        # a MIG instance's counters are relative to the instance: its estimate is a share of the
+        # slice's own peak, so the job's is the slices' estimates weighted by what each can do
+        weighted = [(m, r.gpu.fraction * r.stats[Metric.TENSOR_ACTIVE].count) for m, r in row_mfus if m is not None]
+        total_w = sum(w for _, w in weighted)
+        if total_w > 0:
+            mfu_est = sum(m * w for m, w in weighted) / total_w
 
     ev = Evidence(
         busy=busy_mean,
@@ -230,7 +245,9 @@ def summarize_aggregate(
         occupancy=mean(Metric.SM_OCCUPANCY),
         mfu=mfu_est,
         mfu_reference=ctx.reference,
-        serving=ctx.serving,
+        serving=serving,
+        idle_phase=_idle_phase(rows),
+        straggler=straggler(rows, th),
     )
     verdict, findings = classify(ev, th)
     findings += job_findings(rows, th, verdict, shared_fraction)
@@ -240,12 +257,27 @@ def summarize_aggregate(
             Finding(
                 "mfu_estimate",
                 "MFU estimated from tensor-pipe activity"
-                + (" scaled by SM clock / max SM clock" if clock is not None and mclock else " alone (clocks unknown)")
-                + ", relative to the dense tensor peak of the precision in use (bf16, FP8 or TF32: the "
-                "counters do not say which).",
+                + (
+                    " scaled by SM clock / max SM clock"
+                    if clock is not None and mclock
+                    else " alone (clocks unknown: an upper bound, as if the SMs ran at their max clock)"
+                )
+                + f" and by the {th.mfu_tensor_rate:g} of the peak a busy tensor pipe delivers, relative to "
+                + (
+                    "the dense tensor peak of the MIG slice(s) the job runs on (a MIG instance's counters "
+                    "count its own SMs: 100 % is what the slice can do)"
+                    if mig
+                    else "the dense tensor peak of the precision in use"
+                )
+                + " (bf16, FP8 or TF32: the counters do not say which).",
                 {
                     "method": mfu_method,
-                    "relative_to": "dense tensor-core peak of the precision in use",
+                    "relative_to": (
+                        "dense tensor-core peak of the MIG slice (its own SMs), precision in use"
+                        if mig
+                        else "dense tensor-core peak of the precision in use"
+                    ),
+                    "tensor_rate": th.mfu_tensor_rate,
                     "tensor_active": _r(tensor),
                     "sm_clock_mhz": _r(clock, 1),
                     "max_sm_clock_mhz": mclock,
@@ -293,6 +325,17 @@ def _peak_gpus(rows: Sequence[RowView], frozen_peak: float = 0.0) -> float:
     return frozen_peak or sum(r.gpu.fraction for r in rows)
 
 
+def _idle_phase(rows: Sequence[RowView]) -> float | None:
+    """The share of the job's busy-signal samples in idle phases (:attr:`Stat.low`), None without any."""
+    low, count = 0.0, 0
+    for r in rows:
+        if r.busy_metric is not None:
+            s = r.stats[r.busy_metric]
+            low += s.low
+            count += s.count
+    return min(1.0, low / count) if count else None
+
+
 def _evidence_row(
     r: RowView, th: Thresholds, sz: dict[str, object] | None, mfu: float | None, ctx: MfuContext
 ) -> Evidence:
@@ -318,4 +361,5 @@ def _evidence_row(
         mfu=mfu,
         mfu_reference=ctx.reference,
         serving=ctx.serving,
+        idle_phase=_idle_phase([r]),
     )

@@ -97,6 +97,22 @@ class Thresholds:
     dram_busy: float = 0.3
     #: a healthy job whose tensor activity is below this gets an informational finding
     tensor_headroom: float = 0.3
+    #: a healthy job's SM activity is at least 1 − this: its waste (GPU-hours without SM activity)
+    #: is at most this share of its GPU-hours; a busy job below it is underutilized (idle time) or
+    #: low_sm_efficiency (SMs half used while busy). The recorded healthy jobs waste 3–30 %
+    healthy_max_waste: float = 0.35
+    #: the share of the busy signal's samples in idle phases (whole idle buckets, and the low level
+    #: of buckets that swing between idle and busy: auditor/core/accumulate.py) at or above which
+    #: a job is underutilized with ``reason: periodic_stall`` (checkpoints, evaluation, data)
+    stall_share: float = 0.15
+    #: SM occupancy per unit of SM activity (resident warps / the SM's maximum while an SM has
+    #: work) below this, with idle tensor pipes → low_sm_efficiency ``reason: low_occupancy``
+    #: (one warp per SM reads 1/64 = 0.016; a GEMM's big tiles 0.15, the recorded jobs ≥ 0.14)
+    low_occupancy: float = 0.04
+    #: PCIe RX and TX each at or above this (bytes/s) on an underutilized GPU →
+    #: ``reason: host_offload`` (optimizer or parameters on the host, ZeRO-offload); the recorded
+    #: jobs that run on the GPU alone send at most 30 MB/s
+    pcie_offload_bytes: float = 2.5e8
     #: an MFU estimate below this fraction of the job's reference MFU (its workload class's, or
     #: its lineage's best run) → low_mfu (auditor/core/mfu.py; docs/verdicts.md "Reference MFU")
     low_mfu_ratio: float = 0.6
@@ -106,6 +122,11 @@ class Thresholds:
     imbalance_sm_gap: float = 0.3
     #: share of a job's GPU time on GPUs shared with other pods above which it is not judged
     max_shared_fraction: float = 0.5
+    #: the share of the dense tensor peak a tensor pipe delivers per active cycle at the max clock,
+    #: the MFU estimate's scale: a bf16 8192³ product on the H200 reads tensor 0.927 at 0.742 of
+    #: the max clock and measures 0.668 of the peak (0.97); with it the recorded bf16/FP8 jobs'
+    #: estimates fall within ±0.02 of measured MFU, without it they read up to +0.033 high
+    mfu_tensor_rate: float = 0.97
     power_floor_w: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_POWER_FLOOR_W))
     max_sm_clock_mhz: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_MAX_SM_CLOCK_MHZ))
 
@@ -190,6 +211,7 @@ UNITS: dict[str, Range] = {
     "power_floor_w": Range("W", 0.0, 5_000.0),
     "max_sm_clock_mhz": Range("MHz", 1.0, 10_000.0),  # a divisor of the MFU proxy: never 0
     "pcie_busy_bytes": Range("bytes/s", 0.0, 1e12),
+    "pcie_offload_bytes": Range("bytes/s", 0.0, 1e12),
 }
 _TABLES = ("power_floor_w", "max_sm_clock_mhz")
 #: (lower, upper, why): pairs whose order the verdict rules rely on; equal turns the band off

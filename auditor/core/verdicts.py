@@ -8,12 +8,31 @@ version of the rules.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from auditor.core.job_summary import rounded as _r
 from auditor.core.metrics import Metric
 from auditor.core.mfu import MfuReference
 from auditor.core.model import Finding, Verdict
 from auditor.core.thresholds import Thresholds
+
+
+class RankLoad(NamedTuple):
+    """One GPU of a multi-GPU job in a straggler pattern: its label, utilization and SM activity."""
+
+    gpu: str
+    busy: float | None
+    sm_active: float | None
+
+    def to_json(self) -> dict[str, object]:
+        return {"gpu": self.gpu, "busy": _r(self.busy), "sm_active": _r(self.sm_active)}
+
+
+class Straggler(NamedTuple):
+    """Ranks spinning in a collective (``waiting``) on the ranks far less busy (``slow``)."""
+
+    slow: tuple[RankLoad, ...]
+    waiting: tuple[RankLoad, ...]
 
 
 @dataclass(slots=True)
@@ -47,6 +66,10 @@ class Evidence:
     mfu_reference: MfuReference | None = None
     #: an inference server (a serving kind or class): its idle time is a serving question
     serving: bool = False
+    #: share of the busy signal's samples in idle phases (auditor/core/accumulate.py, Stat.low)
+    idle_phase: float | None = None
+    #: ranks waiting in a collective on a slow rank (:func:`auditor.core.findings.straggler`)
+    straggler: Straggler | None = None
 
 
 _ADVICE = {
@@ -61,6 +84,21 @@ _ADVICE = {
     "longer against the host's fixed cost.",
     "launch_bound": "Launch fewer, larger kernels: CUDA Graphs or torch.compile (fusion, fewer "
     "launches), a larger batch, and no per-step host synchronisation.",
+    "periodic_stall": "Take the stalls off the GPU's critical path: asynchronous checkpointing "
+    "(torch.distributed.checkpoint.async_save, a background writer), evaluation less often or on "
+    "other GPUs, and overlapped I/O (prefetch the next shard while the current one trains).",
+    "host_offload": "The optimizer or the parameters live on the host (ZeRO-offload style): keep "
+    "the optimizer on the GPU if it fits (or shard it across GPUs instead: ZeRO-1/2, FSDP), overlap "
+    "the transfers with compute, use larger transfer buckets from pinned memory, and do the "
+    "optimizer step on the GPU.",
+    "serving": "An inference server idle between requests: batch requests (continuous batching, a "
+    "larger max batch / queue delay), consolidate replicas onto fewer GPUs, scale to zero when idle, "
+    "or serve from a smaller share of a GPU (a MIG slice or time-slicing).",
+    "straggler": "Find why the slow rank lags — its input pipeline, host CPU, a slower node, link or "
+    "GPU (clocks, thermals) — and balance the work; the other ranks only wait for it.",
+    "low_occupancy": "Kernels occupy every SM with far too few warps (latency-bound): launch more "
+    "threads per block and more blocks, use fewer registers per thread (launch bounds), or batch "
+    "the work so each kernel has enough parallelism to hide memory and pipeline latency.",
     "no_kernel": "No kernel runs at all: the GPU is busy only with copies. Keep data on the GPU "
     "between steps instead of moving it each time, copy from pinned memory in large chunks, and "
     "overlap copies with compute (non_blocking copies on a side stream, prefetching).",
@@ -157,6 +195,8 @@ def classify(ev: Evidence, th: Thresholds, *, explain: bool = True) -> tuple[Ver
                 {**base, "threshold": th.idle_util, "power_w": _r(ev.power, 1)},
             )
         ]
+    if ev.straggler is not None:
+        return Verdict.UNDERUTILIZED, [_straggler(ev, base)] if explain else []
     if ev.busy < th.busy_util:
         return Verdict.UNDERUTILIZED, [_underutilized(ev, th, base)] if explain else []
     if ev.sm is None:
@@ -181,6 +221,26 @@ def classify(ev: Evidence, th: Thresholds, *, explain: bool = True) -> tuple[Ver
                 f"The GPU looks busy ({pct(ev.busy)} utilization) but only {pct(ev.sm)} of SM time "
                 f"has work: about {pct(1 - ev.sm)} of the SMs sit idle. {_ADVICE[Verdict.LOW_SM_EFFICIENCY]}",
                 {**base, "threshold": th.low_sm, "reason": "few_blocks", "sm_per_busy": _r(ev.sm / ev.busy)},
+            )
+        ]
+    if _low_occupancy(ev, th):
+        per_sm = (ev.occupancy or 0.0) / ev.sm
+        return Verdict.LOW_SM_EFFICIENCY, [] if not explain else [
+            Finding(
+                "low_sm_efficiency",
+                f"SMs are active ({pct(ev.sm)}) but almost no warps are resident on them: occupancy "
+                f"{pct(ev.occupancy)} ({pct(per_sm)} of an SM's warps while it has work, below "
+                f"{pct(th.low_occupancy)}), tensor pipes {pct(ev.tensor)}, FP32 pipe {pct(ev.fp32)}: "
+                f"latency-bound, far too few warps per SM to hide latency. {_ADVICE['low_occupancy']}",
+                {
+                    **base,
+                    "sm_occupancy": _r(ev.occupancy),
+                    "occupancy_per_sm_active": _r(per_sm),
+                    "tensor_active": _r(ev.tensor),
+                    "fp32_active": _r(ev.fp32),
+                    "low_occupancy": th.low_occupancy,
+                    "reason": "low_occupancy",
+                },
             )
         ]
     if ev.tensor is None:
@@ -261,6 +321,25 @@ def classify(ev: Evidence, th: Thresholds, *, explain: bool = True) -> tuple[Ver
                 "Tensor pipes are idle, but with neither DRAM nor FP32-pipe series memory-bound and "
                 "CUDA-core work cannot be told apart.",
                 {**pipe_ev, "missing": ["dram_active", "fp32_active"]},
+            )
+        ]
+    # a healthy job's waste is bounded (healthy_max_waste) and it has no long idle phases
+    if ev.sm < 1.0 - th.healthy_max_waste or _periodic(ev, th):
+        if _periodic(ev, th) or ev.sm / ev.busy >= th.sm_while_busy:
+            return Verdict.UNDERUTILIZED, [_underutilized(ev, th, base)] if explain else []
+        return Verdict.LOW_SM_EFFICIENCY, [] if not explain else [
+            Finding(
+                "low_sm_efficiency",
+                f"The GPU is busy ({pct(ev.busy)} utilization) but only {pct(ev.sm)} of SM time has work: "
+                f"{pct(1 - ev.sm)} of its GPU-hours are waste, more than a healthy job's "
+                f"{pct(th.healthy_max_waste)}. {_ADVICE[Verdict.LOW_SM_EFFICIENCY]}",
+                {
+                    **base,
+                    "threshold": th.low_sm,
+                    "healthy_max_waste": th.healthy_max_waste,
+                    "reason": "few_blocks",
+                    "sm_per_busy": _r(ev.sm / ev.busy),
+                },
             )
         ]
     low = _low_mfu(ev, th, pipe_ev, explain)
@@ -347,6 +426,9 @@ def _underutilized(ev: Evidence, th: Thresholds, base: dict[str, object]) -> Fin
         else f": the GPU is idle {pct(1 - busy)} of the time"
     )
     ev_out: dict[str, object] = {**base, "threshold": th.busy_util}
+    special = _idle_reason(ev, th, head, ev_out)
+    if special is not None:
+        return special
     if ev.sm is None or not ev.busy:
         return Finding(
             "underutilized", f"{head}: the GPU often has no kernel to run. {_ADVICE[Verdict.UNDERUTILIZED]}", ev_out
@@ -367,6 +449,88 @@ def _underutilized(ev: Evidence, th: Thresholds, base: dict[str, object]) -> Fin
         f"{head}, and even while a kernel runs only {pct(per_busy)} of SM time has work: many small "
         f"kernels with launch gaps (launch-bound). {_ADVICE['launch_bound']}",
         ev_out,
+    )
+
+
+def _idle_reason(ev: Evidence, th: Thresholds, head: str, ev_out: dict[str, object]) -> Finding | None:
+    """The underutilized finding when the idle time has a cause the evidence names — a server
+    between requests, transfers to and from the host, idle phases — else None (the SM activity
+    while busy then tells input stall from launch-bound). The order: the job's kind or class says
+    serving outright; PCIe busy both ways is the host's work, whatever its rhythm; idle phases
+    last."""
+    if ev.serving:
+        ev_out["reason"] = "serving"
+        return Finding(
+            "underutilized",
+            f"{head}: an inference server (a serving kind or class) idle between requests "
+            f"(SM activity {pct(ev.sm)}). {_ADVICE['serving']}",
+            ev_out,
+        )
+    if ev.pcie_rx is not None and ev.pcie_tx is not None and min(ev.pcie_rx, ev.pcie_tx) >= th.pcie_offload_bytes:
+        ev_out.update(
+            reason="host_offload",
+            pcie_rx_bytes_per_s=_r(ev.pcie_rx, 0),
+            pcie_tx_bytes_per_s=_r(ev.pcie_tx, 0),
+            pcie_offload_bytes=th.pcie_offload_bytes,
+        )
+        return Finding(
+            "underutilized",
+            f"{head}, while PCIe is busy both ways ({_gbps(ev.pcie_tx)} to the host, {_gbps(ev.pcie_rx)} "
+            f"back): gradients go down and weights come up every step, the GPU waits on the host "
+            f"(SM activity {pct(ev.sm)}). {_ADVICE['host_offload']}",
+            ev_out,
+        )
+    if _periodic(ev, th) and ev.idle_phase is not None:
+        ev_out.update(reason="periodic_stall", idle_phase_share=_r(ev.idle_phase), stall_share=th.stall_share)
+        return Finding(
+            "underutilized",
+            f"{head}, and the busy signal is a square wave: about {pct(ev.idle_phase)} of the time the GPU "
+            f"sits in idle phases of tens of seconds or more between busy ones (utilization near 0, then "
+            f"near full) — synchronous checkpoints, evaluation or data loading that stop training. "
+            f"{_ADVICE['periodic_stall']}",
+            ev_out,
+        )
+    return None
+
+
+def _periodic(ev: Evidence, th: Thresholds) -> bool:
+    """Idle phases hold at least ``stall_share`` of the samples and most of the idle time (so a
+    job idle in short gaps between steps, with one slow start, is not called periodic)."""
+    if ev.idle_phase is None or ev.busy is None:
+        return False
+    return ev.idle_phase >= th.stall_share and ev.idle_phase >= 0.5 * (1.0 - ev.busy)
+
+
+def _low_occupancy(ev: Evidence, th: Thresholds) -> bool:
+    """SMs active but almost no warps on them, with no tensor-core work (a GEMM's large tiles keep
+    few warps by design, at 0.15 of the maximum)."""
+    if ev.occupancy is None or ev.sm is None or ev.sm <= 0:
+        return False
+    if ev.tensor is not None and ev.tensor >= th.tensor_idle:
+        return False
+    return ev.occupancy / ev.sm < th.low_occupancy
+
+
+def _straggler(ev: Evidence, base: dict[str, object]) -> Finding:
+    """underutilized, headlined by the slow rank the others wait for (the cause, not the pooled
+    symptom: the waiting ranks' spinning reads as launch-bound)."""
+    assert ev.straggler is not None
+    slow, waiting = ev.straggler
+
+    def loads(rs: tuple[RankLoad, ...], what: str) -> str:
+        return "; ".join(f"{r.gpu} ({what} {pct(r.busy)}, SM activity {pct(r.sm_active)})" for r in rs)
+
+    return Finding(
+        "underutilized",
+        f"A straggler: {loads(slow, 'utilization')} is slow, and the other rank(s) wait for it in the "
+        f"collective: {loads(waiting, 'utilization')} — near-full utilization with little SM activity "
+        f"is NCCL spinning, not work. {_ADVICE['straggler']}",
+        {
+            **base,
+            "reason": "straggler",
+            "slow": [r.to_json() for r in slow],
+            "waiting": [r.to_json() for r in waiting],
+        },
     )
 
 

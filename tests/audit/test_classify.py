@@ -115,7 +115,8 @@ def test_healthy_with_tensor_headroom():
 
 def test_thresholds_are_used():
     assert classify(ev(sm=0.45), Thresholds())[0] is V.LOW_SM_EFFICIENCY
-    assert classify(ev(sm=0.45), Thresholds(low_sm=0.4))[0] is V.HEALTHY
+    assert classify(ev(sm=0.45), Thresholds(low_sm=0.4))[0] is V.LOW_SM_EFFICIENCY  # waste 55 % > 35 %
+    assert classify(ev(sm=0.45), Thresholds(low_sm=0.4, healthy_max_waste=0.6))[0] is V.HEALTHY
 
 
 def test_low_sm_advice_follows_the_evidence():

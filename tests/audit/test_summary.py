@@ -171,10 +171,11 @@ def test_time_sliced_gpu_is_not_counted_twice():
 @pytest.mark.parametrize(
     "model, clock, max_clock, expected, method",
     [
-        (H200, 1825.0, None, 0.4 * 1825 / 1980, "tensor_active*sm_clock/max_sm_clock"),
-        (H200, None, None, 0.4, "tensor_active"),
-        ("Tesla T4", 1500.0, None, 0.4, "tensor_active"),
-        ("Tesla T4", 1500.0, 1590.0, 0.4 * 1500 / 1590, "tensor_active*sm_clock/max_sm_clock"),
+        # × 0.97: the share of the peak a busy tensor pipe delivers (Thresholds.mfu_tensor_rate, issue 28)
+        (H200, 1825.0, None, 0.4 * 1825 / 1980 * 0.97, "tensor_active*sm_clock/max_sm_clock*rate"),
+        (H200, None, None, 0.4 * 0.97, "tensor_active*rate"),
+        ("Tesla T4", 1500.0, None, 0.4 * 0.97, "tensor_active*rate"),
+        ("Tesla T4", 1500.0, 1590.0, 0.4 * 1500 / 1590 * 0.97, "tensor_active*sm_clock/max_sm_clock*rate"),
     ],
 )
 def test_mfu_estimate(model, clock, max_clock, expected, method):
@@ -222,7 +223,11 @@ def test_straggler_in_collective():
     }
     b = series(waiting, g=gpu(0)) + series(waiting, g=gpu(1)) + series(waiting, g=gpu(2)) + series(slow, g=gpu(3))
     s = summarize(b)
-    assert s["verdict"] == "low_sm_efficiency"
+    # issue 28: the headline is the cause — the slow rank — not the pooled low SM activity
+    assert s["verdict"] == "underutilized"
+    head = s["findings"][0]
+    assert head["evidence"]["reason"] == "straggler"
+    assert head["evidence"]["slow"][0]["gpu"] in head["message"].split(" is slow")[0]
     assert s["gpus"] == 4 and s["gpu_hours"] == pytest.approx(4.0)
     f = next(f for f in s["findings"] if f["code"] == "collective_wait_straggler")
     assert len(f["evidence"]["waiting"]) == 3 and len(f["evidence"]["stragglers"]) == 1
@@ -292,4 +297,5 @@ def test_empty_job():
 def test_thresholds_passed_through():
     vals = dict(BUSY, **{Metric.SM_ACTIVE: 0.45})
     assert summarize(series(vals))["verdict"] == "low_sm_efficiency"
-    assert summarize(series(vals), thresholds=Thresholds(low_sm=0.4))["verdict"] == "healthy"
+    th = Thresholds(low_sm=0.4, healthy_max_waste=0.6)
+    assert summarize(series(vals), thresholds=th)["verdict"] == "healthy"

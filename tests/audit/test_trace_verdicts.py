@@ -87,8 +87,10 @@ def test_without_sm_activity(trace_name, expected):
     got = audit(trace_name, NO_SM)
     for phase, s in got.items():
         assert s["sm_active"] is None and s["waste_gpu_hours"] is None
-        if expected[phase] in ("idle", "underutilized"):
-            assert s["verdict"] == expected[phase]  # judged from GPU_UTIL alone
+        # judged from GPU_UTIL alone when it is below busy_util; above it (an underutilized job
+        # whose SMs show the waste, issue 28) the SM series is needed
+        if expected[phase] in ("idle", "underutilized") and s["gpu_util"] < 0.6:
+            assert s["verdict"] == expected[phase]
         else:
             assert s["verdict"] == "insufficient_data"
             assert s["findings"][0]["code"] == "metric_missing"
@@ -140,7 +142,8 @@ def test_pcie_means_are_null_when_absent():
     assert copy["evidence"]["pcie_rx_bytes_per_s"] is None and "not exported" in copy["message"]
 
 
-#: precisions whose estimate must be within 0.06 of measured MFU (issue 15); TF32 is measured apart
+#: precisions whose estimate must be within 0.02 of measured MFU (issue 15 asked 0.06, issue 28 0.03);
+#: TF32 is measured apart
 PRECISE = ("bf16", "fp8")
 
 
@@ -153,13 +156,12 @@ def test_workloads_mfu_estimate_tracks_measured_mfu():
             continue
         err = got[phase]["mfu_estimate"] - w["mfu"]
         if w["precision"] in PRECISE:
-            assert abs(err) <= 0.06, (phase, got[phase]["mfu_estimate"], w["mfu"])
+            assert abs(err) <= 0.02, (phase, got[phase]["mfu_estimate"], w["mfu"])  # issue 28: ±0.03 asked
             checked += 1
     assert checked >= 19
-    # TF32: a plain matmul runs at its nominal TF32 peak per active tensor cycle (error +0.02),
-    # the TF32 transformer does not (estimate 0.37 against 0.23 measured): docs/verdicts.md
-    assert got["tf32_matmul"]["mfu_estimate"] - truth["workloads"]["tf32_matmul"]["mfu"] == pytest.approx(
-        0.02, abs=0.02
-    )
+    # TF32: a plain matmul runs at its nominal TF32 peak per active tensor cycle (error -0.003 with
+    # the 0.97 per-cycle rate of issue 28), the TF32 transformer does not (estimate 0.36 against
+    # 0.23 measured): docs/verdicts.md
+    assert got["tf32_matmul"]["mfu_estimate"] - truth["workloads"]["tf32_matmul"]["mfu"] == pytest.approx(0.0, abs=0.01)
     tf32 = got["transformer_sdpa_tf32_s1024"]["mfu_estimate"] - truth["workloads"]["transformer_sdpa_tf32_s1024"]["mfu"]
-    assert tf32 == pytest.approx(0.135, abs=0.02)
+    assert tf32 == pytest.approx(0.124, abs=0.02)

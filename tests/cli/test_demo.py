@@ -18,7 +18,9 @@ def test_demo(tmp_path, capsys):
     assert "demo:" in captured.err  # progress on stderr
     summaries = json.loads((out / "summaries.json").read_text())
     by_job = {s["job"]: s for s in summaries}
-    assert by_job["PyTorchJob/llm-finetune"]["verdict"] == "low_sm_efficiency"
+    # issue 28: the headline is the straggler (the cause), not the waiting ranks' low SM activity
+    assert by_job["PyTorchJob/llm-finetune"]["verdict"] == "underutilized"
+    assert by_job["PyTorchJob/llm-finetune"]["findings"][0]["evidence"]["reason"] == "straggler"
     assert by_job["PyTorchJob/llm-finetune"]["gpus"] == 4
     assert by_job["Job/legacy-ranker"]["sm_active"] is None
     # issue 15's recorded workloads
