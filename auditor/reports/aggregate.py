@@ -14,6 +14,16 @@ reads the same in every format. Definitions (docs/reports.md has the user-facing
 - ``waste_gpu_hours``: measured GPU-hours × (1 − SM activity); ``waste_cost`` prices them, and
   ``cost`` prices all allocated GPU-hours, at the GPU model's price per GPU-hour.
 - ``tensor_active_gpu_hours``: GPU-hours × tensor-pipe activity, over jobs that report it.
+- ``mfu``: the GPU-hour-weighted MFU estimate of the jobs that have one (``mfu_gpu_hours`` over
+  ``mfu_measured_gpu_hours``), relative to each precision's dense tensor peak (a MIG slice: the
+  slice's share); jobs without tensor activity have no estimate and are left out, never counted
+  as 0. ``mfu_histogram``: those jobs per 5 % MFU bin (jobs and GPU-hours), the distribution
+  behind the weighted figure.
+- ``recoverable_gpu_hours``: the MFU gap, summed over the ``referenced_jobs`` whose workload class
+  (or lineage's own best run) gives a reference MFU: ``gpu_hours × max(0, 1 − mfu / reference)``,
+  the GPU-hours the same work would not have needed at the reference. A second kind of loss,
+  never added to waste: waste is time the SMs sat idle, the gap is busy time spent below the
+  reference. ``recoverable_cost`` prices it.
 - ``queue_wait_median_s`` / ``queue_wait_p90_s``: over the ``admitted_jobs`` that Kueue first
   admitted in the week, the time from their Workload's creation to that admission (Kueue's
   ``Admitted`` condition); null when none was admitted through a Kueue queue.
@@ -35,6 +45,9 @@ SCHEMA_VERSION = 1
 VERDICTS: tuple[str, ...] = tuple(v.value for v in Verdict)
 #: name used for the whole cluster in deliveries and files
 ALL_TEAMS = "*"
+
+#: the MFU distribution's bins (as :data:`auditor.store.reports.MFU_BINS`): 5 % wide
+MFU_BINS = 20
 
 HOURS_DIGITS = 3
 RATIO_DIGITS = 4
@@ -82,7 +95,15 @@ class Totals:
     tensor_active_gpu_hours: float = 0.0
     cost: float = 0.0
     waste_cost: float = 0.0
+    mfu_gpu_hours: float = 0.0
+    mfu_measured_gpu_hours: float = 0.0
+    recoverable_gpu_hours: float = 0.0
+    recoverable_cost: float = 0.0
+    referenced_gpu_hours: float = 0.0
+    referenced_jobs: int = 0
     verdicts: dict[str, int] = field(default_factory=dict)
+    #: MFU bin → [jobs, GPU-hours]
+    mfu_bins: dict[int, list[float]] = field(default_factory=dict)
 
     def add(self, g: Any, prices: Prices) -> None:
         """Add one :class:`auditor.store.reports.Group` (or anything with its fields)."""
@@ -95,11 +116,24 @@ class Totals:
         self.tensor_active_gpu_hours += g.tensor_active_gpu_hours
         self.cost += g.gpu_hours * price
         self.waste_cost += g.waste_gpu_hours * price
+        self.mfu_gpu_hours += g.mfu_gpu_hours
+        self.mfu_measured_gpu_hours += g.mfu_measured_gpu_hours
+        self.recoverable_gpu_hours += g.recoverable_gpu_hours
+        self.recoverable_cost += g.recoverable_gpu_hours * price
+        self.referenced_gpu_hours += g.referenced_gpu_hours
+        self.referenced_jobs += g.referenced_jobs
         self.verdicts[g.verdict] = self.verdicts.get(g.verdict, 0) + g.jobs
+
+    def add_bin(self, b: Any) -> None:
+        """Add one :class:`auditor.store.reports.MfuBin` (jobs and GPU-hours of one MFU bin)."""
+        cell = self.mfu_bins.setdefault(int(b.bin), [0, 0.0])
+        cell[0] += b.jobs
+        cell[1] += b.gpu_hours
 
     def as_json(self) -> dict[str, Any]:
         sm_hours = max(0.0, self.measured_gpu_hours - self.waste_gpu_hours)
         eff = sm_hours / self.measured_gpu_hours if self.measured_gpu_hours > 0 else None
+        mfu = self.mfu_gpu_hours / self.mfu_measured_gpu_hours if self.mfu_measured_gpu_hours > 0 else None
         return {
             "jobs": self.jobs,
             "gpu_hours": _round(self.gpu_hours, HOURS_DIGITS),
@@ -111,6 +145,22 @@ class Totals:
             "waste_gpu_hours": _round(self.waste_gpu_hours, HOURS_DIGITS),
             "cost": _round(self.cost, MONEY_DIGITS),
             "waste_cost": _round(self.waste_cost, MONEY_DIGITS),
+            "mfu": _round(mfu, RATIO_DIGITS),
+            "mfu_measured_gpu_hours": _round(self.mfu_measured_gpu_hours, HOURS_DIGITS),
+            # no job with a reference: the gap is not known, not 0
+            "recoverable_gpu_hours": _round(self.recoverable_gpu_hours, HOURS_DIGITS) if self.referenced_jobs else None,
+            "recoverable_cost": _round(self.recoverable_cost, MONEY_DIGITS) if self.referenced_jobs else None,
+            "referenced_jobs": self.referenced_jobs,
+            "referenced_gpu_hours": _round(self.referenced_gpu_hours, HOURS_DIGITS),
+            "mfu_histogram": [
+                {
+                    "lo": _round(k / MFU_BINS, RATIO_DIGITS),
+                    "hi": _round((k + 1) / MFU_BINS, RATIO_DIGITS),
+                    "jobs": int(n),
+                    "gpu_hours": _round(h, HOURS_DIGITS),
+                }
+                for k, (n, h) in sorted(self.mfu_bins.items())
+            ],
             "verdicts": {v: self.verdicts.get(v, 0) for v in _verdict_order(self.verdicts)},
         }
 
@@ -130,6 +180,9 @@ FIGURES: tuple[tuple[str, str, str], ...] = (
     ("queue_wait_p90_s", "queue wait p90", "wait"),
     ("waste_gpu_hours", "waste GPU-h", "hours"),
     ("waste_cost", "waste cost", "money"),
+    ("mfu", "MFU", "ratio"),
+    ("recoverable_gpu_hours", "recoverable GPU-h", "hours"),
+    ("recoverable_cost", "recoverable cost", "money"),
     ("unmeasured_gpu_hours", "unmeasured GPU-h", "hours"),
     ("cost", "cost", "money"),
 )
@@ -197,6 +250,8 @@ class WeekData:
     queue_waits: Mapping[str, Sequence[float]] = field(default_factory=dict)
     #: per top-list job id, its lineage's history (:func:`lineage_brief`) when it has one
     lineages: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    #: the jobs with an MFU estimate per team and MFU bin (:class:`auditor.store.reports.MfuBin`)
+    mfu_bins: Sequence[Any] = ()
 
 
 def queue_wait(waits: Sequence[float]) -> dict[str, Any]:
@@ -211,7 +266,7 @@ def queue_wait(waits: Sequence[float]) -> dict[str, Any]:
 def job_json(j: Any, prices: Prices, advice: tuple[str, str] | None) -> dict[str, Any]:
     """One job's in-week figures (the per-job CSV row and a top-list entry)."""
     price = prices.of(j.gpu_model)
-    waste = j.waste_gpu_hours
+    waste, rec = j.waste_gpu_hours, j.recoverable_gpu_hours
     return {
         "cluster": j.cluster,
         "namespace": j.namespace,
@@ -229,6 +284,11 @@ def job_json(j: Any, prices: Prices, advice: tuple[str, str] | None) -> dict[str
         "coverage": _round(j.coverage, RATIO_DIGITS),
         "waste_gpu_hours": _round(waste, HOURS_DIGITS),
         "waste_cost": None if waste is None else _round(waste * price, MONEY_DIGITS),
+        "mfu_estimate": _round(j.mfu_estimate, RATIO_DIGITS),
+        "mfu_reference": _round(j.mfu_reference, RATIO_DIGITS),
+        "mfu_class": j.mfu_class,
+        "recoverable_gpu_hours": _round(rec, HOURS_DIGITS),
+        "recoverable_cost": None if rec is None else _round(rec * price, MONEY_DIGITS),
         "finding": advice[0] if advice else None,
         "advice": advice[1] if advice else None,
     }
@@ -244,9 +304,10 @@ def top_json(j: Any, prices: Prices, data: WeekData) -> dict[str, Any]:
     return out
 
 
-def _top(jobs: Iterable[Any], n: int) -> list[Any]:
-    ranked = [j for j in jobs if j.waste_gpu_hours is not None]
-    ranked.sort(key=lambda j: (-j.waste_gpu_hours, j.job_id))
+def _top(jobs: Iterable[Any], n: int, by: str = "waste_gpu_hours") -> list[Any]:
+    """The ``n`` jobs with the most ``by`` (waste, or recoverable GPU-hours: only jobs with some)."""
+    ranked = [j for j in jobs if getattr(j, by) is not None and (by == "waste_gpu_hours" or getattr(j, by) > 0)]
+    ranked.sort(key=lambda j: (-getattr(j, by), j.job_id))
     return ranked[:n]
 
 
@@ -278,6 +339,10 @@ def build_report(
             if g.team in per:
                 per[g.team].add(g, prices)
                 whole.add(g, prices)
+        for b in data.mfu_bins:
+            if b.team in per:
+                per[b.team].add_bin(b)
+                whole.add_bin(b)
         return per, whole
 
     per_week = [totals_by_team(w) for w in weeks]
@@ -297,6 +362,8 @@ def build_report(
                     "efficiency": t["efficiency"] if has else None,
                     "waste_gpu_hours": t["waste_gpu_hours"] if has else None,
                     "unmeasured_gpu_hours": t["unmeasured_gpu_hours"] if has else None,
+                    "mfu": t["mfu"] if has else None,
+                    "recoverable_gpu_hours": t["recoverable_gpu_hours"] if has else None,
                 }
             )
         return out
@@ -318,7 +385,9 @@ def build_report(
         acts = actions_of(t)
         doc["actions"] = acts
         doc["actions_total"] = sum(acts.values())
-        doc["top_jobs"] = [top_json(j, prices, current) for j in _top((j for j in candidates if j.team == t), top_n)]
+        mine = [j for j in candidates if j.team == t]
+        doc["top_jobs"] = [top_json(j, prices, current) for j in _top(mine, top_n)]
+        doc["top_mfu_gap"] = [top_json(j, prices, current) for j in _top(mine, top_n, "recoverable_gpu_hours")]
         doc["trend"] = trend(t)
         doc["note"] = None if doc["jobs"] else f"No jobs of team {t} were recorded in {current.week}."
         team_docs.append(doc)
@@ -331,6 +400,7 @@ def build_report(
     total["actions"] = acts
     total["actions_total"] = sum(acts.values())
     total["top_jobs"] = [top_json(j, prices, current) for j in _top(candidates, top_n)]
+    total["top_mfu_gap"] = [top_json(j, prices, current) for j in _top(candidates, top_n, "recoverable_gpu_hours")]
     total["trend"] = trend(None)
     if scope == "team" and len(team_docs) == 1:
         total["note"] = team_docs[0]["note"]
@@ -360,6 +430,42 @@ def team_view(report: Mapping[str, Any], team: str) -> dict[str, Any]:
         if t["team"] == team:
             return {**report, "scope": "team", "total": t, "teams": [t]}
     raise BadInput(f"team {team!r} is not in the {report['week']} report")
+
+
+def mfu_headline(t: Mapping[str, Any]) -> str:
+    """The MFU gap in one sentence, beside waste and never added to it (every rendering says it
+    the same way): "At their class's reference MFU these 3 jobs would have needed 12.5 fewer
+    GPU-hours ..."."""
+    n = int(t.get("referenced_jobs") or 0)
+    waste = fmt_hours(t.get("waste_gpu_hours"))
+    if not n:
+        return (
+            "No job had a reference MFU (no workload class with a reference, no lineage history): "
+            f"no recoverable GPU-hours are claimed. Waste (SMs idle): {waste} GPU-h."
+        )
+    jobs = "this job" if n == 1 else f"these {n} jobs"
+    return (
+        f"At their class's reference MFU {jobs} would have needed {fmt_hours(t.get('recoverable_gpu_hours'))} fewer "
+        f"GPU-hours (the MFU gap, of {fmt_hours(t.get('referenced_gpu_hours'))} GPU-h with a reference). "
+        f"A separate loss from waste (SMs idle): {waste} GPU-h."
+    )
+
+
+#: the eight levels of a text sparkline, lowest first
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+def mfu_sparkline(hist: Sequence[Mapping[str, Any]]) -> str:
+    """The MFU distribution as 20 characters, one per 5 % bin from 0 to 100 %, the height
+    the bin's share of GPU-hours (a space: no job there); "" without any job with an MFU."""
+    hours = [0.0] * MFU_BINS
+    for b in hist:
+        k = min(MFU_BINS - 1, max(0, round(float(b["lo"]) * MFU_BINS)))
+        hours[k] += float(b.get("gpu_hours") or 0.0)
+    top = max(hours)
+    if top <= 0:
+        return ""
+    return "".join(" " if h <= 0 else _SPARK[min(7, int(h / top * 7.999))] for h in hours)
 
 
 def lineage_note(job: Mapping[str, Any]) -> str:

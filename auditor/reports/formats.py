@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any, Iterable, Mapping, TextIO
+from typing import Any, Callable, Iterable, Mapping, TextIO
 
 from auditor.render.safe_text import CsvWriter
-from auditor.reports.aggregate import VERDICTS, fmt, lineage_note, priced, shown_figures
+from auditor.reports.aggregate import VERDICTS, fmt, lineage_note, mfu_headline, mfu_sparkline, priced, shown_figures
 
 TEAM_COLUMNS: tuple[str, ...] = (
     "row",
@@ -30,6 +30,12 @@ TEAM_COLUMNS: tuple[str, ...] = (
     "waste_gpu_hours",
     "cost",
     "waste_cost",
+    "mfu",
+    "mfu_measured_gpu_hours",
+    "recoverable_gpu_hours",
+    "recoverable_cost",
+    "referenced_jobs",
+    "referenced_gpu_hours",
     "actions_total",
 ) + tuple(f"verdict_{v}" for v in VERDICTS)
 
@@ -51,6 +57,11 @@ JOB_COLUMNS: tuple[str, ...] = (
     "coverage",
     "waste_gpu_hours",
     "waste_cost",
+    "mfu_estimate",
+    "mfu_reference",
+    "mfu_class",
+    "recoverable_gpu_hours",
+    "recoverable_cost",
 )
 
 
@@ -99,6 +110,31 @@ def _md_escape(s: Any) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ").replace("<", "&lt;")
 
 
+def _md_jobs(
+    title: str, jobs: list[Mapping[str, Any]], figures: list[tuple[str, Callable[[Mapping[str, Any]], str]]], empty: str
+) -> list[str]:
+    """A top list: job, team, the ``figures`` (right-aligned), verdict and advice; ``empty`` without jobs."""
+    out = ["", f"## {title}", ""]
+    if not jobs:
+        return out + [empty]
+    out += [
+        "| job | team | " + "".join(f"{h} | " for h, _ in figures) + "verdict | why, and what to try |",
+        "|---|---|" + "---:|" * len(figures) + "---|---|",
+    ]
+    for j in jobs:
+        out.append(
+            f"| {_md_escape(j['namespace'] + '/' + j['job'] + lineage_note(j))} | {_md_escape(j['team'])} | "
+            + "".join(f"{cell(j)} | " for _, cell in figures)
+            + f"{j['verdict']} | {_md_escape(j['advice'] or '')} |"
+        )
+    return out
+
+
+def rows_of(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The team rows a table lists above its total (none in a team's own report)."""
+    return list(report["teams"]) if report["scope"] == "cluster" else []
+
+
 def to_markdown(report: Mapping[str, Any]) -> str:
     cur = report["prices"].get("currency", "")
     t = report["total"]
@@ -121,7 +157,7 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         f"- **policy actions**: {t['actions_total']}"
         + (" (" + ", ".join(f"{a}: {n}" for a, n in t["actions"].items()) + ")" if t["actions"] else "")
     )
-    lines.append("")
+    lines += ["", f"> {_md_escape(mfu_headline(t))}", ""]
     if report["scope"] == "cluster":
         lines += [
             "## Teams",
@@ -137,41 +173,67 @@ def to_markdown(report: Mapping[str, Any]) -> str:
             )
             lines.append(f"| {name} | " + " | ".join(cells) + f" | {row['actions_total']} |")
         lines.append("")
+    lines += [
+        "## MFU by team",
+        "",
+        "MFU: model FLOPs over the precision's dense tensor peak (a MIG slice: its share), weighted by "
+        "GPU-hours over the jobs with tensor activity (others have none: n/a). Distribution: GPU-hours per "
+        "5 % MFU bin, 0 % at the left, 100 % at the right.",
+        "",
+        "| team | MFU | distribution (0 → 100 %) | jobs with MFU | with a reference | recoverable GPU-h |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for row in rows_of(report) + [t]:
+        name = "total" if row is t else _md_escape(row["team"])
+        spark = mfu_sparkline(row["mfu_histogram"])
+        n_mfu = sum(b["jobs"] for b in row["mfu_histogram"])
+        lines.append(
+            f"| {name} | {fmt('ratio', row['mfu'])} | {'`' + spark + '`' if spark else 'n/a'} | {n_mfu} | "
+            f"{row['referenced_jobs']} | {fmt('hours', row['recoverable_gpu_hours'])} |"
+        )
+    lines += [""]
     lines += ["## Jobs by verdict", "", "| team | " + " | ".join(VERDICTS) + " |", "|---|" + "---:|" * len(VERDICTS)]
-    rows = list(report["teams"]) if report["scope"] == "cluster" else []
-    for row in rows + [t]:
+    for row in rows_of(report) + [t]:
         name = "total" if row is t else _md_escape(row["team"])
         lines.append(f"| {name} | " + " | ".join(str(row["verdicts"].get(v, 0)) for v in VERDICTS) + " |")
-    lines += ["", "## Most wasteful jobs", ""]
-    if t["top_jobs"]:
-        lines += [
-            "| job | team | GPU-h | SM | tensor | waste GPU-h | "
-            + ("waste cost | " if money else "")
-            + "verdict | why, and what to try |",
-            "|---|---|---:|---:|---:|---:|" + ("---:|" if money else "") + "---|---|",
-        ]
-        for j in t["top_jobs"]:
-            lines.append(
-                f"| {_md_escape(j['namespace'] + '/' + j['job'] + lineage_note(j))} | {_md_escape(j['team'])} | {fmt('hours', j['gpu_hours'])} | "
-                f"{fmt('ratio', j['sm_active'])} | {fmt('ratio', j['tensor_active'])} | {fmt('hours', j['waste_gpu_hours'])} | "
-                + (f"{fmt('money', j['waste_cost'], cur)} | " if money else "")
-                + f"{j['verdict']} | {_md_escape(j['advice'] or '')} |"
-            )
-    else:
-        lines.append("No job with a waste figure.")
+    lines += _md_jobs(
+        "Most wasteful jobs",
+        t["top_jobs"],
+        [
+            ("GPU-h", lambda j: fmt("hours", j["gpu_hours"])),
+            ("SM", lambda j: fmt("ratio", j["sm_active"])),
+            ("tensor", lambda j: fmt("ratio", j["tensor_active"])),
+            ("waste GPU-h", lambda j: fmt("hours", j["waste_gpu_hours"])),
+            *([("waste cost", lambda j: fmt("money", j["waste_cost"], cur))] if money else []),
+        ],
+        "No job with a waste figure.",
+    )
+    lines += _md_jobs(
+        "Largest MFU gap",
+        t["top_mfu_gap"],
+        [
+            ("GPU-h", lambda j: fmt("hours", j["gpu_hours"])),
+            ("MFU", lambda j: fmt("ratio", j["mfu_estimate"])),
+            ("reference (class)", lambda j: f"{fmt('ratio', j['mfu_reference'])} ({_md_escape(j['mfu_class'] or '')})"),
+            ("recoverable GPU-h", lambda j: fmt("hours", j["recoverable_gpu_hours"])),
+            *([("recoverable cost", lambda j: fmt("money", j["recoverable_cost"], cur))] if money else []),
+        ],
+        "No job below its reference MFU.",
+    )
     lines += [
         "",
         "## Trend",
         "",
-        "| week | GPU-hours | efficiency | waste GPU-h | unmeasured GPU-h |",
-        "|---|---:|---:|---:|---:|",
+        "| week | GPU-hours | efficiency | MFU | waste GPU-h | recoverable GPU-h | unmeasured GPU-h |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for p in t["trend"]:
         if not p["jobs"]:
-            lines.append(f"| {p['week']} | no data | | | |")
+            lines.append(f"| {p['week']} | no data | | | | | |")
             continue
         lines.append(
-            f"| {p['week']} | {fmt('hours', p['gpu_hours'])} | {fmt('ratio', p['efficiency'])} | {fmt('hours', p['waste_gpu_hours'])} | "
+            f"| {p['week']} | {fmt('hours', p['gpu_hours'])} | {fmt('ratio', p['efficiency'])} | {fmt('ratio', p['mfu'])} | "
+            f"{fmt('hours', p['waste_gpu_hours'])} | {fmt('hours', p['recoverable_gpu_hours'])} | "
             f"{fmt('hours', p['unmeasured_gpu_hours'])} |"
         )
     return "\n".join(lines) + "\n"

@@ -16,7 +16,7 @@ import jinja2
 from markupsafe import Markup
 
 from auditor.reports import charts
-from auditor.reports.aggregate import VERDICTS, fmt, lineage_note, priced, shown_figures
+from auditor.reports.aggregate import MFU_BINS, VERDICTS, fmt, lineage_note, mfu_headline, priced, shown_figures
 
 _CSS = """
 :root{--fg:#1d1d1f;--mut:#666;--bd:#e3e3e3;--bg2:#f5f6f8}
@@ -40,6 +40,9 @@ td.advice{white-space:normal;text-align:left;min-width:18rem;max-width:40rem;fon
 figure{margin:.8rem 0} figure img{width:100%;max-width:760px;height:auto;display:block} figcaption{color:var(--mut);font-size:.8rem}
 .note{background:#fff8e1;border-left:4px solid #f9a825;padding:.5rem .8rem;margin:.6rem 0}
 .team{border-top:2px solid var(--bd);margin-top:1.5rem}
+.gap{background:#e8f5e9;border-left:4px solid #2e7d32;padding:.5rem .8rem;margin:.6rem 0}
+.hist{display:inline-flex;align-items:flex-end;gap:1px;height:1.6rem;width:10.5rem;border-bottom:1px solid #999;vertical-align:middle}
+.hist i{display:block;flex:1;background:#2e7d32;min-height:0}
 @media (max-width:600px){body{padding:.6rem}.kpi b{font-size:1.1rem}h1{font-size:1.25rem}}
 """
 
@@ -55,6 +58,21 @@ _TEMPLATE = """<!DOCTYPE html>
 {% for key, label, kind in figures %}<div class="kpi"><b data-k="{{ key }}">{{ f(kind, t[key]) }}</b><span>{{ label|nw }}</span></div>{% endfor %}
 <div class="kpi"><b data-k="actions_total">{{ t.actions_total }}</b><span>policy actions</span></div>
 </div>
+<p class="gap" data-k="mfu_headline">{{ headline(t) }}</p>
+{%- endmacro %}
+{% macro hist(t) -%}
+{% set bars = hist_bars(t.mfu_histogram) %}{% if bars %}<span class="hist" role="img" aria-label="GPU-hours per 5 % MFU bin, 0 to 100 %" title="GPU-hours per 5 % MFU bin, 0 % left, 100 % right">{% for h, tip in bars %}<i style="height:{{ h }}%" title="{{ tip }}"></i>{% endfor %}</span>{% else %}n/a{% endif %}
+{%- endmacro %}
+{% macro mfu_row(t) -%}<td data-k="mfu">{{ f("ratio", t.mfu) }}</td><td class="l">{{ hist(t) }}</td><td data-k="mfu_jobs">{{ t.mfu_histogram|sum(attribute="jobs") }}</td><td data-k="referenced_jobs">{{ t.referenced_jobs }}</td><td data-k="recoverable_gpu_hours">{{ f("hours", t.recoverable_gpu_hours) }}</td>{%- endmacro %}
+{% macro mfu_head() -%}<th>MFU</th><th class="l">distribution (0 → 100 %)</th><th>jobs with MFU</th><th>with a reference</th><th>{{ "recoverable GPU-h"|nw }}</th>{%- endmacro %}
+{% macro gap(t) -%}
+{% if t.top_mfu_gap %}<div class="scroll"><table data-table="top_mfu_gap">
+<tr><th class="l">job</th>{% if show_team %}<th class="l">team</th>{% endif %}<th>{{ "GPU-h"|nw }}</th><th>MFU</th><th>reference</th><th class="l">class</th><th>{{ "recoverable GPU-h"|nw }}</th>{% if priced %}<th>recoverable cost</th>{% endif %}<th class="l">verdict</th><th class="l">why, and what to try</th></tr>
+{% for j in t.top_mfu_gap %}<tr data-job="{{ j.namespace }}/{{ j.job }}"><td class="l job">{{ j.namespace }}/<wbr>{{ j.job }}{% if j.split != "inside" %} <small>({{ f("ratio", j.week_fraction) }} in week)</small>{% endif %}{% if "lineage" in j %} <small data-k="lineage">{{ lineage_note(j) }}</small>{% endif %}</td>
+{% if show_team %}<td class="l">{{ j.team }}</td>{% endif %}<td data-k="gpu_hours">{{ f("hours", j.gpu_hours) }}</td><td data-k="mfu_estimate">{{ f("ratio", j.mfu_estimate) }}</td><td data-k="mfu_reference">{{ f("ratio", j.mfu_reference) }}</td><td class="l" data-k="mfu_class">{{ j.mfu_class or "" }}</td>
+<td data-k="recoverable_gpu_hours">{{ f("hours", j.recoverable_gpu_hours) }}</td>{% if priced %}<td data-k="recoverable_cost">{{ f("money", j.recoverable_cost) }}</td>{% endif %}
+<td class="l"><span class="v" style="background:{{ color(j.verdict) }}">{{ j.verdict }}</span></td><td class="advice">{{ j.advice or "" }}</td></tr>
+{% endfor %}</table></div>{% else %}<p class="sub">No job below its reference MFU.</p>{% endif %}
 {%- endmacro %}
 {% macro top(t) -%}
 {% if t.top_jobs %}<div class="scroll"><table data-table="top_jobs">
@@ -72,7 +90,10 @@ _TEMPLATE = """<!DOCTYPE html>
 {{ kpis(r.total) }}
 <p>Efficiency is the GPU-hour-weighted <b>SM activity</b> of the measured jobs: the share of allocated GPU time in
 which the SMs had work. “GPU utilization” only says that <i>some</i> kernel ran. Waste = measured GPU-hours ×
-(1 − SM activity). GPU-hours without SM telemetry are <b>unmeasured</b>: shown on their own, never counted as waste or as efficient.{% if r.prices.default or r.prices.per_model %} Costs at {{ price_text }} per GPU-hour.{% endif %}</p>
+(1 − SM activity). GPU-hours without SM telemetry are <b>unmeasured</b>: shown on their own, never counted as waste or as efficient.
+<b>MFU</b> is the model FLOPs over the precision's dense tensor peak (a MIG slice: its share), weighted by GPU-hours over the
+jobs with tensor activity (without it a job has no MFU: n/a). <b>Recoverable GPU-hours</b> are the MFU gap: what the same work
+would not have needed at its workload class's reference MFU (or its lineage's best run); a different loss from waste, never added to it.{% if r.prices.default or r.prices.per_model %} Costs at {{ price_text }} per GPU-hour.{% endif %}</p>
 {% for c in charts %}<figure><img alt="{{ c.alt }}" src="data:image/png;base64,{{ c.png }}"><figcaption>{{ c.caption }}</figcaption></figure>{% endfor %}
 {% if r.scope == "cluster" %}
 <h2>Teams</h2>
@@ -81,31 +102,42 @@ which the SMs had work. “GPU utilization” only says that <i>some</i> kernel 
 {% for t in r.teams %}<tr data-team="{{ t.team }}"><td class="l">{{ t.team }}</td>{% if t.jobs %}{% for key, label, kind in figures %}<td data-k="{{ key }}">{{ f(kind, t[key]) }}</td>{% endfor %}{% else %}<td data-k="no_data" colspan="{{ figures|length }}" class="l">no data</td>{% endif %}<td data-k="actions_total">{{ t.actions_total }}</td></tr>
 {% endfor %}<tr data-team="{{ r.total.team }}"><th class="l">total</th>{% for key, label, kind in figures %}<th data-k="{{ key }}">{{ f(kind, r.total[key]) }}</th>{% endfor %}<th data-k="actions_total">{{ r.total.actions_total }}</th></tr>
 </table></div>
+<h2>MFU by team</h2>
+<div class="scroll"><table data-table="mfu"><tr><th class="l">team</th>{{ mfu_head() }}</tr>
+{% for t in r.teams %}<tr data-team="{{ t.team }}"><td class="l">{{ t.team }}</td>{{ mfu_row(t) }}</tr>{% endfor %}
+<tr data-team="{{ r.total.team }}"><th class="l">total</th>{{ mfu_row(r.total) }}</tr></table></div>
 <h2>Jobs by verdict</h2>
 <div class="scroll"><table data-table="verdicts"><tr><th class="l">team</th>{% for v in verdicts %}<th><span class="v" style="background:{{ color(v) }}">{{ v }}</span></th>{% endfor %}</tr>
 {% for t in r.teams %}<tr data-team="{{ t.team }}"><td class="l">{{ t.team }}</td>{{ verdict_row(t) }}</tr>{% endfor %}
 <tr data-team="{{ r.total.team }}"><th class="l">total</th>{{ verdict_row(r.total) }}</tr></table></div>
 <h2>Most wasteful jobs</h2>
 {{ top(r.total) }}
+<h2>Largest MFU gap</h2>
+{{ gap(r.total) }}
 {% else %}
+<h2>MFU</h2>
+<div class="scroll"><table data-table="mfu"><tr>{{ mfu_head() }}</tr>
+<tr data-team="{{ r.total.team }}">{{ mfu_row(r.total) }}</tr></table></div>
 <h2>Jobs by verdict</h2>
 <div class="scroll"><table data-table="verdicts"><tr>{% for v in verdicts %}<th><span class="v" style="background:{{ color(v) }}">{{ v }}</span></th>{% endfor %}</tr>
 <tr data-team="{{ r.total.team }}">{{ verdict_row(r.total) }}</tr></table></div>
 <h2>Most wasteful jobs</h2>
 {{ top(r.total) }}
+<h2>Largest MFU gap</h2>
+{{ gap(r.total) }}
 {% endif %}
 {% if r.total.actions %}<h3>Policy actions taken</h3><p>{% for a, n in r.total.actions.items() %}{{ a }}: <b>{{ n }}</b>{% if not loop.last %} · {% endif %}{% endfor %}</p>{% endif %}
 <h2>Trend</h2>
-<div class="scroll"><table data-table="trend"><tr><th class="l">week</th><th>{{ "GPU-hours"|nw }}</th><th>efficiency</th><th>{{ "waste GPU-h"|nw }}</th><th>{{ "unmeasured GPU-h"|nw }}</th></tr>
-{% for p in r.total.trend %}<tr data-week="{{ p.week }}"><td class="l">{{ p.week }}</td>{% if p.jobs %}<td data-k="gpu_hours">{{ f("hours", p.gpu_hours) }}</td><td data-k="efficiency">{{ f("ratio", p.efficiency) }}</td>
-<td data-k="waste_gpu_hours">{{ f("hours", p.waste_gpu_hours) }}</td><td data-k="unmeasured_gpu_hours">{{ f("hours", p.unmeasured_gpu_hours) }}</td>{% else %}<td data-k="no_data" colspan="4" class="l">no data</td>{% endif %}</tr>{% endfor %}
+<div class="scroll"><table data-table="trend"><tr><th class="l">week</th><th>{{ "GPU-hours"|nw }}</th><th>efficiency</th><th>MFU</th><th>{{ "waste GPU-h"|nw }}</th><th>{{ "recoverable GPU-h"|nw }}</th><th>{{ "unmeasured GPU-h"|nw }}</th></tr>
+{% for p in r.total.trend %}<tr data-week="{{ p.week }}"><td class="l">{{ p.week }}</td>{% if p.jobs %}<td data-k="gpu_hours">{{ f("hours", p.gpu_hours) }}</td><td data-k="efficiency">{{ f("ratio", p.efficiency) }}</td><td data-k="mfu">{{ f("ratio", p.mfu) }}</td>
+<td data-k="waste_gpu_hours">{{ f("hours", p.waste_gpu_hours) }}</td><td data-k="recoverable_gpu_hours">{{ f("hours", p.recoverable_gpu_hours) }}</td><td data-k="unmeasured_gpu_hours">{{ f("hours", p.unmeasured_gpu_hours) }}</td>{% else %}<td data-k="no_data" colspan="6" class="l">no data</td>{% endif %}</tr>{% endfor %}
 </table></div>
 </section>
 {% if r.scope == "cluster" and per_team %}
 <h2>Per team</h2>
 {% for t in r.teams %}<section class="team" data-team="{{ t.team }}" id="team-{{ loop.index }}">
 <h3>{{ t.team }}</h3>
-{% if t.note %}<p class="note">{{ t.note }}</p>{% else %}{{ kpis(t) }}{{ top(t) }}{% endif %}
+{% if t.note %}<p class="note">{{ t.note }}</p>{% else %}{{ kpis(t) }}<p>MFU distribution: {{ hist(t) }}</p>{{ top(t) }}{{ gap(t) }}{% endif %}
 </section>{% endfor %}
 {% endif %}
 <p class="sub">gpu-auditor weekly report · verdicts: docs/verdicts.md · figures: docs/reports.md</p>
@@ -129,6 +161,25 @@ def _price_text(prices: Mapping[str, Any]) -> str:
     parts = [f"{m}: {fmt('money', p, cur)}" for m, p in prices.get("per_model", {}).items()]
     parts.append(f"{'other GPUs' if parts else 'all GPUs'}: {fmt('money', prices.get('default', 0.0), cur)}")
     return ", ".join(parts)
+
+
+def hist_bars(hist: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """The MFU distribution as 20 bars (height: the bin's share of the largest bin's GPU-hours,
+    as a CSS percentage; tooltip: the bin, its jobs and GPU-hours); [] without any job with an MFU."""
+    cells: list[tuple[float, int]] = [(0.0, 0)] * MFU_BINS
+    for b in hist:
+        k = min(MFU_BINS - 1, max(0, round(float(b["lo"]) * MFU_BINS)))
+        cells[k] = (cells[k][0] + float(b.get("gpu_hours") or 0.0), cells[k][1] + int(b.get("jobs") or 0))
+    top = max(h for h, _ in cells)
+    if not any(n for _, n in cells):
+        return []
+    return [
+        (
+            f"{100 * h / top:.0f}" if top > 0 else "0",
+            f"MFU {5 * k}–{5 * (k + 1)} %: {n} jobs, {fmt('hours', h)} GPU-h",
+        )
+        for k, (h, n) in enumerate(cells)
+    ]
 
 
 def render_html(
@@ -181,4 +232,6 @@ def render_html(
         f=lambda kind, v: fmt(kind, v, cur),
         color=lambda v: charts.VERDICT_COLORS.get(v, "#999"),
         lineage_note=lambda j: lineage_note(j).strip(" ()"),
+        headline=mfu_headline,
+        hist_bars=hist_bars,
     )

@@ -21,6 +21,8 @@ from auditor.store.reports import ReportStore
 from auditor.store.store import Store
 
 TREND_WEEKS = 4
+#: the ranking of the second top list: the MFU gap
+_GAP = "recoverable_gpu_hours"
 
 
 @dataclass(frozen=True)
@@ -49,22 +51,31 @@ def _week_data(
     groups = rs.week_groups(start, end, cluster=opts.cluster, teams=teams, by_model=detail, crossing=crossing)
     if not detail:
         return WeekData(str(week), start, end, groups)
-    inside_top = rs.top_waste_ids(start, end, opts.top_n, cluster=opts.cluster, teams=teams)
-    inside = list(rs.week_jobs(start, end, cluster=opts.cluster, teams=teams, job_ids=inside_top, crossing=crossing))
-    candidates = inside + [j for j in crossing if j.waste_gpu_hours is not None]
+    # the two top lists: the most waste (SMs idle) and the largest MFU gap (recoverable GPU-hours)
+    inside_top = set(rs.top_waste_ids(start, end, opts.top_n, cluster=opts.cluster, teams=teams))
+    inside_top |= set(rs.top_waste_ids(start, end, opts.top_n, cluster=opts.cluster, teams=teams, by=_GAP))
+    inside = list(
+        rs.week_jobs(start, end, cluster=opts.cluster, teams=teams, job_ids=sorted(inside_top), crossing=crossing)
+    )
+    candidates = inside + [j for j in crossing if j.waste_gpu_hours is not None or j.recoverable_gpu_hours]
     # only the jobs that can make a top list need their findings
     by_team: dict[str, list[Any]] = {}
     for j in candidates:
         by_team.setdefault(j.team, []).append(j)
-    keep: list[Any] = []
+    keep: dict[int, Any] = {}
     for lst in by_team.values():
-        lst.sort(key=lambda j: (-j.waste_gpu_hours, j.job_id))
-        keep.extend(lst[: opts.top_n])
-    advice = rs.advice([j.job_id for j in keep])
+        wasted = sorted((j for j in lst if j.waste_gpu_hours is not None), key=lambda j: (-j.waste_gpu_hours, j.job_id))
+        gap = sorted(
+            (j for j in lst if (j.recoverable_gpu_hours or 0) > 0), key=lambda j: (-j.recoverable_gpu_hours, j.job_id)
+        )
+        keep.update((j.job_id, j) for j in wasted[: opts.top_n] + gap[: opts.top_n])
+    kept = sorted(keep.values(), key=lambda j: j.job_id)
+    advice = rs.advice([j.job_id for j in kept])
     actions = rs.actions(start, end, cluster=opts.cluster)
     waits = AdmissionStore(rs.store).week_waits(start, end, cluster=opts.cluster, teams=teams)
-    lineages = lineage_briefs(rs.store, keep, end)
-    return WeekData(str(week), start, end, groups, actions, keep, advice, waits, lineages)
+    lineages = lineage_briefs(rs.store, kept, end)
+    bins = rs.mfu_bins(start, end, cluster=opts.cluster, teams=teams, crossing=crossing)
+    return WeekData(str(week), start, end, groups, actions, kept, advice, waits, lineages, bins)
 
 
 def lineage_briefs(store: Store, jobs: Sequence[Any], now: datetime) -> dict[int, dict[str, Any]]:

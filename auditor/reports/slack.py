@@ -7,10 +7,10 @@ Every user-controlled string (team, namespace, job names, advice) is escaped wit
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from auditor.render.slack_blocks import context, fields, header, section, slack_escape, truncate
-from auditor.reports.aggregate import fmt, priced
+from auditor.reports.aggregate import fmt, mfu_headline, mfu_sparkline, priced
 
 TOP_IN_SLACK = 3
 
@@ -26,16 +26,48 @@ def _kpi_fields(t: Mapping[str, Any], cur: str, money: bool) -> dict:
         [
             ("GPU-hours", fmt("hours", t["gpu_hours"])),
             ("Efficiency (SM activity)", fmt("ratio", t["efficiency"])),
+            ("MFU (GPU-hour-weighted)", fmt("ratio", t["mfu"])),
             (
                 "Queue wait median · p90",
                 f"{fmt('wait', t['queue_wait_median_s'])} · {fmt('wait', t['queue_wait_p90_s'])}",
             ),
             ("Waste GPU-hours", fmt("hours", t["waste_gpu_hours"])),
             *([("Waste cost", fmt("money", t["waste_cost"], cur))] if money else []),
+            ("Recoverable GPU-hours (MFU gap)", fmt("hours", t["recoverable_gpu_hours"])),
             ("Unmeasured GPU-hours", fmt("hours", t["unmeasured_gpu_hours"])),
             ("Jobs · policy actions", f"{t['jobs']} · {t['actions_total']}"),
         ]
     )
+
+
+def _job_list(title: str, jobs: list[Mapping[str, Any]], figures: Callable[[Mapping[str, Any]], str]) -> list[dict]:
+    """A section listing the first :data:`TOP_IN_SLACK` of ``jobs`` with their ``figures`` and
+    advice; no section without jobs."""
+    if not jobs:
+        return []
+    lines = [
+        f"• *{slack_escape(j['namespace'] + '/' + j['job'])}* — {figures(j)}\n"
+        f"   {truncate(slack_escape(j.get('advice') or ''), 400)}"
+        for j in jobs[:TOP_IN_SLACK]
+    ]
+    return [section(f"*{title}*\n" + "\n".join(lines))]
+
+
+def _team_list(
+    title: str, teams: list[Mapping[str, Any]], key: str, figures: Callable[[Mapping[str, Any]], str]
+) -> list[dict]:
+    """A section of the five teams with the most ``key``, with their ``figures``; none without teams."""
+    ranked = sorted(teams, key=lambda x: (-(x[key] or 0.0), x["team"]))[:5]
+    if not ranked:
+        return []
+    return [section(f"*{title}*\n" + "\n".join(f"• *{slack_escape(x['team'])}*: {figures(x)}" for x in ranked))]
+
+
+def _mfu_text(t: Mapping[str, Any]) -> str:
+    """The MFU gap's sentence and the MFU distribution as a sparkline (0 → 100 %)."""
+    spark = mfu_sparkline(t["mfu_histogram"])
+    dist = f"\nMFU distribution (GPU-hours per 5 % bin, 0 → 100 %): `{spark}`" if spark else ""
+    return slack_escape(mfu_headline(t)) + dist
 
 
 def _cost(v: Any, cur: str, money: bool) -> str:
@@ -61,15 +93,24 @@ def team_message(report: Mapping[str, Any], team: Mapping[str, Any]) -> tuple[st
         return text, blocks
     money = priced(report)
     blocks.append(_kpi_fields(team, cur, money))
-    if team["top_jobs"]:
-        lines = []
-        for j in team["top_jobs"][:TOP_IN_SLACK]:
-            advice = truncate(slack_escape(j.get("advice") or ""), 400)
-            lines.append(
-                f"• *{slack_escape(j['namespace'] + '/' + j['job'])}* — `{slack_escape(j['verdict'])}`, "
-                f"{fmt('hours', j['waste_gpu_hours'])} GPU-h wasted{_cost(j['waste_cost'], cur, money)}\n   {advice}"
-            )
-        blocks.append(section("*Most wasteful jobs*\n" + "\n".join(lines)))
+    blocks.append(section(_mfu_text(team)))
+    blocks += _job_list(
+        "Most wasteful jobs",
+        team["top_jobs"],
+        lambda j: (
+            f"`{slack_escape(j['verdict'])}`, {fmt('hours', j['waste_gpu_hours'])} GPU-h wasted"
+            + _cost(j["waste_cost"], cur, money)
+        ),
+    )
+    blocks += _job_list(
+        "Largest MFU gap",
+        team["top_mfu_gap"],
+        lambda j: (
+            f"MFU {fmt('ratio', j['mfu_estimate'])} of {fmt('ratio', j['mfu_reference'])} "
+            f"({slack_escape(j['mfu_class'] or '')}): {fmt('hours', j['recoverable_gpu_hours'])} GPU-h recoverable"
+            + _cost(j["recoverable_cost"], cur, money)
+        ),
+    )
     blocks.append(context(slack_escape(_trend_text(team["trend"]))))
     blocks.append(
         context(
@@ -90,16 +131,29 @@ def cluster_message(report: Mapping[str, Any]) -> tuple[str, list[dict]]:
         f"efficiency {fmt('ratio', t['efficiency'])}, waste {fmt('hours', t['waste_gpu_hours'])} GPU-h"
     )
     money = priced(report)
-    blocks: list[dict] = [header(f"GPU efficiency {report['week']} · cluster{where}"), _kpi_fields(t, cur, money)]
-    teams = sorted(report["teams"], key=lambda x: (-(x["waste_gpu_hours"] or 0.0), x["team"]))
-    ranked = [x for x in teams if x["jobs"]][:5]
-    if ranked:
-        lines = [
-            f"• *{slack_escape(x['team'])}*: {fmt('hours', x['waste_gpu_hours'])} GPU-h wasted{_cost(x['waste_cost'], cur, money)}, "
+    blocks: list[dict] = [
+        header(f"GPU efficiency {report['week']} · cluster{where}"),
+        _kpi_fields(t, cur, money),
+        section(_mfu_text(t)),
+    ]
+    blocks += _team_list(
+        "Teams with the most waste",
+        [x for x in report["teams"] if x["jobs"]],
+        "waste_gpu_hours",
+        lambda x: (
+            f"{fmt('hours', x['waste_gpu_hours'])} GPU-h wasted{_cost(x['waste_cost'], cur, money)}, "
             f"efficiency {fmt('ratio', x['efficiency'])}, unmeasured {fmt('hours', x['unmeasured_gpu_hours'])} GPU-h"
-            for x in ranked
-        ]
-        blocks.append(section("*Teams with the most waste*\n" + "\n".join(lines)))
+        ),
+    )
+    blocks += _team_list(
+        "Teams with the largest MFU gap",
+        [x for x in report["teams"] if (x["recoverable_gpu_hours"] or 0) > 0],
+        "recoverable_gpu_hours",
+        lambda x: (
+            f"{fmt('hours', x['recoverable_gpu_hours'])} GPU-h recoverable{_cost(x['recoverable_cost'], cur, money)} "
+            f"({x['referenced_jobs']} jobs with a reference), MFU {fmt('ratio', x['mfu'])}"
+        ),
+    )
     empty = [x["team"] for x in report["teams"] if not x["jobs"]]
     if empty:
         blocks.append(

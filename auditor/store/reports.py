@@ -14,8 +14,10 @@ Reading a week (``[start, end)`` in UTC):
   split job says which method it got (``split``: ``inside``, ``rollup`` or ``time``).
 
 The summary fields these queries read (GPU model, activity, coverage, busy signal and its sample
-counts) are columns of ``job_summaries`` (migration 0005), never parsed out of the JSON document
-in SQL; only :meth:`ReportStore.advice` reads the document, for the few top jobs.
+counts; the MFU estimate, its reference and the recoverable GPU-hours) are columns of
+``job_summaries`` (migrations 0005 and 0010), never parsed out of the JSON document in SQL; only
+:meth:`ReportStore.advice` reads the document, for the few top jobs. A split job keeps its MFU
+(a ratio of its whole run) and has its recoverable GPU-hours cut like its GPU-hours.
 
 The deliveries ledger (table ``report_deliveries``, migration 0003) is what makes a report
 go out once per team, week and channel across restarts and replicas: a row is claimed (inserted
@@ -81,7 +83,11 @@ class Group:
     ``measured_gpu_hours`` are the GPU-hours of jobs with a waste figure (SM activity on all
     their GPUs); the rest are ``unmeasured_gpu_hours``. ``sm_active_gpu_hours`` is measured
     GPU-hours minus waste (per GPU: hours × SM activity). ``tensor_active_gpu_hours`` sums
-    GPU-hours × tensor activity over the jobs that have it.
+    GPU-hours × tensor activity over the jobs that have it. The MFU sums (issue 28):
+    ``mfu_gpu_hours`` is GPU-hours × MFU estimate over ``mfu_measured_gpu_hours`` (jobs with an
+    estimate: the weighted MFU is their ratio); ``recoverable_gpu_hours`` sums the MFU gap over
+    the ``referenced_jobs`` whose class (or lineage) gives a reference MFU
+    (``referenced_gpu_hours``).
     """
 
     team: str
@@ -93,6 +99,30 @@ class Group:
     unmeasured_gpu_hours: float
     waste_gpu_hours: float
     tensor_active_gpu_hours: float
+    mfu_gpu_hours: float = 0.0
+    mfu_measured_gpu_hours: float = 0.0
+    recoverable_gpu_hours: float = 0.0
+    referenced_gpu_hours: float = 0.0
+    referenced_jobs: int = 0
+
+
+@dataclass(slots=True)
+class MfuBin:
+    """Jobs of one team whose MFU estimate falls in bin ``bin`` (``[bin, bin + 1) / MFU_BINS``)."""
+
+    team: str
+    bin: int
+    jobs: int
+    gpu_hours: float
+
+
+#: the MFU distribution's bins: 5 % wide, the last one holding 1.0
+MFU_BINS = 20
+
+
+def mfu_bin(mfu: float) -> int:
+    """The bin of an MFU estimate (clamped to ``0 .. MFU_BINS - 1``)."""
+    return max(0, min(MFU_BINS - 1, int(mfu * MFU_BINS)))
 
 
 @dataclass(slots=True)
@@ -115,9 +145,14 @@ class JobWeek:
     tensor_active: float | None
     waste_gpu_hours: float | None  # None: unmeasured
     coverage: float | None
+    mfu_estimate: float | None = None
+    mfu_reference: float | None = None
+    mfu_class: str | None = None
+    recoverable_gpu_hours: float | None = None  # None: no reference (never charged)
 
     def group(self) -> Group:
         measured = self.waste_gpu_hours is not None
+        mfu, rec = self.mfu_estimate, self.recoverable_gpu_hours
         return Group(
             team=self.team,
             verdict=self.verdict,
@@ -128,6 +163,11 @@ class JobWeek:
             unmeasured_gpu_hours=0.0 if measured else self.gpu_hours,
             waste_gpu_hours=self.waste_gpu_hours or 0.0,
             tensor_active_gpu_hours=self.gpu_hours * self.tensor_active if self.tensor_active is not None else 0.0,
+            mfu_gpu_hours=self.gpu_hours * mfu if mfu is not None else 0.0,
+            mfu_measured_gpu_hours=self.gpu_hours if mfu is not None else 0.0,
+            recoverable_gpu_hours=rec or 0.0,
+            referenced_gpu_hours=self.gpu_hours if rec is not None else 0.0,
+            referenced_jobs=1 if rec is not None else 0,
         )
 
 
@@ -192,13 +232,29 @@ class ReportStore:
             sa.func.sum(sa.case((measured, 0.0), else_=hours)),
             sa.func.sum(sa.func.coalesce(_s.waste_gpu_hours, 0.0)),
             tensor_hours,
+            *_mfu_sums(hours),
         ).where(_s.start >= start, _s.end <= end, _s.end > start)
         q = self._scope(q, cluster, teams).group_by(_s.team, _s.verdict, *([model] if by_model else []))
         with self.store.reading("read the week's job summaries") as conn:
             rows = conn.execute(q).all()
         out = [
-            Group(t, v, m or "", int(n), float(gh or 0), float(mh or 0), float(uh or 0), float(w or 0), float(th or 0))
-            for t, v, m, n, gh, mh, uh, w, th in rows
+            Group(
+                t,
+                v,
+                m or "",
+                int(n),
+                float(gh or 0),
+                float(mh or 0),
+                float(uh or 0),
+                float(w or 0),
+                float(th or 0),
+                mfu_gpu_hours=float(mfu_h or 0),
+                mfu_measured_gpu_hours=float(mfu_n or 0),
+                recoverable_gpu_hours=float(rec or 0),
+                referenced_gpu_hours=float(ref_h or 0),
+                referenced_jobs=int(ref_n or 0),
+            )
+            for t, v, m, n, gh, mh, uh, w, th, mfu_h, mfu_n, rec, ref_h, ref_n in rows
         ]
         if crossing is None:
             crossing = self.crossing_jobs(start, end, cluster=cluster, teams=teams)
@@ -225,7 +281,47 @@ class ReportStore:
             _s.sm_active,
             _s.tensor_active,
             _s.coverage,
+            _s.mfu_estimate,
+            _s.mfu_reference,
+            _s.mfu_class,
+            _s.recoverable_gpu_hours,
         ]
+
+    def mfu_bins(
+        self,
+        start: datetime,
+        end: datetime,
+        *,
+        cluster: str | None = None,
+        teams: Sequence[str] | None = None,
+        crossing: Sequence[JobWeek] | None = None,
+    ) -> list[MfuBin]:
+        """The week's jobs with an MFU estimate, counted per team and 5 % MFU bin (jobs and
+        GPU-hours): the distribution behind a team's weighted MFU. Jobs inside the week are
+        counted by the database (one ``GROUP BY``); crossing jobs with their share of hours."""
+        mfu = _s.mfu_estimate
+        # CAST truncates toward zero: the floor of a non-negative MFU × bins on both databases
+        raw = sa.cast(mfu * MFU_BINS, sa.Integer)
+        b = sa.case((raw >= MFU_BINS, MFU_BINS - 1), (raw < 0, 0), else_=raw)
+        q = sa.select(_s.team, b, sa.func.count(), sa.func.sum(sa.func.coalesce(_s.gpu_hours, 0.0))).where(
+            _s.start >= start, _s.end <= end, _s.end > start, mfu.is_not(None)
+        )
+        q = self._scope(q, cluster, teams).group_by(_s.team, b)
+        with self.store.reading("read the week's MFU distribution") as conn:
+            rows = conn.execute(q).all()
+        acc: dict[tuple[str, int], MfuBin] = {}
+        for team, k, n, gh in rows:
+            acc[(team or "", int(k))] = MfuBin(team or "", int(k), int(n), float(gh or 0.0))
+        if crossing is None:
+            crossing = self.crossing_jobs(start, end, cluster=cluster, teams=teams)
+        for j in crossing:
+            if j.mfu_estimate is None:
+                continue
+            k = mfu_bin(j.mfu_estimate)
+            cell = acc.setdefault((j.team, k), MfuBin(j.team, k, 0, 0.0))
+            cell.jobs += 1
+            cell.gpu_hours += j.gpu_hours
+        return [acc[k] for k in sorted(acc)]
 
     def crossing_jobs(
         self, start: datetime, end: datetime, *, cluster: str | None = None, teams: Sequence[str] | None = None
@@ -260,10 +356,10 @@ class ReportStore:
                 sums, has_buckets = self._bucket_sums(conn, [r[0] for r in mine], start, end)
                 split = []
                 for r in mine:
-                    job_id, busy, util_n, gr_n = r[0], r[14], r[15], r[16]
+                    job_id, busy, util_n, gr_n = r[0], r[_NCOLS], r[_NCOLS + 1], r[_NCOLS + 2]
                     split.append(
                         _split(
-                            _job_week(r[:14], "inside", 1.0),
+                            _job_week(r[:_NCOLS], "inside", 1.0),
                             start,
                             end,
                             busy=busy,
@@ -333,18 +429,21 @@ class ReportStore:
         *,
         cluster: str | None = None,
         teams: Sequence[str] | None = None,
+        by: str = "waste_gpu_hours",
     ) -> list[int]:
         """Ids of the ``n`` most wasteful jobs *inside* the week per team (SQL window function);
-        the caller merges them with the split boundary jobs."""
+        the caller merges them with the split boundary jobs. ``by="recoverable_gpu_hours"``
+        ranks by the MFU gap instead (the jobs with the most recoverable GPU-hours)."""
         if n <= 0:
             return []
-        rank = sa.func.row_number().over(partition_by=_s.team, order_by=(_s.waste_gpu_hours.desc(), _s.job_id))
+        col = {"waste_gpu_hours": _s.waste_gpu_hours, "recoverable_gpu_hours": _s.recoverable_gpu_hours}[by]
+        rank = sa.func.row_number().over(partition_by=_s.team, order_by=(col.desc(), _s.job_id))
         ranked = sa.select(_s.job_id, rank.label("rk")).where(
-            _s.start >= start, _s.end <= end, _s.end > start, _s.waste_gpu_hours.is_not(None)
+            _s.start >= start, _s.end <= end, _s.end > start, col.is_not(None), col > 0
         )
         inner = self._scope(ranked, cluster, teams).subquery()
         q = sa.select(inner.c.job_id).where(inner.c.rk <= n)
-        with self.store.reading("rank the week's jobs by waste") as conn:
+        with self.store.reading(f"rank the week's jobs by {by}") as conn:
             return [int(x) for x in conn.execute(q).scalars()]
 
     def advice(self, job_ids: Sequence[int]) -> dict[int, tuple[str, str]]:
@@ -495,8 +594,25 @@ def _f(v: Any) -> float | None:
     return None if v is None else float(v)
 
 
+def _mfu_sums(hours: Any) -> list[Any]:
+    """The MFU sums of :class:`Group`, in its field order (``hours``: GPU-hours, nulls as 0)."""
+    mfu, rec = _s.mfu_estimate, _s.recoverable_gpu_hours
+    return [
+        sa.func.sum(sa.case((mfu.is_not(None), hours * mfu), else_=0.0)),
+        sa.func.sum(sa.case((mfu.is_not(None), hours), else_=0.0)),
+        sa.func.sum(sa.func.coalesce(rec, 0.0)),
+        sa.func.sum(sa.case((rec.is_not(None), hours), else_=0.0)),
+        sa.func.sum(sa.case((rec.is_not(None), 1), else_=0)),
+    ]
+
+
+#: the number of :meth:`ReportStore._job_columns`
+_NCOLS = 18
+
+
 def _job_week(r: Sequence[Any], split: str, fraction: float) -> JobWeek:
     job_id, cluster, namespace, job, team, verdict, model, start, end, gh, waste, sm, tensor, cov = r[:14]
+    mfu, ref, cls, rec = r[14:_NCOLS]
     return JobWeek(
         job_id=int(job_id),
         cluster=cluster,
@@ -514,6 +630,10 @@ def _job_week(r: Sequence[Any], split: str, fraction: float) -> JobWeek:
         tensor_active=_f(tensor),
         waste_gpu_hours=None if waste is None else float(waste) * fraction,
         coverage=_f(cov),
+        mfu_estimate=_f(mfu),
+        mfu_reference=_f(ref),
+        mfu_class=cls,
+        recoverable_gpu_hours=None if rec is None else float(rec) * fraction,
     )
 
 
@@ -530,6 +650,7 @@ def _split(
     """``whole`` (the job's full figures) cut down to its share of ``[start, end)``."""
     full_hours = whole.gpu_hours
     full_waste = whole.waste_gpu_hours
+    full_rec = whole.recoverable_gpu_hours
     signal = busy if busy in _BUSY else next((m for m in _BUSY if busy_samples.get(m)), None)
     total_n = busy_samples.get(signal) if signal else None
     if has_buckets and signal and total_n:
@@ -559,4 +680,5 @@ def _split(
     whole.fraction = fraction
     whole.gpu_hours = hours
     whole.waste_gpu_hours = waste
+    whole.recoverable_gpu_hours = None if full_rec is None else full_rec * fraction
     return whole
