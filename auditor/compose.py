@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # each adapter is imported where it is built: `--help` loads 
 
     from auditor.actions.kube import KubeActions
     from auditor.console.app import ConsoleApp
+    from auditor.engine import MfuPlan
     from auditor.errors import LeaseUnavailable
     from auditor.kube.lease import LeaderElector
     from auditor.kube.resolver import KubeResolver
@@ -136,6 +137,10 @@ def prometheus_source(
         tenant=p.tenant,
         matchers=p.matchers,
         pod_labels=None if p.label_convention == "auto" else p.label_convention,
+        answer_deadline=p.answer_deadline.total_seconds() if p.answer_deadline else None,
+        max_series_per_answer=p.max_series_per_answer,
+        max_series_per_cycle=p.max_series_per_cycle,
+        max_read_memory_mb=p.max_read_memory_mb,
     )
 
 
@@ -195,6 +200,15 @@ def kube_resolver(settings: "Settings", api: "ApiClient") -> "KubeResolver":
         unresolved_pods=settings.unresolved_pods,
         deleted_pod_memory=settings.deleted_pod_memory,
     )
+
+
+def mfu_plan(settings: "Settings") -> "MfuPlan":
+    """What each audited job's MFU is measured against, from ``mfu:`` (the workload classes, else
+    the shipped ones; the lineage's best earlier run): the same for ``audit``, ``demo`` and the
+    operator's cycles."""
+    from auditor.engine import MfuPlan
+
+    return MfuPlan(classes=settings.mfu.workload_classes(), lineage_best=settings.mfu.lineage_best)
 
 
 def kube_actions(api: "ApiClient", instance: str | None = None) -> "KubeActions":

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, cast
 from auditor.clock import SYSTEM_CLOCK
 from auditor.core.accumulate import JobAggregate, ShareMap, StaleFold
 from auditor.core.job_summary import JobSummary, sorted_summaries
+from auditor.core.mfu import DEFAULT_CLASSES, MfuContext, MfuReference, WorkloadClass, reference_for, select_class
 from auditor.core.model import Bucket, JobRef, PodRef, Window
 from auditor.core.readings import SourceReport
 from auditor.core.rollup import LazyBuckets
@@ -38,7 +39,7 @@ from auditor.ports import MetricSource
 if TYPE_CHECKING:
     from auditor.ports import Clock, Displacement, SummaryStore
 
-__all__ = ["AuditResult", "JobResolver", "NoKubeResolver", "run_audit"]
+__all__ = ["AuditResult", "JobResolver", "MfuPlan", "NoKubeResolver", "run_audit"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,45 @@ class AuditResult:
     summaries: list[JobSummary]
     report: SourceReport
     run_id: int | None
+
+
+@dataclass(frozen=True)
+class MfuPlan:
+    """What each job's MFU is measured against (settings ``mfu:``, docs/operator.md; issue 28):
+    the workload classes (first match wins; :data:`~auditor.core.mfu.DEFAULT_CLASSES` select by the
+    job label ``gpu-auditor.io/workload-class``) and whether a lineage's best earlier run is a
+    reference too. The lineage's runs come from a store that can read them
+    (``lineage_best_mfu``, :meth:`auditor.store.Store.lineage_best_mfu`); without one, classes only."""
+
+    classes: tuple[WorkloadClass, ...] = DEFAULT_CLASSES
+    lineage_best: bool = True
+
+
+def _mfu_contexts(store: "SummaryStore | None", plan: MfuPlan, jobs: dict[str, JobRef]) -> dict[str, MfuContext]:
+    """Each job's :class:`~auditor.core.mfu.MfuContext` by job key: its class's reference, or its
+    lineage's best earlier MFU where that is higher (:func:`~auditor.core.mfu.reference_for`).
+
+    The lineage lookup is one read for all jobs that can take it (a serving class takes none: a
+    server's MFU follows its traffic), batched in the store."""
+    lookup: Callable[[Sequence[JobRef]], dict[str, float]] | None = (
+        getattr(store, "lineage_best_mfu", None) if plan.lineage_best else None
+    )
+    best: dict[str, float] = {}
+    if lookup is not None:
+        wanted = [j for j in jobs.values() if not getattr(select_class(j, plan.classes), "serving", False)]
+        best = lookup(wanted) if wanted else {}
+    return {key: reference_for(job, plan.classes, best.get(key)) for key, job in jobs.items()}
+
+
+def _kept_context(previous: dict, job: JobRef, plan: MfuPlan) -> MfuContext:
+    """The MFU context of a job re-summarized from its stored state (:func:`_hand_over`): the
+    reference its last summary was computed with (the stored job has no labels to select a
+    class by), else its class's."""
+    value, source = previous.get("mfu_reference"), previous.get("mfu_class")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(source, str) and value > 0:
+        serving = any(c.serving for c in plan.classes if c.name == source)
+        return MfuContext(MfuReference(min(1.0, float(value)), source), serving=serving)
+    return reference_for(job, plan.classes, None)
 
 
 @contextmanager
@@ -102,6 +142,7 @@ def _hand_over(
     now: datetime,
     interval: float | None,
     thresholds: Thresholds,
+    plan: MfuPlan,
 ) -> None:
     """Say loudly that ``job``'s write met GPU time another job identity held (the store's
     ``replace_buckets`` settled it: :class:`~auditor.store.store.Displaced`), and re-summarize
@@ -143,9 +184,17 @@ def _hand_over(
             store.delete_summary(loser_id)
             continue
         span = Window(min(b.start for b in rest), max(b.end for b in rest))
-        summary = summarize_job(other, rest, window=span, now=now, interval=interval, thresholds=thresholds).to_json()
-        # what the engine does not compute (the operator's Kubernetes view, ``final``) stays
         previous = store.summary(loser_id) or {}
+        summary = summarize_job(
+            other,
+            rest,
+            window=span,
+            now=now,
+            interval=interval,
+            thresholds=thresholds,
+            mfu=_kept_context(previous, other, plan),
+        ).to_json()
+        # what the engine does not compute (the operator's Kubernetes view, ``final``) stays
         store.save_summary(loser_id, {**{k: v for k, v in previous.items() if k not in summary}, **summary})
 
 
@@ -275,6 +324,7 @@ def run_audit(
     cumulative: bool = False,
     progress: Callable[[str], None] | None = None,
     clock: "Clock | None" = None,
+    mfu: MfuPlan | None = None,
 ) -> AuditResult:
     """Audit ``window``: one source read, then per job store → read back → summarize → save.
 
@@ -282,6 +332,8 @@ def run_audit(
     those of this window — what the operator's periodic cycles report. ``progress`` receives
     short human-readable status lines (the CLI prints them on stderr). ``clock`` times the
     run's record (started, finished); ``now`` is the audit's instant (the summaries' ``now``).
+    ``mfu``: what each job's MFU is measured against (default: the shipped classes and the
+    lineage's best run, :class:`MfuPlan`).
     """
     with gc_paused():
         return _run_audit(
@@ -295,6 +347,7 @@ def run_audit(
             cumulative=cumulative,
             progress=progress,
             clock=clock or SYSTEM_CLOCK,
+            plan=mfu or MfuPlan(),
         )
 
 
@@ -310,6 +363,7 @@ def _run_audit(
     cumulative: bool,
     progress: Callable[[str], None] | None,
     clock: "Clock",
+    plan: MfuPlan,
 ) -> AuditResult:
     say = progress or (lambda _msg: None)
     started = clock.now()
@@ -358,6 +412,7 @@ def _run_audit(
         del runs
         interval = report.scrape_interval
         say(f"{n_buckets} buckets, {len(pods)} pods, {len(jobs)} jobs")
+        contexts = _mfu_contexts(store, plan, jobs)
         summaries: list[JobSummary] = []
         freeze_to = align_down(window.end, width)
         # a store that keeps the engine's summary objects (the operator's cycle) gets them whole
@@ -365,15 +420,15 @@ def _run_audit(
         for key, job_id, buckets, displaced in _written(
             store, by_job, jobs, materialize, window, bulk=cumulative and hasattr(store, "replace_buckets_many")
         ):
-            job = jobs[key]
+            job, ctx = jobs[key], contexts[key]
             if store is None or job_id is None:
                 summary = summarize_job(
-                    job, buckets, window=window, now=now, interval=interval, thresholds=th, shares=shares
+                    job, buckets, window=window, now=now, interval=interval, thresholds=th, shares=shares, mfu=ctx
                 )
                 summaries.append(summary)
                 continue
             if displaced:
-                _hand_over(store, job_id, job, displaced, report, now=now, interval=interval, thresholds=th)
+                _hand_over(store, job_id, job, displaced, report, now=now, interval=interval, thresholds=th, plan=plan)
                 if any(d.job_id == job_id for d in displaced):  # it yielded: what it kept is its own
                     buckets = store.buckets(job_id, Window(min(b.start for b in buckets), max(b.end for b in buckets)))
                     if not buckets:
@@ -392,11 +447,12 @@ def _run_audit(
                     now=now,
                     interval=agg.interval_for(agg.interval),
                     thresholds=th,
+                    mfu=ctx,
                 )
             else:
                 buckets = store.buckets(job_id, window)
                 summary = summarize_job(
-                    job, buckets, window=window, now=now, interval=interval, thresholds=th, shares=shares
+                    job, buckets, window=window, now=now, interval=interval, thresholds=th, shares=shares, mfu=ctx
                 )
             if save_made is not None:
                 save_made(job_id, summary)

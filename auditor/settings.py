@@ -49,6 +49,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from auditor.core.mfu import DEFAULT_CLASSES, LINEAGE_BEST, WorkloadClass
 from auditor.core.thresholds import ThresholdError, Thresholds
 from auditor.errors import BadInput
 from auditor.timeparse import parse_duration
@@ -146,6 +147,12 @@ class PrometheusSettings(_Section):
     bearer_token_env: str | None = None
     username_env: str | None = None
     password_env: str | None = None
+    #: bounds on one read (docs/scale.md, "Bounds"): the series of one answer, of one cycle's (or
+    #: audit's) read, the memory its statistics take, and one answer's whole time (None: timeout + 30 s)
+    max_series_per_answer: int = Field(default=50_000, ge=1)
+    max_series_per_cycle: int = Field(default=500_000, ge=1)
+    max_read_memory_mb: int = Field(default=2048, ge=1)
+    answer_deadline: Duration | None = None
 
 
 class RetentionSettings(_Section):
@@ -330,6 +337,105 @@ class ConsoleSettings(_Section):
     writes: bool = False
 
 
+def _classes_text(value: Any) -> Any:
+    """``mfu.classes`` from a variable (``GPU_AUDITOR_MFU__CLASSES``): a JSON list of classes,
+    the one way a list of mappings fits in one environment variable."""
+    if isinstance(value, str):
+        import json
+
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"expected a JSON list of classes ({exc})") from None
+    return value
+
+
+class MfuClassSettings(_Section):
+    """One workload class (:class:`auditor.core.mfu.WorkloadClass`): which jobs it holds (every
+    non-empty selector must match; fnmatch globs) and the MFU such jobs reach (null: none, the
+    class is never charged recoverable GPU-hours nor called ``low_mfu``)."""
+
+    name: str = Field(min_length=1, max_length=63)
+    reference_mfu: float | None = None
+    #: an inference server: its idle time between requests is a serving question (issue 28)
+    serving: bool = False
+    namespaces: list[str] = Field(default_factory=list)
+    teams: list[str] = Field(default_factory=list)
+    #: label key → value glob, every one on the job (``gpu-auditor.io/workload-class: llm-training``)
+    labels: dict[str, str] = Field(default_factory=dict)
+    priority_classes: list[str] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if value != value.strip() or not value.isprintable():
+            raise ValueError("a class name must be printable, without leading or trailing white space")
+        if value == LINEAGE_BEST:
+            raise ValueError(f"{LINEAGE_BEST!r} names the lineage's own best run, not a class")
+        return value
+
+    @field_validator("reference_mfu")
+    @classmethod
+    def _ratio(cls, value: float | None) -> float | None:
+        if value is None:
+            return None
+        if not math.isfinite(value) or not 0.0 < value <= 1.0:
+            hint = f": did you mean {value / 100:g}?" if 5.0 <= value <= 100.0 else ""  # a percentage
+            raise ValueError(f"{value:g} is not an MFU: a ratio above 0 and at most 1{hint}")
+        return value
+
+    @field_validator("namespaces", "teams", "priority_classes")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        if any(not p.strip() for p in value):
+            raise ValueError("an empty pattern matches nothing: leave the list out to match every job")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        if any(not k.strip() for k in value):
+            raise ValueError("a label selector needs a key")
+        return value
+
+    def workload_class(self) -> WorkloadClass:
+        return WorkloadClass(
+            name=self.name,
+            reference_mfu=self.reference_mfu,
+            serving=self.serving,
+            namespaces=tuple(self.namespaces),
+            teams=tuple(self.teams),
+            labels=tuple(sorted(self.labels.items())),
+            priority_classes=tuple(self.priority_classes),
+        )
+
+
+class MfuSettings(_Section):
+    """What a job's MFU is measured against (docs/operator.md, "MFU references"; issue 28).
+
+    ``classes`` (first match wins) replace the shipped ones (:data:`auditor.core.mfu.DEFAULT_CLASSES`,
+    selected by the job label ``gpu-auditor.io/workload-class``) when given; ``lineage_best``
+    also measures a job against the best MFU of earlier runs of its lineage."""
+
+    classes: Annotated[list[MfuClassSettings] | None, BeforeValidator(_classes_text)] = None
+    lineage_best: bool = True
+
+    @field_validator("classes")
+    @classmethod
+    def _unique(cls, value: list[MfuClassSettings] | None) -> list[MfuClassSettings] | None:
+        names = [c.name for c in value or ()]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"class name(s) given twice: {', '.join(twice)}")
+        return value
+
+    def workload_classes(self) -> tuple[WorkloadClass, ...]:
+        """The classes in force: the file's, else the shipped defaults."""
+        if self.classes is None:
+            return DEFAULT_CLASSES
+        return tuple(c.workload_class() for c in self.classes)
+
+
 _TEAM_SOURCE = re.compile(
     r"^(podLabel|jobLabel|namespaceLabel):[A-Za-z0-9._/-]+$|^(kueueQueue|kueueLocalQueue|kueueClusterQueue|namespace)$"
 )
@@ -373,6 +479,8 @@ class Settings(_Section):
     gate: GateSettings = Field(default_factory=GateSettings)
     #: the verdict thresholds (auditor/core/thresholds.py, docs/verdicts.md "Tuning")
     thresholds: ThresholdSection = Field(default_factory=Thresholds)
+    #: workload classes and their reference MFUs, the lineage-best reference (issue 28)
+    mfu: MfuSettings = Field(default_factory=MfuSettings)
 
     @field_validator("cluster")
     @classmethod
@@ -494,7 +602,9 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _env_name(loc: tuple) -> str:
-    parts = [str(p) for p in loc if not isinstance(p, int)]
+    # a list's items come from the one variable that holds the list (GPU_AUDITOR_MFU__CLASSES)
+    ints = [i for i, p in enumerate(loc) if isinstance(p, int)]
+    parts = [str(p) for p in (loc[: ints[0]] if ints else loc)]
     if parts == ["prometheus", "url"]:
         return "GPU_AUDITOR_PROMETHEUS_URL"
     if parts[:1] == ["store"] and parts[-1:] in (["url"], ["url_env"]):

@@ -142,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
                     width=width,
                     progress=log.info,
                     thresholds=settings.thresholds,
+                    mfu=compose.mfu_plan(settings),
                 )
                 docs = [s.to_json() for s in result.summaries]  # the audit JSON
                 if api is not None:  # Kueue's admission facts of the audited jobs

@@ -20,6 +20,8 @@ from auditor.kube import gpus as gpumod
 from auditor.kube.kueue_facts import workload_facts
 
 MAX_DEPTH = 10
+#: Kueue's WorkloadPriorityClass of a job (a label on the job object)
+KUEUE_PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,8 @@ class PodInfo:
     started: datetime | None
     finished: datetime | None
     deleted: datetime | None = None
+    #: ``spec.priorityClassName`` (a workload class may be selected by it: auditor/core/mfu.py)
+    priority_class: str | None = None
 
     @property
     def key(self) -> str:
@@ -185,6 +189,7 @@ def pod_info(obj: dict) -> PodInfo | None:
         created=gpumod.parse_time(meta.get("creationTimestamp")),
         started=gpumod.pod_started(obj),
         finished=gpumod.pod_finished(obj),
+        priority_class=(obj.get("spec") or {}).get("priorityClassName") or None,
     )
 
 
@@ -250,6 +255,25 @@ def team_of(
         if value:
             return value
     return namespace
+
+
+def job_labels(owner_labels: dict[str, str], pods: Sequence[PodInfo]) -> tuple[tuple[str, str], ...]:
+    """The job's labels, sorted: its pods' (the first pod that has a key, by name), under the top
+    owner's own. A workload class is selected by them (``gpu-auditor.io/workload-class``), and a
+    label set in a pod template only (a CronJob's, a Deployment's) is a label of the job too."""
+    merged: dict[str, str] = {}
+    for p in sorted(pods, key=lambda p: p.name):
+        for k, v in p.labels.items():
+            merged.setdefault(k, v)
+    merged.update(owner_labels)
+    return tuple(sorted(merged.items()))
+
+
+def priority_class_of(owner_labels: dict[str, str], pods: Sequence[PodInfo]) -> str | None:
+    """The job's PriorityClass: its pods' ``priorityClassName`` (the first pod that names one),
+    else Kueue's WorkloadPriorityClass label on the top owner."""
+    named = next((p.priority_class for p in sorted(pods, key=lambda p: p.name) if p.priority_class), None)
+    return named or owner_labels.get(KUEUE_PRIORITY_CLASS_LABEL) or None
 
 
 def owner_chain(pod: PodInfo, lookup: OwnerLookup) -> tuple[OwnerRef, dict[str, str], list[str]]:
@@ -325,6 +349,8 @@ def attribute(
             uid=top.uid or None,
             team=team,
             queue=local_queue,
+            labels=job_labels(g["labels"], job_pods),
+            priority_class=priority_class_of(g["labels"], job_pods),
         )
         info = JobInfo(
             ref=ref,

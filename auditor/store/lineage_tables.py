@@ -50,6 +50,9 @@ lineage_runs = sa.Table(
     sa.Column("waste_gpu_hours", sa.Float, nullable=True),
     sa.Column("final", sa.Boolean, nullable=False),
     sa.Column("recorded_at", UTCDateTime, nullable=False),
+    # migration 0010 (issue 28): the run's MFU estimate, whose best earlier value is the
+    # lineage-best reference of the lineage's later runs
+    sa.Column("mfu_estimate", sa.Float, nullable=True),
     sa.PrimaryKeyConstraint("lineage_id", "job_kind", "job_name", "job_uid", name="pk_lineage_runs"),
     sa.Index("ix_lineage_runs_start", "lineage_id", "start"),
     sa.Index("ix_lineage_runs_job", "job_name", "job_kind"),
@@ -170,13 +173,21 @@ def lineage_of_summary(job: JobRef, summary: Mapping[str, Any]) -> LineageKey:
     return core_lineage_of_summary({**summary, "cluster": job.cluster, "namespace": job.namespace, "job": job.job})
 
 
-def record_run(conn: sa.Connection, key: LineageKey, run: LineageRun, now: datetime, *, team: str = "") -> None:
+def record_run(
+    conn: sa.Connection,
+    key: LineageKey,
+    run: LineageRun,
+    now: datetime,
+    *,
+    team: str = "",
+    mfu: float | None = None,
+) -> None:
     """Store ``run`` under ``key`` in ``conn``'s transaction, replacing an earlier record of the job."""
-    conn.execute(_run_upsert(conn), _run_values(lineage_id_of(conn, key, now, team), run, now))
+    conn.execute(_run_upsert(conn), _run_values(lineage_id_of(conn, key, now, team), run, now, mfu))
 
 
-def _run_values(lineage_id: int, run: LineageRun, now: datetime) -> dict[str, Any]:
-    """The ``lineage_runs`` row of ``run``."""
+def _run_values(lineage_id: int, run: LineageRun, now: datetime, mfu: float | None = None) -> dict[str, Any]:
+    """The ``lineage_runs`` row of ``run`` (with its MFU estimate, ``mfu``)."""
     kind, name = split_job(run.job)
     return {
         "lineage_id": lineage_id,
@@ -191,6 +202,7 @@ def _run_values(lineage_id: int, run: LineageRun, now: datetime) -> dict[str, An
         "waste_gpu_hours": run.waste_gpu_hours,
         "final": run.final,
         "recorded_at": now,
+        "mfu_estimate": mfu,
     }
 
 
@@ -212,7 +224,8 @@ def _run_upsert(conn: sa.Connection) -> Any:
 def record_summary(conn: sa.Connection, job: JobRef, summary: Mapping[str, Any], now: datetime) -> LineageKey:
     """Record the job's latest verdict as its run of its lineage (``Store.save_summary`` calls it)."""
     key = lineage_of_summary(job, summary)
-    record_run(conn, key, run_of(job, summary), now, team=str(summary.get("team") or job.team or ""))
+    team = str(summary.get("team") or job.team or "")
+    record_run(conn, key, run_of(job, summary), now, team=team, mfu=_float(summary.get("mfu_estimate")))
     return key
 
 
@@ -224,27 +237,19 @@ def record_summaries(conn: sa.Connection, items: Sequence[tuple[JobRef, Mapping[
     if not items:
         return
     lineage_rows: list[dict[str, Any]] = []
-    planned: list[tuple[LineageKey, LineageRun, datetime]] = []
+    planned: list[tuple[LineageKey, LineageRun, datetime, float | None]] = []
     for job, summary, now in items:
         key = lineage_of_summary(job, summary)
         team = str(summary.get("team") or job.team or "")
         lineage_rows.append(_lineage_row(key, team, now))
-        planned.append((key, run_of(job, summary), now))
+        planned.append((key, run_of(job, summary), now, _float(summary.get("mfu_estimate"))))
     conn.execute(_lineage_upsert_any(conn), lineage_rows)
-    ids: dict[LineageKey, int] = {}
-    wanted = sorted({k for k, _r, _n in planned}, key=lambda k: (k.cluster, k.namespace, k.lineage))
-    for i in range(0, len(wanted), 500):
-        part = wanted[i : i + 500]
-        q = sa.select(lineages.c.id, lineages.c.cluster, lineages.c.namespace, lineages.c.lineage).where(
-            lineages.c.cluster.in_(sorted({k.cluster for k in part})),
-            lineages.c.namespace.in_(sorted({k.namespace for k in part})),
-            lineages.c.lineage.in_(sorted({k.lineage for k in part})),
-        )
-        for lid, cluster, namespace, lineage in conn.execute(q):
-            ids[LineageKey(cluster, namespace, lineage)] = int(lid)
+    ids = _lineage_ids(
+        conn, sorted({k for k, _r, _n, _m in planned}, key=lambda k: (k.cluster, k.namespace, k.lineage))
+    )
     runs: dict[tuple, dict[str, Any]] = {}
-    for key, run, now in planned:
-        values = _run_values(ids[key], run, now)
+    for key, run, now, mfu in planned:
+        values = _run_values(ids[key], run, now, mfu)
         rk = tuple(values[c] for c in _RUN_KEY)
         runs.pop(rk, None)
         runs[rk] = values
@@ -267,3 +272,75 @@ def _lineage_upsert_any(conn: sa.Connection) -> Any:
             },
         )
     return stmt
+
+
+#: a run on too little data to judge says nothing about what its lineage can reach
+_NO_VERDICT = "insufficient_data"
+#: lineages read per statement
+_BEST_GROUP = 500
+
+
+def lineage_best_mfu(conn: sa.Connection, items: Sequence[tuple[LineageKey, JobRef]]) -> dict[int, float]:
+    """By position in ``items``: the best MFU estimate of the *other* runs of the job's lineage
+    that started before the job's own recorded run (every other run when the job has none yet);
+    positions without such a run are left out (:func:`auditor.core.mfu.reference_for`'s
+    ``lineage_best``).
+
+    Runs judged ``insufficient_data``, runs without a start and runs without a positive estimate
+    do not count. Read per 500 lineages in three statements: their ids, the runs that set a new
+    best when they started (a window function: a lineage of thousands of runs gives a handful,
+    and the best before any instant is the best of those before it), and the jobs' own runs."""
+    ids = _lineage_ids(conn, sorted({k for k, _j in items}, key=lambda k: (k.cluster, k.namespace, k.lineage)))
+    names: dict[int, set[str]] = {}
+    for key, job in items:
+        if key in ids:
+            names.setdefault(ids[key], set()).add(split_job(job.job)[1])
+    wanted = sorted(names)
+    records: dict[int, list[tuple[datetime, tuple[str, str, str], float]]] = {}
+    own: dict[tuple[int, str, str, str], datetime | None] = {}
+    r = lineage_runs.c
+    for i in range(0, len(wanted), _BEST_GROUP):
+        part = wanted[i : i + _BEST_GROUP]
+        before = sa.func.max(r.mfu_estimate).over(
+            partition_by=r.lineage_id, order_by=(r.start, r.job_kind, r.job_name, r.job_uid), rows=(None, -1)
+        )
+        runs = (
+            sa.select(r.lineage_id, r.job_kind, r.job_name, r.job_uid, r.start, r.mfu_estimate, before.label("before"))
+            .where(r.lineage_id.in_(part), r.mfu_estimate > 0, r.start.is_not(None), r.verdict != _NO_VERDICT)
+            .subquery()
+        )
+        best = sa.select(runs).where(sa.or_(runs.c.before.is_(None), runs.c.mfu_estimate > runs.c.before))
+        for lid, kind, name, uid, start, mfu, _before in conn.execute(best):
+            records.setdefault(lid, []).append((start, (kind, name, uid), float(mfu)))
+        mine = sa.select(r.lineage_id, r.job_kind, r.job_name, r.job_uid, r.start).where(
+            r.lineage_id.in_(part), r.job_name.in_(sorted(set().union(*(names[lid] for lid in part))))
+        )
+        for lid, kind, name, uid, start in conn.execute(mine):
+            own[(lid, kind, name, uid)] = start
+    out: dict[int, float] = {}
+    for n, (key, job) in enumerate(items):
+        lid = ids.get(key)
+        if lid is None or lid not in records:
+            continue
+        kind, name = split_job(job.job)
+        me = (kind, name, job.uid or "")
+        since = own.get((lid, *me))
+        earlier = [mfu for start, who, mfu in records[lid] if who != me and (since is None or start < since)]
+        if earlier:
+            out[n] = max(earlier)
+    return out
+
+
+def _lineage_ids(conn: sa.Connection, keys: Sequence[LineageKey]) -> dict[LineageKey, int]:
+    """The row ids of the ``keys`` that are stored, one read per 500."""
+    ids: dict[LineageKey, int] = {}
+    for i in range(0, len(keys), 500):
+        part = keys[i : i + 500]
+        q = sa.select(lineages.c.id, lineages.c.cluster, lineages.c.namespace, lineages.c.lineage).where(
+            lineages.c.cluster.in_(sorted({k.cluster for k in part})),
+            lineages.c.namespace.in_(sorted({k.namespace for k in part})),
+            lineages.c.lineage.in_(sorted({k.lineage for k in part})),
+        )
+        for lid, cluster, namespace, lineage in conn.execute(q):
+            ids[LineageKey(cluster, namespace, lineage)] = int(lid)
+    return ids

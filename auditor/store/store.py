@@ -188,6 +188,31 @@ class Store:
         """The stored summary of one job (for ``explain``), or None."""
         return self._summaries.summary(job_id)
 
+    def lineage_best_mfu(self, jobs: Sequence[JobRef]) -> dict[str, float]:
+        """By job key: the best MFU estimate of the other runs of each job's lineage that started
+        before it (:func:`auditor.store.lineage_tables.lineage_best_mfu`); jobs without one are
+        left out. The engine's lineage-best reference (issue 28)."""
+        from auditor.core.lineage import LineageKey, lineage_of
+        from auditor.store.lineage_tables import lineage_best_mfu
+
+        # a run is recorded under the lineage label where the summary carries it (the operator's
+        # cycle: ``kube.lineage``), else under the job's name (``audit``): a labelled job's
+        # lineage is looked up both ways
+        items: list[tuple[LineageKey, JobRef]] = []
+        for j in jobs:
+            keys = {lineage_of(j.namespace, j.name, labels=dict(j.labels), cluster=j.cluster)}
+            keys.add(lineage_of(j.namespace, j.name, cluster=j.cluster))
+            items.extend((k, j) for k in sorted(keys, key=str))
+        if not items:
+            return {}
+        with self._db.reading(f"read the best MFU of {len(jobs)} job(s)' lineages") as conn:
+            best = lineage_best_mfu(conn, items)
+        out: dict[str, float] = {}
+        for n, value in best.items():
+            key = items[n][1].key
+            out[key] = max(value, out.get(key, value))
+        return out
+
     # ------------------------------------------------------------------ runs (store/runs.py) and retention
 
     def record_run(

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-#: Fields of the summary document copied into columns of ``job_summaries`` (migration 0005, whose
-#: backfill extracts the same paths with the same types): column → (path, JSON type).
+#: Fields of the summary document copied into columns of ``job_summaries`` (migrations 0005 and
+#: 0010, whose backfills extract the same paths with the same types): column → (path, JSON type).
 SUMMARY_FIELDS: dict[str, tuple[tuple[str, ...], str]] = {
     "job": (("job",), "string"),
     "gpu_model": (("gpu_model",), "string"),
@@ -19,6 +19,11 @@ SUMMARY_FIELDS: dict[str, tuple[tuple[str, ...], str]] = {
     "coverage": (("coverage",), "number"),
     "gpu_util_samples": (("stats", "gpu_util", "samples"), "integer"),
     "gr_engine_active_samples": (("stats", "gr_engine_active", "samples"), "integer"),
+    # the MFU and its gap (migration 0010, issue 28): the report and the console sum and rank by them
+    "mfu_estimate": (("mfu_estimate",), "number"),
+    "mfu_reference": (("mfu_reference",), "number"),
+    "mfu_class": (("mfu_class",), "string"),
+    "recoverable_gpu_hours": (("recoverable_gpu_hours",), "number"),
 }
 _BIG = 10**18  # integers beyond 18 digits stay NULL (the columns are 64-bit)
 

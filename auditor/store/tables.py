@@ -122,7 +122,8 @@ class BucketRow(SQLModel, table=True):
 class SummaryRow(SQLModel, table=True):
     """The latest audit-JSON object of one job, plus the columns reports filter, sort and sum on.
 
-    ``job`` … ``gr_engine_active_samples`` (migration 0005) are copies of fields of ``data``
+    ``job`` … ``gr_engine_active_samples`` (migration 0005) and ``mfu_estimate`` …
+    ``recoverable_gpu_hours`` (migration 0010) are copies of fields of ``data``
     (:func:`auditor.store.summaries.summary_columns`), so that the weekly report never parses the
     documents; NULL where the document lacks the field or holds another type there.
     ``ix_job_summaries_week`` covers the week's ``GROUP BY`` and ranking (no table row read).
@@ -143,6 +144,8 @@ class SummaryRow(SQLModel, table=True):
             "gpu_hours",
             "waste_gpu_hours",
             "tensor_active",
+            "mfu_estimate",
+            "recoverable_gpu_hours",
             "job_id",
         ),
     )
@@ -166,6 +169,12 @@ class SummaryRow(SQLModel, table=True):
     coverage: Optional[float] = Field(default=None, sa_column=sa.Column(sa.Float, nullable=True))
     gpu_util_samples: Optional[int] = Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=True))
     gr_engine_active_samples: Optional[int] = Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=True))
+    # migration 0010 (issue 28): the MFU estimate, its reference and the source of that
+    # reference (a workload class or ``lineage-best``), and the GPU-hours the MFU gap costs
+    mfu_estimate: Optional[float] = Field(default=None, sa_column=sa.Column(sa.Float, nullable=True))
+    mfu_reference: Optional[float] = Field(default=None, sa_column=sa.Column(sa.Float, nullable=True))
+    mfu_class: Optional[str] = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
+    recoverable_gpu_hours: Optional[float] = Field(default=None, sa_column=sa.Column(sa.Float, nullable=True))
 
 
 class AuditRunRow(SQLModel, table=True):

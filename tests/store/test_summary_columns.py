@@ -9,6 +9,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from auditor.reports import IsoWeek, Prices, ReportOptions, generate, iter_jobs
@@ -42,6 +43,8 @@ ODD = {
     "sm_active": 1,
     "tensor_active": True,
     "coverage": "0.9",
+    "mfu_estimate": "0.1",
+    "mfu_class": 3,
     "stats": {"gpu_util": {"samples": 12.0}, "gr_engine_active": {"samples": 10**20}},
 }
 
@@ -108,7 +111,13 @@ def test_upgrade_from_0004_backfills_the_summary_columns(store_url: str) -> None
             "coverage": 1.0,
             "gpu_util_samples": 6 * 12 * 2 * 10,  # 6 h of 5-minute buckets, 2 GPUs, 10 samples each
             "gr_engine_active_samples": None,
+            # 0010: the estimate of every summary; no reference in a document written without one
+            "mfu_estimate": healthy["mfu_estimate"],
+            "mfu_reference": None,
+            "mfu_class": None,
+            "recoverable_gpu_hours": None,
         }
+        assert healthy["mfu_estimate"] == pytest.approx(0.45, abs=0.05)
 
         upgraded = _reports(store)
         teams = {t["team"]: t for t in upgraded[0]["teams"]}
