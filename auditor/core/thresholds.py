@@ -106,9 +106,14 @@ class Thresholds:
     #: a job is underutilized with ``reason: periodic_stall`` (checkpoints, evaluation, data)
     stall_share: float = 0.15
     #: SM occupancy per unit of SM activity (resident warps / the SM's maximum while an SM has
-    #: work) below this, with idle tensor pipes → low_sm_efficiency ``reason: low_occupancy``
-    #: (one warp per SM reads 1/64 = 0.016; a GEMM's big tiles 0.15, the recorded jobs ≥ 0.14)
-    low_occupancy: float = 0.04
+    #: work) below this, with idle tensor pipes, a CUDA-core pipe between ``math_pipe_idle`` and
+    #: ``math_pipe_busy`` and DRAM below ``dram_busy`` → low_sm_efficiency ``reason:
+    #: low_occupancy`` (latency-bound: one warp per SM reads 1/64 = 0.016, a register-limited
+    #: kernel of 8 warps 0.125; the recorded tensor-idle jobs read 0.147 (FP32 MLP, its FP32 pipe
+    #: at 0.73) to 0.80)
+    low_occupancy: float = 0.2
+    #: a CUDA-core (FP32/FP16) pipe at or above this is throughput-bound, not latency-bound
+    math_pipe_busy: float = 0.5
     #: PCIe RX and TX each at or above this (bytes/s) on an underutilized GPU →
     #: ``reason: host_offload`` (optimizer or parameters on the host, ZeRO-offload); the recorded
     #: jobs that run on the GPU alone send at most 30 MB/s
@@ -218,6 +223,7 @@ _TABLES = ("power_floor_w", "max_sm_clock_mhz")
 ORDERED: tuple[tuple[str, str, str], ...] = (
     ("idle_util", "busy_util", "a job below idle_util is idle, one between the two underutilized"),
     ("tensor_idle", "tensor_headroom", "tensor_headroom is the band above tensor_idle where a healthy job gets a hint"),
+    ("math_pipe_idle", "math_pipe_busy", "a latency-bound kernel's pipe is between the two (low_occupancy)"),
 )
 
 

@@ -502,11 +502,20 @@ def _periodic(ev: Evidence, th: Thresholds) -> bool:
 
 
 def _low_occupancy(ev: Evidence, th: Thresholds) -> bool:
-    """SMs active but almost no warps on them, with no tensor-core work (a GEMM's large tiles keep
-    few warps by design, at 0.15 of the maximum)."""
-    if ev.occupancy is None or ev.sm is None or ev.sm <= 0:
+    """Latency-bound CUDA-core work: SMs active with few warps resident (occupancy per active SM
+    below ``low_occupancy``), tensor pipes idle, a CUDA-core pipe doing some math but far from
+    its throughput (below ``math_pipe_busy``) and DRAM not busy — nothing is saturated, the warps
+    wait on their own dependency chains. A GEMM's large tiles also keep few warps (0.15) but use
+    the tensor cores; an FP32 product without TF32 keeps its FP32 pipe busy (0.73); gathers with
+    no math pipe at all stay memory_bound."""
+    if ev.occupancy is None or ev.sm is None or ev.sm <= 0 or ev.fp32 is None:
         return False
     if ev.tensor is not None and ev.tensor >= th.tensor_idle:
+        return False
+    math = max(ev.fp32, ev.fp16 or 0.0)
+    if not th.math_pipe_idle <= math < th.math_pipe_busy:
+        return False
+    if ev.dram is not None and ev.dram >= th.dram_busy:
         return False
     return ev.occupancy / ev.sm < th.low_occupancy
 

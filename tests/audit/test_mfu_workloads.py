@@ -1,0 +1,97 @@
+"""Issue 28 on real H200 recordings: verdicts, advice, MFU and recoverable GPU-hours with the
+jobs' workload classes.
+
+The old recording (``h200-workloads``, issue 15) is what the rules were tuned on: labelled with
+its classes, every workload keeps its verdict except the founding case — the materialised-attention
+transformer at s 1024, ``healthy`` before — which is ``low_mfu`` now; and on both fused/unfused
+pairs the unfused job's recoverable GPU-hours match what its fused twin saves.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+from mfu_replay import reason, replay
+from workload_verdicts import REASONS, WORKLOADS
+
+
+def _truth(name: str) -> dict:
+    return json.loads(resources.files("auditor").joinpath("data", f"{name}.truth.json").read_text())
+
+
+def _old_class(phase: str) -> tuple[str | None, str]:
+    """The class each old workload would carry in a cluster (the old truth has none)."""
+    if phase.startswith(("transformer_", "dataloader_stall")):
+        return "llm-training", "PyTorchJob"
+    if phase.startswith("resnet50"):
+        return "cnn-training", "PyTorchJob"
+    if phase.startswith("llm_decode"):
+        return "llm-inference", "Deployment"
+    return None, "Job"
+
+
+#: what the classes change on the old recording, and why
+CHANGED = {
+    # the founding case: tensor 16 %, DRAM 60 %, MFU 0.158 against llm-training's 0.40
+    "transformer_materialized_bf16_s1024": ("low_mfu", "dram_busy"),
+    # decoding servers (a serving class): the idle time is a serving question, not CUDA Graphs
+    "llm_decode_bf16_batch1": ("underutilized", "serving"),
+    "llm_decode_bf16_batch64": ("underutilized", "serving"),
+}
+
+
+@pytest.fixture(scope="module")
+def old() -> dict[str, dict]:
+    return replay("h200-workloads", {p: _old_class(p) for p in WORKLOADS})
+
+
+def test_old_recording_keeps_its_verdicts_but_the_founding_case(old):
+    want = {p: CHANGED.get(p, (v, REASONS.get(p))) for p, v in WORKLOADS.items()}
+    got = {p: (s["verdict"], reason(s) if p in REASONS or p in CHANGED else want[p][1]) for p, s in old.items()}
+    assert got == want
+
+
+def test_founding_case_is_low_mfu_with_fusion_advice_and_its_gap(old):
+    s = old["transformer_materialized_bf16_s1024"]
+    first = s["findings"][0]
+    assert first["code"] == "low_mfu" and "FlashAttention" in first["message"]
+    assert s["mfu_class"] == "llm-training" and s["mfu_reference"] == 0.4
+    assert s["recoverable_gpu_hours"] == pytest.approx(s["gpu_hours"] * (1 - s["mfu_estimate"] / 0.4))
+
+
+@pytest.mark.parametrize(
+    "unfused, fused",
+    [
+        ("transformer_materialized_bf16_s1024", "transformer_sdpa_bf16_s1024"),
+        ("transformer_materialized_bf16_s4096", "transformer_sdpa_bf16_s4096"),
+    ],
+)
+def test_recoverable_hours_match_what_the_fused_twin_saves(old, unfused, fused):
+    truth = _truth("h200-workloads")["workloads"]
+
+    def steps_per_s(p: str) -> float:
+        return truth[p]["steps"] / truth[p]["wall_s"]
+
+    s = old[unfused]
+    assert s["verdict"] in ("low_mfu", "memory_bound")  # flagged (s 4096: tensor 7.8 %, memory_bound)
+    saved = s["gpu_hours"] * (1 - steps_per_s(unfused) / steps_per_s(fused))
+    # measured on this recording: s 1024 +3 %, s 4096 +1 % (the issue asks within 25 %)
+    assert s["recoverable_gpu_hours"] == pytest.approx(saved, rel=0.05)
+    assert old[fused]["verdict"] == "healthy" and old[fused]["recoverable_gpu_hours"] == 0.0
+
+
+def test_classes_without_a_reference_are_never_charged(old):
+    for phase, s in old.items():
+        klass, _ = _old_class(phase)
+        if klass in (None, "cnn-training", "llm-inference"):
+            assert s["mfu_reference"] is None and s["recoverable_gpu_hours"] is None, phase
+            assert s["verdict"] != "low_mfu"
+
+
+def test_mfu_estimate_within_two_points_on_bf16_and_fp8(old):
+    truth = _truth("h200-workloads")["workloads"]
+    errors = {p: old[p]["mfu_estimate"] - w["mfu"] for p, w in truth.items() if w.get("precision") in ("bf16", "fp8")}
+    assert len(errors) >= 19
+    assert max(abs(e) for e in errors.values()) <= 0.02, errors
