@@ -35,7 +35,7 @@ from auditor.core.job_summary import JobSummary, sorted_summaries
 from auditor.core.model import Window
 from auditor.core.rfc3339 import format_rfc3339, parse_rfc3339
 from auditor.core.shards import WHOLE, Shard
-from auditor.engine import align_down, run_audit
+from auditor.engine import MfuPlan, align_down, run_audit
 from auditor.errors import AuditorError
 from auditor.kube.resolver import JobInfo, KubeResolver
 from auditor.operator_loop.admissions import record_admissions
@@ -355,6 +355,7 @@ class CycleRunner:
         thresholds: Any = None,
         clock: Clock = SYSTEM_CLOCK,
         shard: Shard = WHOLE,
+        mfu: MfuPlan | None = None,
     ) -> None:
         self.store = store
         self.source = source
@@ -369,6 +370,8 @@ class CycleRunner:
         self.dry_run = dry_run
         self.still_leader = still_leader
         self.thresholds = thresholds
+        #: what each job's MFU is measured against (settings ``mfu:``; None: the shipped classes)
+        self.mfu = mfu
         #: "now" when ``run`` is given none, and the cycle's timing
         self.clock = clock
         self._covered: set[str] = set()  # job keys whose history this process has read
@@ -466,6 +469,7 @@ class CycleRunner:
                     cumulative=True,
                     thresholds=self.thresholds,
                     clock=self.clock,
+                    mfu=self.mfu,
                 )
                 self._reopen(proxy.saved, open_jobs)
                 if not self.still_leader():

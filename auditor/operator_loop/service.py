@@ -118,6 +118,7 @@ class Operator:
             thresholds=settings.thresholds,
             clock=self.time,
             shard=self.shard,
+            mfu=compose.mfu_plan(settings),
         )
         #: the efficiency gate's AdmissionCheck controller (``gate.enabled``), run while leading
         # once per cluster, by the first shard: the weekly reports, retention and the gate
