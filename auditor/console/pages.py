@@ -22,6 +22,7 @@ from auditor.console.ports import (
     JobDetail,
     JobFilter,
     JobPage,
+    MfuSums,
     TeamWeek,
     ViolationRow,
 )
@@ -47,6 +48,8 @@ JOB_COLUMNS = (
     ("waste_gpu_hours", "waste GPU-h"),
     ("sm_active", "SM"),
     ("tensor_active", "tensor"),
+    ("mfu_estimate", "MFU"),
+    ("recoverable_gpu_hours", "recoverable GPU-h"),
     ("start", "start"),
     ("end", "end"),
     ("", "state"),
@@ -130,6 +133,21 @@ def job_link(base: str, job_id: int | None, label: str) -> str:
 # ---------------------------------------------------------------------- cluster
 
 
+def gap_sentence(gap: MfuSums, waste: float) -> str:
+    """The MFU gap beside waste, never added to it (the weekly report's headline, in the console's units)."""
+    referenced = gap.referenced_jobs
+    if not referenced:
+        return (
+            "No job had a reference MFU (no workload class with a reference, no lineage history): "
+            f"no recoverable GPU-hours are claimed. Waste (SMs idle): {hours(waste)} GPU-h."
+        )
+    jobs = "this job" if referenced == 1 else f"these {referenced:,} jobs"
+    return (
+        f"At their class's reference MFU {jobs} would have needed {hours(gap.recoverable_gpu_hours)} fewer GPU-hours "
+        f"(the MFU gap). A separate loss from waste (SMs idle): {hours(waste)} GPU-h."
+    )
+
+
 def cluster(base: str, c: ClusterNow, teams: Sequence[TeamWeek], week: str) -> str:
     total = sum(c.gpu_hours_by_verdict.values())
     tiles = [
@@ -138,7 +156,9 @@ def cluster(base: str, c: ClusterNow, teams: Sequence[TeamWeek], week: str) -> s
         ("GPUs reporting now", f"{c.gpus_seen:,}"),
         ("GPUs idle (seen today, no job now)", f"{c.gpus_idle_seen:,}"),
         (f"GPU-hours since {t(c.since)}", hours(total)),
-        ("waste GPU-hours", hours(c.waste_gpu_hours)),
+        ("waste GPU-hours (SMs idle)", hours(c.waste_gpu_hours)),
+        ("MFU (GPU-hour-weighted)", pct(c.gap.mfu) or "n/a"),
+        ("recoverable GPU-hours (MFU gap)", hours(c.gap.recoverable) or "n/a"),
         ("last audit cycle", t(c.last_cycle) or "never"),
     ]
     tile_html = "".join(f'<div class="tile"><b>{esc(v)}</b><span>{esc(k)}</span></div>' for k, v in tiles)
@@ -160,10 +180,30 @@ def cluster(base: str, c: ClusterNow, teams: Sequence[TeamWeek], week: str) -> s
         cls="why",
         empty="no data this week",
     )
+    by_gap = sorted((x for x in this_week if x.gap.referenced_jobs), key=lambda x: -x.gap.recoverable_gpu_hours)
+    gap_bars = [(x.team, x.gap.recoverable_gpu_hours, "#ef6c00") for x in by_gap]
+    gap = table(
+        ("team", "MFU", "jobs with a reference", "recoverable GPU-hours"),
+        (
+            (
+                f'<a href="{base}/jobs?{urlencode({"team": x.team, "sort": "recoverable_gpu_hours", "desc": "1"})}">'
+                f"{esc(x.team)}</a>",
+                pct(x.gap.mfu) or "n/a",
+                f"{x.gap.referenced_jobs:,}",
+                hours(x.gap.recoverable_gpu_hours),
+            )
+            for x in by_gap
+        ),
+        cls="gap",
+        empty="no job with a reference MFU this week",
+    )
     return (
         f'<section class="tiles">{tile_html}</section>'
+        f'<p class="gapnote">{esc(gap_sentence(c.gap, c.waste_gpu_hours))}</p>'
         f'<section class="grid2"><div>{svg.hbars(bars, title="GPU-hours by verdict", unit=" h")}{jobs}</div>'
         f"<div>{svg.hbars(waste_bars, title=f'Waste GPU-hours by team, week {week}', unit=' h')}{why}</div></section>"
+        f'<section class="grid2"><div>{svg.hbars(gap_bars, title=f"Recoverable GPU-hours (MFU gap) by team, week {week}", unit=" h")}'
+        f"{gap}</div></section>"
     )
 
 
@@ -185,8 +225,12 @@ def teams(base: str, rows: Sequence[TeamWeek], weeks: Sequence[str], currency: s
     waste = {n: [cell[(n, w)].waste_gpu_hours if (n, w) in cell else None for w in weeks] for n in names}
     eff = {n: [cell[(n, w)].efficiency if (n, w) in cell else None for w in weeks] for n in names}
     eff_pct = {n: [None if v is None else 100 * v for v in vs] for n, vs in eff.items()}
+    mfu = {n: [cell[(n, w)].gap.mfu if (n, w) in cell else None for w in weeks] for n in names}
+    mfu_pct = {n: [None if v is None else 100 * v for v in vs] for n, vs in mfu.items()}
+    gap = {n: [cell[(n, w)].gap.recoverable if (n, w) in cell else None for w in weeks] for n in names}
     priced = any(r.cost is not None for r in rows)
     headers = ["team", "week", "jobs", "GPU-hours", "waste GPU-hours", "efficiency", "most waste from"]
+    headers += ["MFU", "recoverable GPU-hours"]
     headers += [currency] if priced else []
     body = []
     for r in sorted(rows, key=lambda r: (r.week, r.waste_gpu_hours), reverse=True):  # newest week, most waste first
@@ -198,6 +242,8 @@ def teams(base: str, rows: Sequence[TeamWeek], weeks: Sequence[str], currency: s
             hours(r.waste_gpu_hours),
             pct(r.efficiency),
             _why(base, r),
+            pct(r.gap.mfu) or "n/a",
+            hours(r.gap.recoverable) or "n/a",
         ]
         if priced:
             cells.append("" if r.cost is None else f"{r.cost:,.2f}")
@@ -207,7 +253,13 @@ def teams(base: str, rows: Sequence[TeamWeek], weeks: Sequence[str], currency: s
         f"<div>{svg.lines(weeks, waste, title='Waste GPU-hours per week', unit=' h')}</div>"
         f"<div>{svg.lines(weeks, eff_pct, title='Efficiency per week (SM-active share of GPU-hours)', unit='%')}</div>"
         "</section>"
-        '<p class="hint">Weeks without a team\'s jobs are left out (no data), never shown as zero.</p>'
+        '<section class="grid2">'
+        f"<div>{svg.lines(weeks, mfu_pct, title='MFU per week (GPU-hour-weighted, jobs with an estimate)', unit='%')}</div>"
+        f"<div>{svg.lines(weeks, gap, title='Recoverable GPU-hours per week (MFU gap)', unit=' h')}</div>"
+        "</section>"
+        '<p class="hint">Weeks without a team\'s jobs are left out (no data), never shown as zero. MFU: model FLOPs '
+        "over the precision's dense tensor peak; recoverable GPU-hours: what the same work would not have needed at "
+        "the job's class reference MFU (n/a: no job with a reference), a separate loss from waste.</p>"
         '<input class="filter" data-table="teams" placeholder="filter teams">'
         + table(headers, body, cls="sortable teams", empty="no data")
     )
@@ -277,7 +329,8 @@ def jobs(base: str, page: JobPage, f: JobFilter) -> str:
             f'<tr><td><a href="{base}/jobs/{r.id}">{e(r.namespace)}/{e(r.kind)}/{esc(r.name)}</a></td>'
             f"<td>{e(r.team)}</td><td>{badges[r.verdict]}</td>"
             f"<td>{hours(r.gpu_hours)}</td><td>{hours(r.waste_gpu_hours)}</td><td>{pct(r.sm_active)}</td>"
-            f"<td>{pct(r.tensor_active)}</td><td>{t(r.start)}</td><td>{t(r.end)}</td>"
+            f"<td>{pct(r.tensor_active)}</td><td>{pct(r.mfu_estimate) or 'n/a'}</td><td>{hours(r.recoverable_gpu_hours)}</td>"
+            f"<td>{t(r.start)}</td><td>{t(r.end)}</td>"
             f"<td>{'running' if r.running else 'ended'}</td></tr>"
         )
     if not out:
@@ -458,6 +511,12 @@ def job(base: str, d: JobDetail, writes: Writes | None) -> str:
         ("SM active", pct(r.sm_active)),
         ("tensor active", pct(r.tensor_active)),
         ("DRAM active", pct(s.get("dram_active"))),
+        ("MFU", pct(r.mfu_estimate) or "n/a (no tensor activity)"),
+        (
+            "reference MFU",
+            f"{pct(r.mfu_reference)} ({esc(r.mfu_class or '')})" if r.mfu_reference is not None else "none applies",
+        ),
+        ("recoverable GPU-hours", hours(r.recoverable_gpu_hours) if r.recoverable_gpu_hours is not None else "n/a"),
         ("coverage", pct(s.get("coverage"))),
         ("start", t(r.start)),
         ("end", t(r.end)),
@@ -480,8 +539,10 @@ def job(base: str, d: JobDetail, writes: Writes | None) -> str:
         ),
         empty="no violations",
     )
+    gauge = svg.mfu_gauge(r.mfu_estimate, r.mfu_reference, source=r.mfu_class, gpu_hours=r.gpu_hours)
     return (
         facts
+        + f'<div class="gauge">{gauge}</div>'
         + f"<h2>Findings</h2><ul class=findings>{findings or '<li>none</li>'}</ul>"
         + "<h2>Per-GPU timelines</h2>"
         + timelines(d)

@@ -22,6 +22,8 @@ SORT_KEYS = (
     "waste_gpu_hours",
     "sm_active",
     "tensor_active",
+    "mfu_estimate",
+    "recoverable_gpu_hours",
     "start",
     "end",
 )
@@ -60,6 +62,11 @@ class JobRow(NamedTuple):
     start: datetime | None
     end: datetime | None
     running: bool
+    #: the MFU estimate, its reference (class or lineage best) and the gap (issue 28); None: n/a
+    mfu_estimate: float | None = None
+    mfu_reference: float | None = None
+    mfu_class: str | None = None
+    recoverable_gpu_hours: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +78,27 @@ class JobPage:
     teams: Sequence[str]
     namespaces: Sequence[str]
     verdicts: Sequence[str]
+
+
+@dataclass(frozen=True, slots=True)
+class MfuSums:
+    """The MFU of a set of jobs and its gap (issue 28): GPU-hours × MFU over the GPU-hours of the
+    jobs with an estimate, and the recoverable GPU-hours of the jobs with a reference MFU."""
+
+    mfu_gpu_hours: float = 0.0
+    mfu_measured_gpu_hours: float = 0.0
+    recoverable_gpu_hours: float = 0.0
+    referenced_jobs: int = 0
+
+    @property
+    def mfu(self) -> float | None:
+        """GPU-hour-weighted MFU of the jobs with an estimate (None: none has one)."""
+        return self.mfu_gpu_hours / self.mfu_measured_gpu_hours if self.mfu_measured_gpu_hours > 0 else None
+
+    @property
+    def recoverable(self) -> float | None:
+        """The recoverable GPU-hours, None when no job has a reference (unknown, not 0)."""
+        return self.recoverable_gpu_hours if self.referenced_jobs else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +116,8 @@ class ClusterNow:
     jobs_by_verdict: dict[str, int]
     last_cycle: datetime | None
     since: datetime
+    #: the MFU and its gap over the same jobs
+    gap: "MfuSums" = field(default_factory=lambda: MfuSums())
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +132,8 @@ class TeamWeek:
     cost: float | None = None
     #: waste GPU-hours by verdict: why the team wasted them
     waste_by_verdict: dict[str, float] = field(default_factory=dict)
+    #: the MFU and its gap over the team's week
+    gap: "MfuSums" = field(default_factory=lambda: MfuSums())
 
     @property
     def main_waste(self) -> str:

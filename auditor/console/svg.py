@@ -156,3 +156,53 @@ def lines(
         parts.append(f'<text x="{_f(lx + 13)}" y="{_f(ly)}" class="legend">{esc(clip(name, 18))}</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def mfu_gauge(
+    mfu: float | None, reference: float | None, *, source: str | None, gpu_hours: float | None, width: int = 640
+) -> str:
+    """One job's MFU on a 0–100 % scale beside its reference (a dashed mark), the gap between them
+    shaded: what the job does, what its class (or its own best run) does, and what the difference
+    costs. Without an estimate the chart says n/a (no tensor activity), never 0."""
+    left, right, top, bar = 12, 12, 34, 22
+    height = top + bar + 34
+    w = width - left - right
+
+    def x(v: float) -> float:
+        return left + w * min(max(v, 0.0), 1.0)
+
+    title = "MFU against its reference" if reference is not None else "MFU (no reference applies)"
+    parts = [
+        f'<svg class="chart gauge" viewBox="0 0 {width} {height}" role="img" aria-label="{esc(title)}">',
+        f"<title>{esc(title)}</title>",
+        f'<text x="{left}" y="14" class="ctitle">{esc(title)}</text>',
+        f'<rect x="{left}" y="{top}" width="{w}" height="{bar}" fill="#eceff1"/>',
+    ]
+    for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
+        anchor = "start" if frac == 0 else "end" if frac == 1 else "middle"
+        parts.append(
+            f'<text x="{_f(x(frac))}" y="{top + bar + 14}" class="axis" text-anchor="{anchor}">{int(frac * 100)}%</text>'
+        )
+    if mfu is None:
+        parts.append(
+            f'<text x="{left + 6}" y="{top + 15}" class="axis">n/a: no tensor activity, no MFU estimate</text></svg>'
+        )
+        return "".join(parts)
+    parts.append(f'<rect x="{left}" y="{top}" width="{_f(x(mfu) - left)}" height="{bar}" fill="#2e7d32"/>')
+    label = f"MFU {100 * mfu:.1f}%"
+    if reference is not None:
+        if reference > mfu:
+            parts.append(
+                f'<rect x="{_f(x(mfu))}" y="{top}" width="{_f(x(reference) - x(mfu))}" height="{bar}" '
+                'fill="#ef9a9a" data-k="gap"/>'
+            )
+        parts.append(
+            f'<line x1="{_f(x(reference))}" x2="{_f(x(reference))}" y1="{top - 6}" y2="{top + bar + 4}" '
+            'stroke="#c62828" stroke-width="2" stroke-dasharray="4 2"/>'
+        )
+        label += f" · reference {100 * reference:.0f}% ({source or 'class'})"
+        if gpu_hours is not None and reference > 0:
+            label += f" · {gpu_hours * max(0.0, 1.0 - mfu / reference):,.1f} GPU-h recoverable"
+    parts.append(f'<text x="{left}" y="{top + bar + 30}" class="legend">{esc(label)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)

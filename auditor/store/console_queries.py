@@ -26,6 +26,7 @@ from auditor.console.ports import (
     JobFilter,
     JobPage,
     JobRow,
+    MfuSums,
     TeamWeek,
     ViolationRow,
 )
@@ -55,6 +56,8 @@ _SORT_COLUMNS: dict[str, Any] = {
     "waste_gpu_hours": _s.waste_gpu_hours,
     "sm_active": _s.sm_active,
     "tensor_active": _s.tensor_active,
+    "mfu_estimate": _s.mfu_estimate,
+    "recoverable_gpu_hours": _s.recoverable_gpu_hours,
     "start": _s.start,
     "end": _s.end,
 }
@@ -70,6 +73,7 @@ def _job_row(r: Any, when: Any = lambda v: v) -> JobRow:
     """A row of :data:`_ROW_COLUMNS` (unpacked by position: a page may hold 10,000, and a Row's
     attribute lookups cost more than the rest of the conversion)."""
     jid, cluster, namespace, kind, name, ended_at, team, verdict, gh, waste, sm, tensor, start, end = tuple(r)[:14]
+    mfu, ref, cls, rec = tuple(r)[14:18]
     return JobRow(
         jid,
         cluster,
@@ -85,6 +89,10 @@ def _job_row(r: Any, when: Any = lambda v: v) -> JobRow:
         when(start),
         when(end),
         ended_at is None,
+        mfu,
+        ref,
+        cls,
+        rec,
     )
 
 
@@ -117,6 +125,10 @@ _ROW_COLUMNS = (
     _s.tensor_active,
     _s.start,
     _s.end,
+    _s.mfu_estimate,
+    _s.mfu_reference,
+    _s.mfu_class,
+    _s.recoverable_gpu_hours,
 )
 
 
@@ -187,20 +199,28 @@ class ConsoleQueries:
             by_verdict: dict[str, float] = {}
             jobs_by_verdict: dict[str, int] = {}
             waste = 0.0
+            mfu_sums = [0.0, 0.0, 0.0, 0]
+            mfu, rec, gh = _s.mfu_estimate, _s.recoverable_gpu_hours, sa.func.coalesce(_s.gpu_hours, 0.0)
             q = (
                 sa.select(
                     _s.verdict,
                     sa.func.count(),
                     sa.func.coalesce(sa.func.sum(_s.gpu_hours), 0.0),
                     sa.func.coalesce(sa.func.sum(_s.waste_gpu_hours), 0.0),
+                    sa.func.sum(sa.case((mfu.is_not(None), gh * mfu), else_=0.0)),
+                    sa.func.sum(sa.case((mfu.is_not(None), gh), else_=0.0)),
+                    sa.func.sum(sa.func.coalesce(rec, 0.0)),
+                    sa.func.sum(sa.case((rec.is_not(None), 1), else_=0)),
                 )
                 .where(sa.or_(_s.end >= since, _s.end.is_(None)))
                 .group_by(_s.verdict)
             )
-            for verdict, n, hours, w in conn.execute(q):
+            for verdict, n, hours, w, *m in conn.execute(q):
                 by_verdict[str(verdict)] = float(hours)
                 jobs_by_verdict[str(verdict)] = int(n)
                 waste += float(w)
+                for i, x in enumerate(m):
+                    mfu_sums[i] += x or 0
             last = conn.execute(sa.select(sa.func.max(AUDIT_RUNS.c.finished))).scalar()
         return ClusterNow(
             running_jobs=int(n_running),
@@ -212,6 +232,7 @@ class ConsoleQueries:
             jobs_by_verdict=jobs_by_verdict,
             last_cycle=last,
             since=since,
+            gap=MfuSums(float(mfu_sums[0]), float(mfu_sums[1]), float(mfu_sums[2]), int(mfu_sums[3])),
         )
 
     # ------------------------------------------------------------------ teams over weeks
@@ -224,16 +245,31 @@ class ConsoleQueries:
             sums: dict[str, list[float]] = {}
             why: dict[str, dict[str, float]] = {}
             for g in reports.week_groups(start, end):
-                acc = sums.setdefault(g.team, [0.0, 0.0, 0.0, 0.0])
+                acc = sums.setdefault(g.team, [0.0] * 8)
                 acc[0] += g.gpu_hours
                 acc[1] += g.waste_gpu_hours
                 acc[2] += g.jobs
                 price = prices.get(g.gpu_model, prices.get("default"))
                 acc[3] += g.gpu_hours * price if price is not None else 0.0
+                acc[4] += g.mfu_gpu_hours
+                acc[5] += g.mfu_measured_gpu_hours
+                acc[6] += g.recoverable_gpu_hours
+                acc[7] += g.referenced_jobs
                 by = why.setdefault(g.team, {})
                 by[g.verdict] = by.get(g.verdict, 0.0) + g.waste_gpu_hours
-            for team, (hours, waste, jobs, cost) in sorted(sums.items()):
-                out.append(TeamWeek(team, label, hours, waste, int(jobs), cost if prices else None, why[team]))
+            for team, (hours, waste, jobs, cost, mh, mm, rec, refs) in sorted(sums.items()):
+                out.append(
+                    TeamWeek(
+                        team,
+                        label,
+                        hours,
+                        waste,
+                        int(jobs),
+                        cost if prices else None,
+                        why[team],
+                        MfuSums(mh, mm, rec, int(refs)),
+                    )
+                )
         return out
 
     # ------------------------------------------------------------------ the job list

@@ -4,6 +4,7 @@ seconds), at an injected ``NOW``, served by the operator's own HTTP server with 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,12 +29,9 @@ class Console:
     ids: dict[str, int]
 
 
-@pytest.fixture(scope="session")
-def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
-    path = tmp_path_factory.mktemp("console") / "store.db"
-    store = Store.open(f"sqlite:///{path}")
-    ids = fill(store)
-    app = compose.console(Settings(cluster="demo"), store, lambda: NOW, writes=True)
+@contextmanager
+def serve(app: ConsoleApp) -> Iterator[str]:
+    """``app`` mounted on the operator's own HTTP server on a free port; yields its root URL."""
     server = HealthServer(
         "127.0.0.1",
         0,
@@ -43,7 +41,19 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
         mounts={app.config.base: app.mount},
     ).start()
     try:
-        yield Console(f"http://127.0.0.1:{server.port}{app.config.base}", store, app, ids)
+        yield f"http://127.0.0.1:{server.port}{app.config.base}"
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+    path = tmp_path_factory.mktemp("console") / "store.db"
+    store = Store.open(f"sqlite:///{path}")
+    ids = fill(store)
+    app = compose.console(Settings(cluster="demo"), store, lambda: NOW, writes=True)
+    try:
+        with serve(app) as url:
+            yield Console(url, store, app, ids)
+    finally:
         store.close()

@@ -12,12 +12,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from reportgen import PROFILES, SAMPLES, WIDTH, GenJob, job_buckets
+from reportgen import mfu_week, store_mfu_jobs
 
-from auditor.core.metrics import Metric
-from auditor.core.mfu import MfuContext, MfuReference
-from auditor.core.model import JobRef, PodRef, Window
-from auditor.core.summary import summarize_job
 from auditor.reports import IsoWeek, generate
 from auditor.reports.aggregate import mfu_sparkline
 from auditor.reports.formats import teams_csv, to_markdown, write_jobs_csv
@@ -31,55 +27,10 @@ WEEK = IsoWeek.parse("2026-W47")
 WS = datetime(2026, 11, 16, tzinfo=UTC)
 NOW = WS + timedelta(days=8)
 
-# an unfused bf16 transformer (tensor pipes ~16 % busy) and its fused twin (~45 %), a recommender
-PROFILES["unfused"] = {
-    Metric.GPU_UTIL: 0.99,
-    Metric.SM_ACTIVE: 0.95,
-    Metric.TENSOR_ACTIVE: 0.16,
-    Metric.DRAM_ACTIVE: 0.58,
-    Metric.POWER: 560.0,
-}
-PROFILES["fused"] = {
-    Metric.GPU_UTIL: 0.99,
-    Metric.SM_ACTIVE: 0.93,
-    Metric.TENSOR_ACTIVE: 0.45,
-    Metric.DRAM_ACTIVE: 0.35,
-    Metric.POWER: 650.0,
-}
-PROFILES["gathers"] = {
-    Metric.GPU_UTIL: 0.97,
-    Metric.SM_ACTIVE: 0.80,
-    Metric.TENSOR_ACTIVE: 0.02,
-    Metric.DRAM_ACTIVE: 0.70,
-    Metric.POWER: 500.0,
-}
-LLM = MfuReference(0.40, "llm-training")
-
 
 def _store(tmp_path: Path) -> tuple[Store, dict[str, dict]]:
-    """llm: an unfused job (8 GPU-h), its fused twin (4 GPU-h) and one crossing the week's end
-    (4 GPU-h, half in the week); recsys: a recommender without a reference (6 GPU-h)."""
     store = Store.open(f"sqlite:///{tmp_path / 'mfu.sqlite'}")
-    jobs = [
-        (GenJob("llm", "gpt-unfused", WS + timedelta(days=1), 2.0, 4, "unfused"), LLM),
-        (GenJob("llm", "gpt-fused", WS + timedelta(days=2), 1.0, 4, "fused"), LLM),
-        (GenJob("llm", "gpt-crossing", WS + timedelta(days=7, hours=-1), 2.0, 2, "unfused"), LLM),
-        (GenJob("recsys", "dlrm", WS + timedelta(days=3), 3.0, 2, "gathers"), None),
-    ]
-    out = {}
-    for k, (job, ref) in enumerate(jobs):
-        jr = JobRef(cluster="c1", namespace=f"ns-{job.team}", kind="Job", name=job.name, uid=f"u{k}", team=job.team)
-        buckets = job_buckets(job, PodRef(jr.namespace, f"{job.name}-0", "main"), host=f"node-{k}")
-        end = job.start + WIDTH * round(job.hours * 3600 / WIDTH.total_seconds())
-        s = summarize_job(
-            jr, buckets, window=Window(job.start, end), now=NOW, interval=30.0, mfu=MfuContext(reference=ref)
-        ).to_json()
-        job_id = store.upsert_job(jr, job.start, end)
-        store.replace_buckets(job_id, buckets)
-        store.save_summary(job_id, s)
-        out[job.name] = s
-    assert SAMPLES  # the generator's scrape density
-    return store, out
+    return store, store_mfu_jobs(store, mfu_week(WS), now=NOW)
 
 
 @pytest.fixture
