@@ -119,8 +119,10 @@ class Thresholds:
     #: jobs that run on the GPU alone send at most 30 MB/s
     pcie_offload_bytes: float = 2.5e8
     #: an MFU estimate below this fraction of the job's reference MFU (its workload class's, or
-    #: its lineage's best run) → low_mfu (auditor/core/mfu.py; docs/verdicts.md "Reference MFU")
-    low_mfu_ratio: float = 0.6
+    #: its lineage's best run) → low_mfu (auditor/core/mfu.py; docs/verdicts.md "Reference MFU").
+    #: So a healthy job's recoverable GPU-hours are at most 1 − this (35 %, as its waste); the
+    #: recorded bf16 LLM trainings read 0.40 (the founding case, 0.158 of 0.40) or ≥ 0.86 of it
+    low_mfu_ratio: float = 0.65
     #: straggler: a GPU at least this much less busy than the job's waiting GPUs
     imbalance_util_gap: float = 0.3
     #: spread of SM activity across one job's GPUs at or above this → gpu_imbalance

@@ -179,3 +179,13 @@ def test_old_documents_without_the_mfu_fields_read_as_none():
     s = JobSummary.from_json(doc)
     assert s.mfu_reference is None and s.mfu_class is None and s.recoverable_gpu_hours is None
     assert s.extra == {}
+
+
+@pytest.mark.parametrize("mfu", [0.14, 0.20, 0.26, 0.30, 0.40, 0.47])
+def test_a_healthy_jobs_recoverable_hours_are_bounded(mfu):
+    """Healthy only at or above low_mfu_ratio of the reference: recoverable ≤ 1 − low_mfu_ratio (35 %)."""
+    th = Thresholds()
+    verdict, _ = classify(founding_case(mfu=mfu), th)
+    share = recoverable_gpu_hours(1.0, mfu, 0.40)
+    assert (verdict is Verdict.HEALTHY) == (share <= 1 - th.low_mfu_ratio + 1e-9)
+    assert verdict in (Verdict.HEALTHY, Verdict.LOW_MFU)
