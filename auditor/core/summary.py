@@ -44,14 +44,20 @@ from auditor.core.verdicts import Evidence, classify
 
 
 def _mfu(
-    tensor: float | None, clock: float | None, max_clock: float | None, rate: float
+    tensor: float | None, clock: float | None, max_clock: float | None, th: Thresholds
 ) -> tuple[float | None, str | None]:
-    """Tensor activity × the clock's share of the max clock × ``rate`` (:attr:`Thresholds.mfu_tensor_rate`)."""
+    """Tensor activity × the clock's share of the max clock × :attr:`Thresholds.mfu_tensor_rate`.
+
+    Without both clocks the share is assumed, ``1 − mfu_clock_drop × tensor``: a GPU whose tensor
+    pipes are busy runs into its power cap and drops its clock (the H200 at 700 W: 0.74 of max
+    under a bf16 product at tensor 0.93, 0.89 under SDPA training at 0.46, max below ~0.2).
+    Assuming the max clock instead made a clock-less bf16 product read 0.91 against 0.67 measured."""
     if tensor is None:
         return None, None
     if clock is not None and max_clock:
-        return tensor * min(1.0, clock / max_clock) * rate, "tensor_active*sm_clock/max_sm_clock*rate"
-    return tensor * rate, "tensor_active*rate"
+        return tensor * min(1.0, clock / max_clock) * th.mfu_tensor_rate, "tensor_active*sm_clock/max_sm_clock*rate"
+    share = max(0.0, 1.0 - th.mfu_clock_drop * tensor)
+    return tensor * share * th.mfu_tensor_rate, "tensor_active*(1-drop*tensor_active)*rate"
 
 
 def _max_clock(stats: Mapping[Metric, Stat], model: str, th: Thresholds) -> tuple[float | None, str | None]:
@@ -181,7 +187,7 @@ def summarize_aggregate(
         if sz:
             silent.append(sz)
         mclock, mclock_src = _max_clock(r.stats, r.gpu.model, th)
-        r_mfu, _ = _mfu(r.mean(Metric.TENSOR_ACTIVE), r.mean(Metric.SM_CLOCK), mclock, th.mfu_tensor_rate)
+        r_mfu, _ = _mfu(r.mean(Metric.TENSOR_ACTIVE), r.mean(Metric.SM_CLOCK), mclock, th)
         row_mfus.append((r_mfu, r))
         r_verdict, _ = classify(_evidence_row(r, th, sz, r_mfu, ctx), th, explain=False)
         per_gpu.append(
@@ -214,7 +220,7 @@ def summarize_aggregate(
     tensor = mean(Metric.TENSOR_ACTIVE)
     clock = mean(Metric.SM_CLOCK)
     mclock, mclock_src = _max_clock(pooled, models[0] if len(models) == 1 else "", th)
-    mfu_est, mfu_method = _mfu(tensor, clock, mclock, th.mfu_tensor_rate)
+    mfu_est, mfu_method = _mfu(tensor, clock, mclock, th)
     mig = [r for r in rows if r.gpu.instance]
     if mig and mfu_est is not None:
         # a MIG instance's counters are relative to the instance: its estimate is a share of the
@@ -260,7 +266,10 @@ def summarize_aggregate(
                 + (
                     " scaled by SM clock / max SM clock"
                     if clock is not None and mclock
-                    else " alone (clocks unknown: an upper bound, as if the SMs ran at their max clock)"
+                    else (
+                        f" and an assumed clock (clocks unknown: 1 − {th.mfu_clock_drop:g} × tensor activity "
+                        "of the max, as a power-capped GPU drops it under tensor load)"
+                    )
                 )
                 + f" and by the {th.mfu_tensor_rate:g} of the peak a busy tensor pipe delivers, relative to "
                 + (

@@ -134,6 +134,11 @@ class Thresholds:
     #: the max clock and measures 0.668 of the peak (0.97); with it the recorded bf16/FP8 jobs'
     #: estimates fall within ±0.02 of measured MFU, without it they read up to +0.033 high
     mfu_tensor_rate: float = 0.97
+    #: without an SM-clock series the MFU estimate assumes the clock at 1 − this × tensor activity
+    #: of the max (fit on the H200's recorded clocks at its power cap: within ±0.06 of the clock
+    #: share on the recorded jobs; the estimate within ±0.035 of measured on bf16/FP8, where assuming
+    #: the max clock read a bf16 product 0.23 high)
+    mfu_clock_drop: float = 0.3
     power_floor_w: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_POWER_FLOOR_W))
     max_sm_clock_mhz: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_MAX_SM_CLOCK_MHZ))
 

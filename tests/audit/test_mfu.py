@@ -158,7 +158,8 @@ def test_summary_carries_reference_class_and_recoverable_hours():
     s = summarize_job(j, buckets, window=win, now=end, interval=15.0, mfu=ctx)
     assert s.verdict is Verdict.LOW_MFU
     assert s.mfu_reference == 0.40 and s.mfu_class == "llm-training"
-    assert s.mfu_estimate == pytest.approx(0.16 * 0.97)  # no clock series: tensor × the per-cycle rate
+    # no clock series: tensor × the assumed clock share (1 − 0.3 × tensor) × the per-cycle rate
+    assert s.mfu_estimate == pytest.approx(0.16 * (1 - 0.3 * 0.16) * 0.97, abs=1e-6)
     assert s.recoverable_gpu_hours == pytest.approx(s.gpu_hours * (1 - s.mfu_estimate / 0.40), rel=1e-4)
     doc = s.to_json()
     keys = list(doc)

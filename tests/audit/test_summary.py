@@ -173,8 +173,9 @@ def test_time_sliced_gpu_is_not_counted_twice():
     [
         # × 0.97: the share of the peak a busy tensor pipe delivers (Thresholds.mfu_tensor_rate, issue 28)
         (H200, 1825.0, None, 0.4 * 1825 / 1980 * 0.97, "tensor_active*sm_clock/max_sm_clock*rate"),
-        (H200, None, None, 0.4 * 0.97, "tensor_active*rate"),
-        ("Tesla T4", 1500.0, None, 0.4 * 0.97, "tensor_active*rate"),
+        # no clock: the clock share assumed 1 − 0.3 × tensor (Thresholds.mfu_clock_drop, issue 28)
+        (H200, None, None, 0.4 * (1 - 0.3 * 0.4) * 0.97, "tensor_active*(1-drop*tensor_active)*rate"),
+        ("Tesla T4", 1500.0, None, 0.4 * (1 - 0.3 * 0.4) * 0.97, "tensor_active*(1-drop*tensor_active)*rate"),
         ("Tesla T4", 1500.0, 1590.0, 0.4 * 1500 / 1590 * 0.97, "tensor_active*sm_clock/max_sm_clock*rate"),
     ],
 )
