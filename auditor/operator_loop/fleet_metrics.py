@@ -14,6 +14,15 @@ counts each hour once):
   open violations, acknowledgements in force, report deliveries by status; and the gate's held
   Jobs, read from its controller at scrape time.
 
+The MFU (issue 28) follows the same two kinds: ``gpu_auditor_mfu_gpu_hours_total`` (GPU-hours ×
+MFU estimate) over ``gpu_auditor_mfu_measured_gpu_hours_total`` (GPU-hours of jobs with an
+estimate) is a team's GPU-hour-weighted MFU over any range, and
+``gpu_auditor_recoverable_gpu_hours_total`` accrues the MFU gap (the cycle's GPU-hours ×
+max(0, 1 − MFU / reference), jobs with a reference only) beside the waste counter, never in it;
+the gauges ``gpu_auditor_team_mfu`` and ``gpu_auditor_team_recoverable_gpu_hours`` say the same
+of the team's jobs seen in the last hour (a team without an estimate, or without a reference,
+has no sample: unknown, never 0).
+
 Teams are labels from the cluster: past :data:`MAX_TEAMS` (by GPU-hours), the rest are summed
 under ``team="_other"`` so a flood of namespaces cannot flood Prometheus.
 """
@@ -108,6 +117,26 @@ class FleetMetrics:
             ["cluster", "team"],
             registry=registry,
         )
+        self.mfu_hours = Counter(
+            "gpu_auditor_mfu_gpu_hours",
+            "GPU-hours x MFU estimate (relative to the precision's dense tensor peak) of jobs with an estimate: "
+            "the numerator of the GPU-hour-weighted MFU",
+            ["cluster", "team"],
+            registry=registry,
+        )
+        self.mfu_measured_hours = Counter(
+            "gpu_auditor_mfu_measured_gpu_hours",
+            "GPU-hours of jobs with an MFU estimate (tensor activity): the denominator of the weighted MFU",
+            ["cluster", "team"],
+            registry=registry,
+        )
+        self.recoverable_hours = Counter(
+            "gpu_auditor_recoverable_gpu_hours",
+            "GPU-hours the MFU gap costs: hours x max(0, 1 - MFU / reference) of jobs whose workload class "
+            "or lineage gives a reference MFU, by team and verdict (a separate loss from waste)",
+            labels,
+            registry=registry,
+        )
         self.actions = Counter(
             "gpu_auditor_policy_actions",
             "Policy actions carried out by cycles, by action and outcome (done, skipped, failed, waiting)",
@@ -138,21 +167,35 @@ class FleetMetrics:
                 if sm is not None:
                     self.measured_hours.labels(cluster, team).inc(hours)
                     self.waste_hours.labels(cluster, team, verdict).inc(hours * (1.0 - min(max(sm, 0.0), 1.0)))
+                self._observe_mfu(cluster, team, verdict, hours, s)
         for d in decisions:
             for action in d.actions:
                 if action in d.results:
                     self.actions.labels(cluster, action, _outcome(d.results[action])).inc()
 
+    def _observe_mfu(self, cluster: str, team: str, verdict: str, hours: float, s: Any) -> None:
+        """Accrue the cycle's MFU sums and MFU gap of one job (``hours``: its GPU-hours in the window)."""
+        mfu, ref = getattr(s, "mfu_estimate", None), getattr(s, "mfu_reference", None)
+        if mfu is None:
+            return
+        mfu = min(max(float(mfu), 0.0), 1.0)
+        self.mfu_hours.labels(cluster, team).inc(hours * mfu)
+        self.mfu_measured_hours.labels(cluster, team).inc(hours)
+        if ref is not None and ref > 0:
+            self.recoverable_hours.labels(cluster, team, verdict).inc(hours * max(0.0, 1.0 - mfu / float(ref)))
+
     def observe_store(self, store: Any, cluster: str, now: datetime, *, since: datetime) -> None:
         """Refresh the gauges from the store (the cycle's end); a failed read keeps the last ones."""
+        from auditor.store.console_queries import team_mfu
         from auditor.store.status_queries import operator_status
 
         try:
             st = operator_status(store, now=now, since=since, recent_since=now - RECENT, cluster=cluster)
+            mfu = team_mfu(store, since=now - RECENT, cluster=cluster)
         except Exception as exc:  # noqa: BLE001 - metrics never fail a cycle
             log.warning("per-team metrics: could not read the store: %s", exc)
             return
-        self.snapshot.replace(families(st, cluster, self._team))
+        self.snapshot.replace(families(st, cluster, self._team) + mfu_families(mfu, cluster, self._team))
 
 
 def families(st: Any, cluster: str, team_of: Callable[[str], str]) -> list[GaugeMetricFamily]:
@@ -203,6 +246,36 @@ def families(st: Any, cluster: str, team_of: Callable[[str], str]) -> list[Gauge
             g.add_metric([cluster, *(key if isinstance(key, tuple) else (key,))], n)
         out.append(g)
     return out
+
+
+def mfu_families(
+    per_team: dict[str, tuple[float, float, float, int]], cluster: str, team_of: Callable[[str], str]
+) -> list[GaugeMetricFamily]:
+    """The MFU gauges of the team's jobs seen in the last hour, from :func:`auditor.store.console_queries.team_mfu`
+    (team → GPU-hours × MFU, GPU-hours with an MFU, recoverable GPU-hours, jobs with a reference)."""
+    mfu = GaugeMetricFamily(
+        "gpu_auditor_team_mfu",
+        "MFU estimate of the team's jobs seen in the last hour, weighted by GPU-hours (jobs with tensor activity; "
+        "relative to the precision's dense tensor peak)",
+        labels=["cluster", "team"],
+    )
+    gap = GaugeMetricFamily(
+        "gpu_auditor_team_recoverable_gpu_hours",
+        "Recoverable GPU-hours (the MFU gap at the workload class's reference MFU) of the team's jobs seen in the "
+        "last hour that have a reference",
+        labels=["cluster", "team"],
+    )
+    sums: dict[str, list[float]] = {}
+    for team, values in per_team.items():
+        acc = sums.setdefault(team_of(team), [0.0, 0.0, 0.0, 0.0])
+        for i, v in enumerate(values):
+            acc[i] += v
+    for team, (mfu_h, measured, rec, refs) in sorted(sums.items()):
+        if measured > 0:
+            mfu.add_metric([cluster, team], mfu_h / measured)
+        if refs:
+            gap.add_metric([cluster, team], rec)
+    return [mfu, gap]
 
 
 def _by(counts: dict[tuple[str, str], int], index: int) -> dict[str, int]:

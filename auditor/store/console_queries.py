@@ -39,7 +39,7 @@ from auditor.store.decisions import ActionRow as StoredAction
 from auditor.store.decisions import DecisionStore
 from auditor.store.lineage import LineageHistoryReader
 from auditor.store.policy_tables import violations
-from auditor.store.reports import ReportStore, deliveries
+from auditor.store.reports import ReportStore, deliveries, mfu_sums
 from auditor.store.store import Store
 from auditor.store.tables import AUDIT_RUNS, BUCKETS, JOBS, SUMMARIES
 
@@ -199,18 +199,14 @@ class ConsoleQueries:
             by_verdict: dict[str, float] = {}
             jobs_by_verdict: dict[str, int] = {}
             waste = 0.0
-            mfu_sums = [0.0, 0.0, 0.0, 0]
-            mfu, rec, gh = _s.mfu_estimate, _s.recoverable_gpu_hours, sa.func.coalesce(_s.gpu_hours, 0.0)
+            sums = [0.0] * 5
             q = (
                 sa.select(
                     _s.verdict,
                     sa.func.count(),
                     sa.func.coalesce(sa.func.sum(_s.gpu_hours), 0.0),
                     sa.func.coalesce(sa.func.sum(_s.waste_gpu_hours), 0.0),
-                    sa.func.sum(sa.case((mfu.is_not(None), gh * mfu), else_=0.0)),
-                    sa.func.sum(sa.case((mfu.is_not(None), gh), else_=0.0)),
-                    sa.func.sum(sa.func.coalesce(rec, 0.0)),
-                    sa.func.sum(sa.case((rec.is_not(None), 1), else_=0)),
+                    *mfu_sums(sa.func.coalesce(_s.gpu_hours, 0.0)),
                 )
                 .where(sa.or_(_s.end >= since, _s.end.is_(None)))
                 .group_by(_s.verdict)
@@ -220,7 +216,7 @@ class ConsoleQueries:
                 jobs_by_verdict[str(verdict)] = int(n)
                 waste += float(w)
                 for i, x in enumerate(m):
-                    mfu_sums[i] += x or 0
+                    sums[i] += float(x or 0)
             last = conn.execute(sa.select(sa.func.max(AUDIT_RUNS.c.finished))).scalar()
         return ClusterNow(
             running_jobs=int(n_running),
@@ -232,7 +228,7 @@ class ConsoleQueries:
             jobs_by_verdict=jobs_by_verdict,
             last_cycle=last,
             since=since,
-            gap=MfuSums(float(mfu_sums[0]), float(mfu_sums[1]), float(mfu_sums[2]), int(mfu_sums[3])),
+            gap=MfuSums(sums[0], sums[1], sums[2], int(sums[4])),
         )
 
     # ------------------------------------------------------------------ teams over weeks
@@ -421,3 +417,19 @@ class ConsoleQueries:
                 )
                 for r in conn.execute(q)
             ]
+
+
+def team_mfu(
+    store: Store, *, since: datetime, cluster: str | None = None
+) -> dict[str, tuple[float, float, float, int]]:
+    """Per team, over the jobs seen since ``since`` (their summaries' end): GPU-hours × MFU and the
+    GPU-hours of the jobs with an MFU estimate, the recoverable GPU-hours and the number of jobs with
+    a reference MFU. One ``GROUP BY`` on the columns of migration 0010: the operator's ``/metrics``
+    gauges (:mod:`auditor.operator_loop.fleet_metrics`) read it once per cycle."""
+    mfu_h, measured, rec, _, refs = mfu_sums(sa.func.coalesce(_s.gpu_hours, 0.0))
+    q = sa.select(_s.team, mfu_h, measured, rec, refs).where(_s.end >= since)
+    if cluster is not None:
+        q = q.where(_s.cluster == cluster)
+    with store.reading("read the teams' MFU") as conn:
+        rows = conn.execute(q.group_by(_s.team)).all()
+    return {str(t or ""): (float(a or 0), float(b or 0), float(c or 0), int(d or 0)) for t, a, b, c, d in rows}

@@ -232,7 +232,7 @@ class ReportStore:
             sa.func.sum(sa.case((measured, 0.0), else_=hours)),
             sa.func.sum(sa.func.coalesce(_s.waste_gpu_hours, 0.0)),
             tensor_hours,
-            *_mfu_sums(hours),
+            *mfu_sums(hours),
         ).where(_s.start >= start, _s.end <= end, _s.end > start)
         q = self._scope(q, cluster, teams).group_by(_s.team, _s.verdict, *([model] if by_model else []))
         with self.store.reading("read the week's job summaries") as conn:
@@ -594,8 +594,10 @@ def _f(v: Any) -> float | None:
     return None if v is None else float(v)
 
 
-def _mfu_sums(hours: Any) -> list[Any]:
-    """The MFU sums of :class:`Group`, in its field order (``hours``: GPU-hours, nulls as 0)."""
+def mfu_sums(hours: Any) -> list[Any]:
+    """The MFU sums of :class:`Group`, in its field order (``hours``: GPU-hours, nulls as 0):
+    GPU-hours × MFU, GPU-hours with an MFU, recoverable GPU-hours, GPU-hours and jobs with a
+    reference. The console's reads sum the same columns the same way."""
     mfu, rec = _s.mfu_estimate, _s.recoverable_gpu_hours
     return [
         sa.func.sum(sa.case((mfu.is_not(None), hours * mfu), else_=0.0)),
