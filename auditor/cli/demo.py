@@ -20,13 +20,18 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from auditor.core.job_summary import JobSummary
 from auditor.core.metrics import Metric
+from auditor.core.mfu import CLASS_LABEL
 from auditor.core.model import GpuId, JobRef, PodRef, Window
 from auditor.core.thresholds import Thresholds
 from auditor.correlate import StaticResolver
 from auditor.traces import Trace, TraceJob, fake_uuid, load_trace, make_gpus
+
+if TYPE_CHECKING:
+    from auditor.engine import MfuPlan
 
 CLUSTER = "demo"
 H200 = "NVIDIA H200"
@@ -60,7 +65,8 @@ def scenario(now: datetime, *, interval: timedelta = timedelta(seconds=30)) -> S
     h = timedelta(hours=1)
     table: dict[tuple[str, str], JobRef] = {}
 
-    def own(ns: str, pod: str, kind: str, name: str, team: str | None = None) -> PodRef:
+    def own(ns: str, pod: str, kind: str, name: str, team: str | None = None, workload: str | None = None) -> PodRef:
+        """``workload``: the job's ``gpu-auditor.io/workload-class`` label (its reference MFU)."""
         ref = PodRef(ns, pod, "main")
         table[(ns, pod)] = JobRef(
             cluster=CLUSTER,
@@ -69,6 +75,7 @@ def scenario(now: datetime, *, interval: timedelta = timedelta(seconds=30)) -> S
             name=name,
             uid=fake_uuid(ns, f"{kind}/{name}")[4:],
             team=team or ns,
+            labels=((CLASS_LABEL, workload),) if workload else (),
         )
         return ref
 
@@ -79,7 +86,7 @@ def scenario(now: datetime, *, interval: timedelta = timedelta(seconds=30)) -> S
     demo_jobs = [
         # vision
         TraceJob(
-            own("vision", "resnet50-train-worker-0", "PyTorchJob", "resnet50-train"),
+            own("vision", "resnet50-train-worker-0", "PyTorchJob", "resnet50-train", workload="cnn-training"),
             a1[0:4],
             "resnet50_bf16_training",
             duration=5 * h,
@@ -93,19 +100,19 @@ def scenario(now: datetime, *, interval: timedelta = timedelta(seconds=30)) -> S
         ),
         # llm
         TraceJob(
-            own("llm", "llm-serve-7d9f8-x2k4p", "Deployment", "llm-serve"),
+            own("llm", "llm-serve-7d9f8-x2k4p", "Deployment", "llm-serve", workload="llm-inference"),
             a2[0:1],
             "llm_batched_inference_bf16",
             duration=6 * h,
         ),
         TraceJob(
-            own("llm", "llm-serve-7d9f8-q8zvn", "Deployment", "llm-serve"),
+            own("llm", "llm-serve-7d9f8-q8zvn", "Deployment", "llm-serve", workload="llm-inference"),
             a2[1:2],
             "llm_batched_inference_bf16",
             duration=6 * h,
         ),
         TraceJob(
-            own("llm", "llm-finetune-worker-0", "PyTorchJob", "llm-finetune"),
+            own("llm", "llm-finetune-worker-0", "PyTorchJob", "llm-finetune", workload="llm-finetuning"),
             b1[0:4],
             "kernel_spin_waiting_4_blocks",
             gpu_phases=("kernel_spin_waiting_4_blocks",) * 3 + ("cpu_bound_preprocessing",),
@@ -116,7 +123,10 @@ def scenario(now: datetime, *, interval: timedelta = timedelta(seconds=30)) -> S
         ),
         # recsys
         TraceJob(
-            own("recsys", "embedding-train-0", "Job", "embedding-train"), a2[2:4], "embedding_gather", duration=2 * h
+            own("recsys", "embedding-train-0", "Job", "embedding-train", workload="recsys-training"),
+            a2[2:4],
+            "embedding_gather",
+            duration=2 * h,
         ),
         TraceJob(
             own("recsys", "feature-prep-ab12c", "Job", "feature-prep"),
@@ -154,7 +164,7 @@ def scenario(now: datetime, *, interval: timedelta = timedelta(seconds=30)) -> S
     # issue 15's recorded workloads: the classes the verdicts used to get wrong
     work_jobs = [
         TraceJob(
-            own("llm", "llm-pretrain-naive-attn-0", "PyTorchJob", "llm-pretrain-naive-attn"),
+            own("llm", "llm-pretrain-naive-attn-0", "PyTorchJob", "llm-pretrain-naive-attn", workload="llm-training"),
             a1[5:6],
             "transformer_materialized_bf16_s4096",
             duration=3 * h,
@@ -184,11 +194,13 @@ def run_demo(
     html: bool = True,
     progress=None,
     thresholds: "Thresholds | None" = None,
+    mfu: "MfuPlan | None" = None,
 ) -> list[JobSummary]:
     """Replay, audit, store, and write the page; returns the summaries (most waste first).
 
-    ``thresholds`` are the verdict thresholds (default: the built-in ones), so that a tuning can
-    be tried on the bundled traces before it reaches the operator."""
+    ``thresholds`` are the verdict thresholds and ``mfu`` the workload classes (default: the
+    built-in ones), so that a tuning can be tried on the bundled traces before it reaches the
+    operator."""
     from auditor import compose
     from auditor.engine import run_audit
 
@@ -203,7 +215,7 @@ def run_demo(
     say(f"store: {db}")
     store = compose.store_at(f"sqlite:///{db.resolve()}")
     try:
-        result = run_audit(source, sc.resolver, store, sc.window, now=now, progress=say, thresholds=thresholds)
+        result = run_audit(source, sc.resolver, store, sc.window, now=now, progress=say, thresholds=thresholds, mfu=mfu)
     finally:
         store.close()
     docs = [s.to_json() for s in result.summaries]
@@ -240,11 +252,12 @@ def run_demo(
 
 
 def _handle(args: argparse.Namespace) -> int:
+    from auditor import compose
     from auditor.render.table import format_table
     from auditor.settings import load_cli_settings
 
-    # only the thresholds are used: the demo has its own store and no cluster
-    thresholds = load_cli_settings(args.config).thresholds
+    # only the thresholds and the MFU references are used: the demo has its own store and no cluster
+    settings = load_cli_settings(args.config)
 
     t0 = time.monotonic()
     out = Path(args.out)
@@ -253,7 +266,9 @@ def _handle(args: argparse.Namespace) -> int:
         print(f"demo: {msg}", file=sys.stderr, flush=True)
 
     say("replaying the bundled H200 traces as a small cluster (13 pods, 12 jobs, 4 teams)")
-    summaries = run_demo(out, html=not args.no_html, progress=say, thresholds=thresholds)
+    summaries = run_demo(
+        out, html=not args.no_html, progress=say, thresholds=settings.thresholds, mfu=compose.mfu_plan(settings)
+    )
     sys.stdout.write(format_table(summaries))
     say(
         f"wrote {out / 'demo.sqlite'}, {out / 'summaries.json'}"
@@ -274,7 +289,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--config",
         metavar="FILE",
-        help="settings file whose thresholds: section the verdicts use (default: $GPU_AUDITOR_CONFIG, "
-        "else /etc/gpu-auditor/settings.yaml when it exists; GPU_AUDITOR_THRESHOLDS__* apply too)",
+        help="settings file whose thresholds: and mfu: sections the verdicts use (default: $GPU_AUDITOR_CONFIG, "
+        "else /etc/gpu-auditor/settings.yaml when it exists; GPU_AUDITOR_THRESHOLDS__* and GPU_AUDITOR_MFU__* "
+        "apply too)",
     )
     p.set_defaults(handler=_handle)

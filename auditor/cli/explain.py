@@ -22,10 +22,12 @@ from auditor.core.admission import AdmissionFacts, format_wait
 from auditor.core.identity import JobKey
 from auditor.core.job_summary import JobSummary, rfc3339
 from auditor.core.metrics import Metric
+from auditor.core.mfu import LINEAGE_BEST
 from auditor.core.model import Bucket, JobRef
 from auditor.errors import BadInput
 from auditor.render.lineage import SHOWN_CHARS, lineage_json, lineage_lines
 from auditor.render.safe_text import terminal_safe
+from auditor.render.table import mfu_means_nothing
 
 if TYPE_CHECKING:
     from auditor.core.gate import LineageHistory
@@ -208,6 +210,7 @@ def render(summary: JobSummary, buckets: Sequence[Bucket], admission: AdmissionF
         ("fp32_active", s.means.fp32_active),
     )
     out.append("means: " + "   ".join(f"{k} {_pct(v)}" for k, v in means) + f"   MFU~ {_pct(s.mfu_estimate)}")
+    out.extend(mfu_lines(s))
     if admission is not None:
         out.append(kueue_line(admission))
     if s.stats:
@@ -245,6 +248,46 @@ def render(summary: JobSummary, buckets: Sequence[Bucket], admission: AdmissionF
         out.append("")
         out.extend(timeline(buckets))
     return "\n".join(out)
+
+
+def mfu_lines(s: JobSummary) -> list[str]:
+    """What the job's MFU is, what it could be (the reference and where it comes from) and what
+    the gap costs in GPU-hours; ``n/a`` with the no-tensor-cores advice where the tensor cores did
+    no work (issue 28)."""
+    if s.mfu_estimate is None:
+        return ["MFU: - (no tensor-pipe series: nothing to estimate it from)"]
+    mig = any(g.mig_instance for g in s.per_gpu)
+    peak = "the dense tensor peak of the precision in use (bf16, FP8 or TF32)" + (
+        ", of the MIG slice's share of it" if mig else ""
+    )
+    if mfu_means_nothing(s):
+        return [
+            f"MFU: n/a: the tensor cores did no work (tensor activity {_pct(s.means.tensor_active)}), so an MFU "
+            "relative to their peak says nothing; use them first: bf16 mixed precision (torch.autocast), or TF32 "
+            "for FP32 matmuls (the no_tensor_cores finding)"
+        ]
+    out = [f"MFU: {_pct(s.mfu_estimate)} (estimated) of {peak}"]
+    if s.mfu_reference is None:
+        out.append(
+            "  could be: no reference MFU applies (no workload class with one, no better earlier run of its "
+            "lineage): no MFU gap is charged"
+        )
+        return out
+    source = (
+        "its lineage's best earlier run"
+        if s.mfu_class == LINEAGE_BEST
+        else f"the reference of its workload class {terminal_safe(s.mfu_class or '?', SHOWN_CHARS)}"
+    )
+    out.append(f"  could be: {_pct(s.mfu_reference)}, {source}")
+    gap = s.recoverable_gpu_hours
+    if gap is not None and s.gpu_hours:
+        out.append(
+            f"  the gap costs {_num(gap)} of its {_num(s.gpu_hours)} GPU-hours ({gap / s.gpu_hours * 100:.0f} %): "
+            "at the reference MFU the same work would not have needed them"
+        )
+    elif gap is not None:
+        out.append(f"  the gap costs {_num(gap)} GPU-hours")
+    return out
 
 
 def kueue_line(f: AdmissionFacts) -> str:

@@ -18,7 +18,7 @@ import jinja2
 from auditor.core.job_summary import JobSummary
 from auditor.core.model import Verdict
 from auditor.render import VERDICT_COLORS
-from auditor.render.table import notes
+from auditor.render.table import MFU_NA, notes
 
 _TEMPLATE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -44,18 +44,27 @@ img{max-width:100%}
 <div class="kpi"><b>{{ summaries|length }}</b>jobs</div>
 <div class="kpi"><b>{{ "%.1f"|format(total_hours) }}</b>GPU-hours</div>
 <div class="kpi"><b>{{ "%.1f"|format(waste_hours) }}</b>GPU-hours without SM activity</div>
+{% if referenced %}<div class="kpi"><b>{{ "%.1f"|format(recoverable_hours) }}</b>GPU-hours recoverable at the reference MFU</div>{% endif %}
 <div class="kpi"><b>{{ flagged }}</b>jobs to look at</div>
 </div>
 <p>“GPU utilization” only says that <i>some</i> kernel was running; <b>SM activity</b> says how much of the GPU
 did work. Jobs are sorted by wasted GPU-hours (allocated GPU-hours × (1 − SM activity)).</p>
+<p><b>MFU≈</b> is the estimated share of the dense tensor-core peak of the precision in use (bf16, FP8 or TF32;
+on a MIG slice, of the slice's share), n/a where the tensor cores do no work. A job whose workload class (or
+whose lineage's best earlier run) gives a <b>reference MFU</b> is charged the <b>recoverable GPU-hours</b> of
+its MFU gap: GPU-hours × (1 − MFU / reference){% if referenced %}: at their reference MFU, these
+{{ referenced }} job{{ "s" if referenced != 1 }} would have needed {{ "%.1f"|format(recoverable_hours) }} fewer
+GPU-hours{% endif %}.</p>
 {% for chart in charts %}<figure><img alt="{{ chart.alt }}" src="data:image/png;base64,{{ chart.png }}"><figcaption>{{ chart.caption }}</figcaption></figure>{% endfor %}
 <h2>Verdicts</h2>
 <table><tr><th class="l">namespace</th><th class="l">job</th><th class="l">team</th><th>GPUs</th><th>GPU-h</th>
-<th>util</th><th>SM</th><th>tensor</th><th>DRAM</th><th>MFU≈</th><th>coverage</th><th>waste GPU-h</th><th class="l">verdict</th><th class="l">notes</th></tr>
+<th>util</th><th>SM</th><th>tensor</th><th>DRAM</th><th>MFU≈</th><th>reference MFU</th><th>coverage</th><th>waste GPU-h</th>
+<th>recoverable GPU-h</th><th class="l">verdict</th><th class="l">notes</th></tr>
 {% for s in summaries %}<tr><td class="l">{{ s.namespace }}</td><td class="l">{{ s.job }}</td><td class="l">{{ s.team }}</td>
 <td>{{ num(s.gpus) }}</td><td>{{ num(s.gpu_hours) }}</td><td>{{ pct(s.gpu_util if s.gpu_util is not none else s.gr_engine_active) }}</td>
-<td>{{ pct(s.sm_active) }}</td><td>{{ pct(s.tensor_active) }}</td><td>{{ pct(s.dram_active) }}</td><td>{{ pct(s.mfu_estimate) }}</td>
-<td>{{ pct(s.coverage) }}</td><td>{{ num(s.waste_gpu_hours) }}</td>
+<td>{{ pct(s.sm_active) }}</td><td>{{ pct(s.tensor_active) }}</td><td>{{ pct(s.dram_active) }}</td><td>{{ mfu(s) }}</td>
+<td>{{ pct(s.mfu_reference) }}{% if s.mfu_class %} ({{ s.mfu_class }}){% endif %}</td>
+<td>{{ pct(s.coverage) }}</td><td>{{ num(s.waste_gpu_hours) }}</td><td>{{ num(s.recoverable_gpu_hours) }}</td>
 <td class="l"><span class="v" style="background:{{ color(s.verdict) }}">{{ s.verdict }}</span></td><td class="l">{{ note(s) }}</td></tr>
 {% endfor %}</table>
 <h2>Findings</h2>
@@ -79,6 +88,14 @@ def _pct(v: object) -> str:
 
 def _num(v: object) -> str:
     return "–" if v is None else f"{float(v):.2f}"  # type: ignore[arg-type]
+
+
+def _mfu(doc: dict) -> str:
+    """The MFU cell: ``n/a`` where the estimate means nothing (no tensor-core work:
+    :func:`auditor.render.table.mfu_means_nothing`)."""
+    if doc.get("mfu_estimate") is not None and doc.get("verdict") == Verdict.NO_TENSOR_CORES.value:
+        return MFU_NA
+    return _pct(doc.get("mfu_estimate"))
 
 
 def _ev(evidence: object) -> str:
@@ -187,11 +204,12 @@ def render_html(
     """The whole page as one string: the figures are read from the typed summaries, the
     tables render each summary's audit JSON (the documented shape the page shows)."""
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-    env.globals.update(pct=_pct, num=_num, ev=_ev, note=_notes, color=lambda v: VERDICT_COLORS.get(v, "#999"))
+    env.globals.update(pct=_pct, num=_num, ev=_ev, note=_notes, mfu=_mfu, color=lambda v: VERDICT_COLORS.get(v, "#999"))
     tpl = env.from_string(_TEMPLATE)
     total = sum(s.gpu_hours or 0.0 for s in summaries)
     waste = sum(s.waste_gpu_hours for s in summaries if s.waste_gpu_hours is not None)
     flagged = sum(1 for s in summaries if s.verdict not in (Verdict.HEALTHY, Verdict.INSUFFICIENT_DATA))
+    gaps = [s.recoverable_gpu_hours for s in summaries if s.recoverable_gpu_hours is not None]
     return tpl.render(
         title=title,
         summaries=[s.to_json() for s in summaries],
@@ -202,5 +220,7 @@ def render_html(
         total_hours=total,
         waste_hours=waste,
         flagged=flagged,
+        referenced=len(gaps),
+        recoverable_hours=sum(gaps),
         charts=charts(summaries) if with_charts else [],
     )

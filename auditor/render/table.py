@@ -6,9 +6,17 @@ what to look at; ``explain`` shows the rest.
 
 Two layouts, as kubectl has: the default fits :data:`WIDTH` (120) columns, so it reads in a
 120-column terminal without wrapping: the columns that decide what to look at (GPUs, hours,
-utilization against SM and tensor activity, waste, verdict), with the namespace, job and notes
-cut with an ellipsis (a job name in its middle) when they would not fit. ``wide`` adds team, DRAM, MFU~ and coverage and
+utilization against SM activity, the MFU estimate, waste and the MFU gap, verdict), with the
+namespace, job and notes cut with an ellipsis (a job name in its middle) when they would not
+fit. ``wide`` adds team, tensor and DRAM activity, the reference MFU and its class, coverage and
 cuts nothing. Text from the cluster (names, teams) passes through :func:`terminal_safe`.
+
+The MFU estimate is relative to the dense tensor peak of the precision in use (of a MIG slice:
+the slice's share of it); where the tensor cores do no work (verdict ``no_tensor_cores``) it
+means nothing and reads ``n/a``. ``GAP-H`` is the GPU-hours the job would not have needed at the
+reference MFU of its workload class (or of its lineage's best run): ``recoverable_gpu_hours``.
+TENSOR left the default layout for MFU~: the estimate is the tensor activity scaled by the
+clock, and the table had room for one of them beside the gap.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from auditor.core.job_summary import JobSummary
+from auditor.core.model import Verdict
 from auditor.render.safe_text import ELLIPSIS, terminal_safe
 
 #: the default table's width limit, in characters
@@ -33,18 +42,23 @@ _COLUMNS = {
     "TENSOR": ("tensor_active", ">"),
     "DRAM": ("dram_active", ">"),
     "MFU~": ("mfu_estimate", ">"),
+    "REF": ("mfu_reference", ">"),
+    "CLASS": ("mfu_class", "<"),
     "COV": ("coverage", ">"),
     "WASTE-H": ("waste_gpu_hours", ">"),
+    "GAP-H": ("recoverable_gpu_hours", ">"),
     "VERDICT": ("verdict", "<"),
     "NOTES": ("", "<"),
 }
-DEFAULT = ("NAMESPACE", "JOB", "GPUS", "GPU-H", "UTIL", "SM", "TENSOR", "WASTE-H", "VERDICT", "NOTES")
+DEFAULT = ("NAMESPACE", "JOB", "GPUS", "GPU-H", "UTIL", "SM", "MFU~", "WASTE-H", "GAP-H", "VERDICT", "NOTES")
 WIDE = tuple(_COLUMNS)
 #: the columns cut to fit, in the order they give up width, each with the narrowest it gets
 _FLEX = {"JOB": 28, "NOTES": 9, "NAMESPACE": 9}
 _GAP = 2
 
-_PERCENT = {"gpu_util", "sm_active", "tensor_active", "dram_active", "mfu_estimate", "coverage"}
+_PERCENT = {"gpu_util", "sm_active", "tensor_active", "dram_active", "mfu_estimate", "mfu_reference", "coverage"}
+#: the MFU cell where the estimate means nothing: no tensor-core work
+MFU_NA = "n/a"
 _NOTES = {
     "collective_wait_straggler": "straggler",
     "idle_gpus_in_job": "idle GPUs",
@@ -57,9 +71,18 @@ _NOTES = {
 }
 
 
+def mfu_means_nothing(summary: JobSummary) -> bool:
+    """Whether the job's MFU estimate means nothing: its tensor cores do no work (verdict
+    ``no_tensor_cores``), so the figure says only that, and the advice is the verdict's (use a
+    tensor-core precision), not a gap to close."""
+    return summary.verdict is Verdict.NO_TENSOR_CORES
+
+
 def _cell(summary: JobSummary, key: str) -> str:
     if key == "team":
         return terminal_safe(summary.team or "-")
+    if key == "mfu_estimate" and summary.mfu_estimate is not None and mfu_means_nothing(summary):
+        return MFU_NA
     v = summary.value_of(key)
     if key == "gpu_util" and v is None and summary.means.gr_engine_active is not None:
         # the busy signal is GR_ENGINE_ACTIVE: on MIG (no GPU_UTIL there), or where GPU_UTIL was garbage
@@ -72,7 +95,7 @@ def _cell(summary: JobSummary, key: str) -> str:
     if key == "gpus":
         g = float(str(v))
         return f"{g:g}" if g == int(g) else f"{g:.2f}"
-    if key in ("gpu_hours", "waste_gpu_hours"):
+    if key in ("gpu_hours", "waste_gpu_hours", "recoverable_gpu_hours"):
         return f"{float(str(v)):.2f}"
     return terminal_safe(str(v))
 
@@ -148,6 +171,12 @@ def format_table(summaries: Sequence[JobSummary], *, wide: bool = False, width: 
     if wastes:
         footer += f", {sum(wastes):.2f} GPU-hours without SM activity (jobs with SM data)"
     out.append(footer)
+    gaps = [s.recoverable_gpu_hours for s in summaries if s.recoverable_gpu_hours is not None]
+    if gaps:
+        out.append(
+            f"{sum(gaps):.2f} GPU-hours recoverable at the reference MFU of their class or lineage "
+            f"({len(gaps)} of {len(summaries)} jobs have a reference)"
+        )
     marks = {_busy_mark(s) for s in summaries if s.means.gpu_util is None and s.means.gr_engine_active is not None}
     if MIG_MARK in marks:
         out.append(f"{MIG_MARK} = MIG, utilization from GR_ENGINE_ACTIVE")
@@ -155,6 +184,13 @@ def format_table(summaries: Sequence[JobSummary], *, wide: bool = False, width: 
         out.append(
             f"{NO_UTIL_MARK} = no usable GPU_UTIL samples (dropped as garbage), utilization from GR_ENGINE_ACTIVE"
         )
-    if wide and any(s.mfu_estimate is not None for s in summaries):
-        out.append("MFU~ = share of the dense tensor peak of the precision in use (bf16, FP8 or TF32)")
+    if any(s.mfu_estimate is not None for s in summaries):
+        out.append(
+            "MFU~ = share of the dense tensor peak of the precision in use (bf16, FP8, TF32; MIG: the slice's)"
+            + (f"; {MFU_NA} = no tensor work" if any(mfu_means_nothing(s) for s in summaries) else "")
+        )
+    if gaps:
+        out.append(
+            "GAP-H = GPU-hours not needed at the reference MFU (the MFU gap, which holds WASTE-H's idle time too)"
+        )
     return "\n".join(out) + "\n"

@@ -21,6 +21,9 @@ def row(job: str = "Pod/x", findings: tuple[str, ...] = (), **kw: object) -> Job
         "tensor_active": None,
         "dram_active": 0.0,
         "mfu_estimate": None,
+        "mfu_reference": None,
+        "mfu_class": None,
+        "recoverable_gpu_hours": None,
         "coverage": 1.0,
         "waste_gpu_hours": 1.94,
         "verdict": Verdict.LOW_SM_EFFICIENCY,
@@ -111,8 +114,11 @@ def test_demo_table_fits_120_columns():
 def test_wide_has_every_column_and_cuts_nothing():
     out = format_table(_long_rows(), wide=True)
     header = out.splitlines()[0].split()
-    assert header == ["NAMESPACE", "JOB", "TEAM", "GPUS", "GPU-H", "UTIL", "SM", "TENSOR", "DRAM", "MFU~", "COV"] + [
+    assert header == ["NAMESPACE", "JOB", "TEAM", "GPUS", "GPU-H", "UTIL", "SM", "TENSOR", "DRAM", "MFU~", "REF"] + [
+        "CLASS",
+        "COV",
         "WASTE-H",
+        "GAP-H",
         "VERDICT",
         "NOTES",
     ]

@@ -150,7 +150,14 @@ def test_demo_audit_json_table_and_page(demo: Demo) -> None:
 
 
 @pytest.mark.parametrize(
-    "job", ["llm/PyTorchJob/llm-finetune", "research/Job/softmax-bench", "recsys/Job/legacy-ranker"]
+    "job",
+    [
+        "llm/PyTorchJob/llm-finetune",
+        "research/Job/softmax-bench",
+        "recsys/Job/legacy-ranker",
+        "llm/PyTorchJob/llm-pretrain-naive-attn",  # the founding case: MFU, its reference, the gap
+        "vision/Pod/mlp-baseline",  # MFU n/a: no tensor-core work
+    ],
 )
 def test_explain(demo: Demo, job: str, capsys: pytest.CaptureFixture[str]) -> None:
     name = job.replace("/", "_")
