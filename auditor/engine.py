@@ -26,7 +26,15 @@ from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, cast
 from auditor.clock import SYSTEM_CLOCK
 from auditor.core.accumulate import JobAggregate, ShareMap, StaleFold
 from auditor.core.job_summary import JobSummary, sorted_summaries
-from auditor.core.mfu import DEFAULT_CLASSES, MfuContext, MfuReference, WorkloadClass, reference_for, select_class
+from auditor.core.mfu import (
+    DEFAULT_CLASSES,
+    SERVING_KINDS,
+    MfuContext,
+    MfuReference,
+    WorkloadClass,
+    reference_for,
+    select_class,
+)
 from auditor.core.model import Bucket, JobRef, PodRef, Window
 from auditor.core.readings import SourceReport
 from auditor.core.rollup import LazyBuckets
@@ -75,14 +83,18 @@ def _mfu_contexts(store: "SummaryStore | None", plan: MfuPlan, jobs: dict[str, J
     """Each job's :class:`~auditor.core.mfu.MfuContext` by job key: its class's reference, or its
     lineage's best earlier MFU where that is higher (:func:`~auditor.core.mfu.reference_for`).
 
-    The lineage lookup is one read for all jobs that can take it (a serving class takes none: a
-    server's MFU follows its traffic), batched in the store."""
+    The lineage lookup is one read for all jobs that can take it (a serving class or kind takes
+    none: a server's MFU follows its traffic), batched in the store."""
     lookup: Callable[[Sequence[JobRef]], dict[str, float]] | None = (
         getattr(store, "lineage_best_mfu", None) if plan.lineage_best else None
     )
     best: dict[str, float] = {}
     if lookup is not None:
-        wanted = [j for j in jobs.values() if not getattr(select_class(j, plan.classes), "serving", False)]
+        wanted = [
+            j
+            for j in jobs.values()
+            if j.kind not in SERVING_KINDS and not getattr(select_class(j, plan.classes), "serving", False)
+        ]
         best = lookup(wanted) if wanted else {}
     return {key: reference_for(job, plan.classes, best.get(key)) for key, job in jobs.items()}
 
