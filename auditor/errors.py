@@ -52,6 +52,24 @@ class QueryTooLarge(QueryRefused):
         return self.limit != "series"
 
 
+class MalformedAnswer(SourceUnavailable):
+    """A metrics source answered 200 with a body that is not the answer asked for (``result``
+    null, a ``string`` where a matrix was asked, not JSON): a garbled server or a proxy in
+    front of one, so retryable (exit 1) like an unreachable one; nothing of it is stored."""
+
+
+class AnswerTooLarge(QueryRefused):
+    """An answer, or a read's answers together, went past one of our own bounds (``bound``
+    names the setting: ``prometheus.max_series_per_answer``, ``prometheus.max_series_per_cycle``
+    or ``prometheus.max_read_memory_mb``). Splitting by time cannot help (the same series are in
+    every half), so unlike :class:`QueryTooLarge` it is never split: the message names the
+    selector and says how to select fewer series."""
+
+    def __init__(self, message: str, *, bound: str) -> None:
+        super().__init__(message)
+        self.bound = bound
+
+
 class StoreError(AuditorError):
     """The store could not read or write; ``retryable`` tells whether a retry can help."""
 

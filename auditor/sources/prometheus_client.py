@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import threading
+import time
 from typing import Any, Callable, Iterable, Mapping
 from urllib.parse import unquote
 
@@ -23,7 +25,14 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from auditor import redact
-from auditor.errors import BadInput, QueryRefused, QueryTooLarge, SourceUnavailable
+from auditor.errors import (
+    AnswerTooLarge,
+    BadInput,
+    MalformedAnswer,
+    QueryRefused,
+    QueryTooLarge,
+    SourceUnavailable,
+)
 from auditor.sources import promql
 
 _loads: Callable[[bytes | str], Any]
@@ -70,6 +79,26 @@ LIMIT_ERRORS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
 )
 
 
+#: Where a series begins in a matrix or vector answer: its ``metric`` key and the object after
+#: it. Nothing else in an answer matches: a label *named* metric has a string value, a value
+#: "metric" is followed by a comma or a brace, and inside a JSON string every quote is escaped.
+_SERIES_START = re.compile(rb'"metric"\s{0,8}:\s{0,8}\{')
+#: bytes of one chunk kept to find a series start that spans two chunks (longer than a match)
+_OVERLAP = 32
+#: the body is read in chunks of this size, counted as they arrive
+_CHUNK = 1 << 20
+#: an answer's whole time beyond ``timeout`` (the server's own bound on evaluating the query)
+#: when ``answer_deadline`` is not given: the time to send the answer
+DEADLINE_MARGIN_S = 30.0
+
+#: the defaults of the bounds on one read (settings ``prometheus.max_series_per_answer``,
+#: ``max_series_per_cycle``, ``max_read_memory_mb``; docs/scale.md, "Bounds"). An operator shard
+#: serves ~10,000 GPUs (MIG: up to 7 instances each); a cycle reads ~12 exporter names.
+MAX_SERIES_PER_ANSWER = 50_000
+MAX_SERIES_PER_CYCLE = 500_000
+MAX_READ_MEMORY_MB = 2048
+
+
 def limit_of(error: str) -> str | None:
     """Which size limit an engine's error text names (``samples``, ``points``, ``length``, ``series``), if any."""
     for pattern, limit in LIMIT_ERRORS:
@@ -85,6 +114,15 @@ class PrometheusClient:
     ``retries`` bounds re-tries on connection failures and on HTTP 429/5xx only (a 400/422 is the
     query's fault and is never retried). Every API call is counted in :attr:`queries`, and
     response ``warnings`` are collected in :attr:`warnings`.
+
+    Bounds (issue 35): ``answer_deadline`` is the whole of one answer's time, headers and body
+    (default ``timeout`` + :data:`DEADLINE_MARGIN_S`): a server that sends a body slower than
+    that, or less of it than its Content-Length says and then nothing, is cut off then, not
+    after a read timeout per read. The series of a query's answer are counted as its body
+    arrives, and the read stops as soon as they pass ``max_series_per_answer``, or the series
+    of the cycle's read (:meth:`begin_read`) pass ``max_series_per_cycle``, or the statistics
+    the read would hold for them pass ``max_read_memory_mb``: before the rest is read or any of
+    it decoded, naming the selector.
     """
 
     def __init__(
@@ -99,6 +137,10 @@ class PrometheusClient:
         retries: int = 2,
         backoff: float = 0.5,
         tenant: str | None = None,
+        answer_deadline: float | None = None,
+        max_series_per_answer: int = MAX_SERIES_PER_ANSWER,
+        max_series_per_cycle: int = MAX_SERIES_PER_CYCLE,
+        max_read_memory_mb: int = MAX_READ_MEMORY_MB,
     ) -> None:
         if not re.match(r"^https?://[^/]+", url or ""):
             raise BadInput(f"--prometheus: {url!r} is not an http(s) URL (e.g. http://prometheus:9090)")
@@ -113,7 +155,15 @@ class PrometheusClient:
         redact.register_secret(basic_auth[1] if basic_auth else None)
         self.url = url.rstrip("/")
         self.timeout = float(timeout)
-        self._timeouts = (min(10.0, self.timeout), self.timeout + 5)
+        self.deadline = float(answer_deadline) if answer_deadline else self.timeout + DEADLINE_MARGIN_S
+        self._timeouts = (min(10.0, self.timeout, self.deadline), min(self.timeout + 5, self.deadline))
+        self.max_series_per_answer = int(max_series_per_answer)
+        self.max_series_per_cycle = int(max_series_per_cycle)
+        self.max_read_bytes = int(max_read_memory_mb) << 20
+        #: selector → (the most series one of its answers had, bytes the read holds per series)
+        #: in the current read: the four aggregates and the time-split parts of one exporter
+        #: name carry the same series, so a selector counts once, by its largest answer
+        self._read_series: dict[str, tuple[int, int]] = {}
         self.queries = 0
         self.warnings: list[str] = []
         self._lock = threading.Lock()
@@ -156,6 +206,11 @@ class PrometheusClient:
     def close(self) -> None:
         self.session.close()
 
+    def begin_read(self) -> None:
+        """A new read (an audit's, an operator cycle's) starts: its series are counted afresh."""
+        with self._lock:
+            self._read_series = {}
+
     # -- raw calls ---------------------------------------------------------------------------
     def call(
         self,
@@ -165,6 +220,8 @@ class PrometheusClient:
         method: str = "POST",
         convert: Callable[[Any], Any] | None = None,
         raw: Callable[[bytes], Any] | None = None,
+        selector: str | None = None,
+        series_bytes: int = 0,
     ) -> Any:
         """Call ``/api/v1/<path>`` and return its ``data``; raise our errors on failure.
 
@@ -174,16 +231,28 @@ class PrometheusClient:
         one is decoded, so concurrent queries do not hold several decoded answers at once.
         ``raw`` (with ``convert``) reads a successful answer's body itself, under the same lock,
         where that is cheaper than JSON objects; where it returns None (a body it does not
-        read) the answer is decoded and converted as without it.
+        read) the answer is decoded and converted as without it. Either may raise
+        :class:`~auditor.errors.MalformedAnswer` with what is wrong; it is raised again naming
+        the server, the call and ``selector``.
+
+        With ``selector`` (the series the query selects, named in errors), the answer's series
+        are counted as its body arrives and bounded (the class's docstring), each one taken to
+        hold ``series_bytes`` for the read (0: not counted in the cycle's series or memory).
         """
         url = f"{self.url}/api/v1/{path}"
         with self._lock:
             self.queries += 1
+        deadline_at = time.monotonic() + self.deadline
         try:
             if method == "GET":
-                resp = self.session.get(url, params=params, timeout=self._timeouts, verify=self.session.verify)
+                resp = self.session.get(
+                    url, params=params, timeout=self._timeouts, verify=self.session.verify, stream=True
+                )
             else:
-                resp = self.session.post(url, data=params, timeout=self._timeouts, verify=self.session.verify)
+                resp = self.session.post(
+                    url, data=params, timeout=self._timeouts, verify=self.session.verify, stream=True
+                )
+            content = self._body(resp, path, deadline_at, selector, series_bytes)
         except requests.exceptions.SSLError as exc:
             raise SourceUnavailable(
                 f"Prometheus at {self.url}: TLS failed ({exc.__class__.__name__}); "
@@ -192,6 +261,11 @@ class PrometheusClient:
         except requests.exceptions.Timeout as exc:
             raise SourceUnavailable(
                 f"Prometheus at {self.url} did not answer within {self.timeout:g}s ({path})"
+            ) from exc
+        except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError) as exc:
+            # the headers came, the body broke off (fewer bytes than its Content-Length, a cut chunk)
+            raise SourceUnavailable(
+                f"Prometheus at {self.url} broke off its answer ({path}): {_root_reason(exc)}"
             ) from exc
         except requests.exceptions.RequestException as exc:
             if _read_timed_out(exc):  # reached, but no answer in time: not "unreachable"
@@ -202,16 +276,108 @@ class PrometheusClient:
             reason = _root_reason(exc)
             raise SourceUnavailable(f"Prometheus at {self.url} is unreachable: {reason}") from exc
         with self._decode_lock:
-            if raw is not None and resp.status_code == 200:
-                got = raw(resp.content)
-                if got is not None:
-                    return got
-            data = self._decode(resp, path)
-            return convert(data) if convert is not None else data
+            try:
+                if raw is not None and resp.status_code == 200:
+                    got = raw(content)
+                    if got is not None:
+                        return got
+                data = self._decode(resp, content, path)
+                return convert(data) if convert is not None else data
+            except MalformedAnswer as exc:
+                what = f" for {selector}" if selector else ""
+                raise MalformedAnswer(
+                    f"Prometheus at {self.url} answered {path}{what} with a malformed body: {exc}; nothing of it is stored"
+                ) from None
 
-    def _decode(self, resp: requests.Response, path: str) -> Any:
+    def _body(
+        self, resp: requests.Response, path: str, deadline_at: float, selector: str | None, series_bytes: int
+    ) -> bytes:
+        """The whole body of ``resp``, read by the deadline (a watchdog shuts the socket down
+        then: a server that trickles bytes, or sends fewer than its Content-Length and waits,
+        blocks no read past it); with ``selector``, its series counted and bounded as they come."""
+        fired = threading.Event()
+
+        def stop() -> None:
+            fired.set()
+            sock = getattr(getattr(resp.raw, "connection", None), "sock", None)
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        left = deadline_at - time.monotonic()
+        timer = threading.Timer(max(0.0, left), stop)
+        timer.daemon = True
+        timer.start()
+        chunks: list[bytes] = []
+        count, tail = 0, b""
+        counting = selector is not None and resp.status_code == 200
         try:
-            body = _loads(resp.content)
+            for chunk in resp.iter_content(_CHUNK):
+                chunks.append(chunk)
+                if counting and selector is not None:
+                    buf = tail + chunk
+                    count += sum(1 for m in _SERIES_START.finditer(buf) if m.end() > len(tail))
+                    tail = buf[-_OVERLAP:]
+                    self._check_series(path, selector, count, series_bytes)
+        except requests.exceptions.RequestException:
+            if fired.is_set():
+                raise self._late(path) from None
+            raise
+        finally:
+            timer.cancel()
+            resp.close()
+        if fired.is_set():
+            raise self._late(path)
+        return b"".join(chunks)
+
+    def _late(self, path: str) -> SourceUnavailable:
+        return SourceUnavailable(
+            f"Prometheus at {self.url} did not send its whole answer ({path}) within {self.deadline:g}s "
+            "(prometheus.answer_deadline); the answer was dropped"
+        )
+
+    def _check_series(self, path: str, selector: str, count: int, series_bytes: int) -> None:
+        """Refuse an answer of ``count`` series so far of ``selector`` past the bounds."""
+        advice = (
+            "select fewer series per query with prometheus.matchers (--match) or run the operator in shards "
+            "(docs/scale.md)"
+        )
+        if count > self.max_series_per_answer:
+            raise AnswerTooLarge(
+                f"Prometheus at {self.url} answered more than {self.max_series_per_answer:,} series for {selector} "
+                f"({path}; prometheus.max_series_per_answer): {advice}, or raise the bound",
+                bound="prometheus.max_series_per_answer",
+            )
+        if not series_bytes:
+            return
+        with self._lock:
+            before, _ = self._read_series.get(selector, (0, series_bytes))
+            if count <= before:
+                return
+            self._read_series[selector] = (count, series_bytes)
+            total = sum(n for n, _ in self._read_series.values())
+            held = sum(n * b for n, b in self._read_series.values())
+        if total > self.max_series_per_cycle:
+            raise AnswerTooLarge(
+                f"Prometheus at {self.url} answered more than {self.max_series_per_cycle:,} series in one read, "
+                f"{count:,} of them for {selector} ({path}; prometheus.max_series_per_cycle): {advice}, "
+                "or raise the bound",
+                bound="prometheus.max_series_per_cycle",
+            )
+        if held > self.max_read_bytes:
+            raise AnswerTooLarge(
+                f"the read would hold more than {self.max_read_bytes >> 20:,} MiB of statistics "
+                f"({total:,} series over the range, {count:,} of them for {selector}; "
+                "prometheus.max_read_memory_mb): audit a shorter range, with a wider --bucket, or fewer series "
+                "(--match), or raise the bound",
+                bound="prometheus.max_read_memory_mb",
+            )
+
+    def _decode(self, resp: requests.Response, content: bytes, path: str) -> Any:
+        try:
+            body = _loads(content)
         except ValueError:
             body = None
         error = ""
@@ -222,8 +388,9 @@ class PrometheusClient:
                     if w not in self.warnings:
                         self.warnings.append(str(w))
         status = resp.status_code
+        text300 = content[:300].decode("utf-8", "replace")
         if status != 200 or not isinstance(body, dict) or body.get("status") != "success":
-            text = error or resp.text[:300].strip()
+            text = error or text300.strip()
             limit = limit_of(text)
             if limit is not None:
                 advice = (
@@ -239,11 +406,11 @@ class PrometheusClient:
                 )
         if status in (400, 422):
             raise QueryRefused(
-                f"Prometheus at {self.url} refused the query ({path}, HTTP {status}): {error or resp.text[:300]}"
+                f"Prometheus at {self.url} refused the query ({path}, HTTP {status}): {error or text300}"
             )
         if status in (401, 403):
             hint = "check the bearer token or basic-auth credentials"
-            if "org id" in resp.text.lower():  # Mimir/Cortex: "no org id"
+            if "org id" in content.decode("utf-8", "replace").lower():  # Mimir/Cortex: "no org id"
                 hint = "it asks for a tenant: set prometheus.tenant (--prometheus-tenant), sent as X-Scope-OrgID"
             raise QueryRefused(f"Prometheus at {self.url} refused access (HTTP {status}); {hint}")
         if status == 404:
@@ -256,7 +423,7 @@ class PrometheusClient:
                 "raise --prometheus-timeout or audit a shorter range"
             )
         if status != 200 or not isinstance(body, dict):
-            detail = error or resp.text[:300].strip()
+            detail = error or text300.strip()
             raise SourceUnavailable(f"Prometheus at {self.url} failed ({path}, HTTP {status}): {detail}")
         if body.get("status") != "success":
             raise QueryRefused(f"Prometheus at {self.url} answered {path} with an error: {error}")
@@ -277,11 +444,15 @@ class PrometheusClient:
         at_ms: int | None = None,
         convert: Callable[[Any], Any] | None = None,
         raw: Callable[[bytes], Any] | None = None,
+        selector: str | None = None,
+        series_bytes: int = 0,
     ) -> Any:
         params = {"query": expr, "timeout": f"{self.timeout:g}s", **STRICT}
         if at_ms is not None:
             params["time"] = promql.format_ts(at_ms)
-        return self.call("query", params, convert=convert, raw=raw)
+        return self.call(
+            "query", params, convert=convert, raw=raw, selector=selector or expr, series_bytes=series_bytes
+        )
 
     def query_range(
         self,
@@ -291,6 +462,8 @@ class PrometheusClient:
         step_ms: int,
         convert: Callable[[Any], Any] | None = None,
         raw: Callable[[bytes], Any] | None = None,
+        selector: str | None = None,
+        series_bytes: int = 0,
     ) -> Any:
         return self.call(
             "query_range",
@@ -304,6 +477,8 @@ class PrometheusClient:
             },
             convert=convert,
             raw=raw,
+            selector=selector or expr,
+            series_bytes=series_bytes,
         )
 
     def label_values(self, label: str, match: Iterable[str], start_ms: int, end_ms: int) -> list[str]:
@@ -354,5 +529,8 @@ def _root_reason(exc: BaseException) -> str:
     m = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
     if m:
         return m.group(1).strip()
-    m = re.search(r"(NameResolutionError|Failed to resolve|Connection refused|timed out|Max retries exceeded)", text)
+    m = re.search(
+        r"(IncompleteRead\([^)]*\)|NameResolutionError|Failed to resolve|Connection refused|timed out|Max retries exceeded)",
+        text,
+    )
     return m.group(1) if m else exc.__class__.__name__

@@ -15,6 +15,11 @@ answered, so the garbage checks and every figure built on them stay the same:
 
 All of it runs in numpy over every (series, bucket) of an answer at once: the Python cost is
 per series (collecting its values), not per sample or per bucket. Pure: no I/O.
+
+Malformed answers (issue 35): an answer that is not a matrix at all (``result`` null, a
+``string`` result, items that are not series) is :class:`~auditor.errors.MalformedAnswer`
+(:func:`matrix_result`); one series with a sample that is not a number (``"abc"``) or not a
+``[time, "value"]`` pair is left out and named (``rejected``), and the others are read.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from auditor.errors import MalformedAnswer
+
 _loads: Callable[[bytes], Any]
 try:
     from orjson import loads as _loads
@@ -36,25 +43,101 @@ except ImportError:  # pragma: no cover - orjson is a dependency; json reads the
 STATS = ("count", "sum", "min", "max")
 
 
-def bucket_stats(result: list[dict], first_start_ms: int, width_ms: int, n: int) -> tuple[list[dict], Any]:
+def matrix_result(data: Any) -> list[dict]:
+    """``data.result`` of a range-vector answer, checked to be a list of series (each a
+    ``metric`` object and a ``values`` list); raise :class:`~auditor.errors.MalformedAnswer`
+    saying what it is instead. A sample inside a series is checked where it is read."""
+    if not isinstance(data, dict):
+        raise MalformedAnswer(f"data is {_kind(data)}, not an object")
+    kind = data.get("resultType")
+    if kind != "matrix":
+        raise MalformedAnswer(f"resultType is {_kind(kind)}, not 'matrix'")
+    result = data.get("result")
+    if not isinstance(result, list):
+        raise MalformedAnswer(f"result is {_kind(result)}, not a list of series")
+    for i, item in enumerate(result):
+        if not (
+            isinstance(item, dict)
+            and isinstance(item.get("metric", {}), dict)
+            and isinstance(item.get("values", []), list)
+        ):
+            raise MalformedAnswer(f"result[{i}] is {_kind(item)[:80]}, not a series (metric and values)")
+    return result
+
+
+def _kind(value: Any) -> str:
+    """A value as an answer's message names it (JSON's words: null, a string's text)."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return repr(value[:40])
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=True)[:80]
+    return type(value).__name__
+
+
+def bucket_stats(
+    result: list[dict], first_start_ms: int, width_ms: int, n: int, rejected: list[tuple[dict, str]] | None = None
+) -> tuple[list[dict], Any]:
     """The label sets of a range-vector answer's series and their per-bucket statistics.
 
     ``result`` is the decoded ``data.result`` of an instant query ``sel[range]`` (each item a
     ``metric`` label dict and ``values`` ``[ts, "value"]`` pairs in time order); buckets are
     ``[first_start + i*width, first_start + (i+1)*width)`` for ``i < n``. Returns the label
     dicts (as decoded, ``__name__`` removed) and a float64 array of shape ``(4, series, n)``:
-    :data:`STATS` per series and bucket, NaN where a bucket has no sample.
+    :data:`STATS` per series and bucket, NaN where a bucket has no sample. A series with a
+    sample that is not a number is left out, and appended to ``rejected`` (:func:`matrix_of`).
     """
-    labels, lens, ts, values = matrix_of(result, times=n > 1)
+    labels, lens, ts, values = matrix_of(result, times=n > 1, rejected=rejected)
     if not len(values):
         return labels, np.full((4, len(labels), n), np.nan)
     return labels, stats_of(lens, ts, values, first_start_ms, width_ms, n)
 
 
-def matrix_of(result: list[dict], times: bool = True) -> tuple[list[dict], list[int], Any, Any]:
+def matrix_of(
+    result: list[dict], times: bool = True, rejected: list[tuple[dict, str]] | None = None
+) -> tuple[list[dict], list[int], Any, Any]:
     """A decoded matrix answer as :func:`parse_matrix` reads a body: per series its label dict
     (``__name__`` removed) and number of samples, and all timestamps (None unless ``times``)
-    and values as float64 arrays in answer order."""
+    and values as float64 arrays in answer order.
+
+    A series with a sample that is not a ``[time, "number"]`` pair is left out (one series
+    must not fail the read), with its labels and why appended to ``rejected``."""
+    try:
+        return _matrix_of(result, times)
+    except (ValueError, TypeError, IndexError):
+        pass
+    good: list[dict] = []
+    for item in result:
+        why = _bad_sample(item.get("values") or ())
+        if why is None:
+            good.append(item)
+        else:
+            lab = dict(item.get("metric", {}))
+            lab.pop("__name__", None)
+            if rejected is not None:
+                rejected.append((lab, why))
+    return _matrix_of(good, times)
+
+
+def _bad_sample(values: Any) -> str | None:
+    """Why one series' ``values`` cannot be read (its first bad sample), or None."""
+    for point in values:
+        if not isinstance(point, (list, tuple)) or len(point) != 2:
+            return f"a sample that is not a [time, value] pair ({_kind(point)})"
+        t, v = point
+        try:
+            float(t)
+        except (ValueError, TypeError):
+            return f"a sample time that is not a number ({_kind(t)})"
+        try:
+            float(v)
+        except (ValueError, TypeError):
+            return f"a sample value that is not a number ({_kind(v)})"
+    return None
+
+
+def _matrix_of(result: list[dict], times: bool) -> tuple[list[dict], list[int], Any, Any]:
     labels: list[dict] = []
     lens: list[int] = []
     for item in result:
@@ -125,7 +208,10 @@ def parse_matrix(body: bytes, name: str, times: bool = True) -> tuple[list[bytes
             values = np.array(numbers[1::2], dtype=np.float64)
             return keys, lens, np.array(numbers[0::2], dtype=np.float64) if times else None, values
     del joined
-    pairs = np.array(flat.split(b","), dtype=np.bytes_).astype(np.float64)
+    try:
+        pairs = np.array(flat.split(b","), dtype=np.bytes_).astype(np.float64)
+    except ValueError:  # a sample that is no number at all ("abc"): the decoder names its series
+        return None
     if len(pairs) != 2 * sum(lens):
         return None
     return keys, lens, pairs[0::2] if times else None, pairs[1::2]
