@@ -99,6 +99,23 @@ MAX_SERIES_PER_CYCLE = 500_000
 MAX_READ_MEMORY_MB = 2048
 
 
+class SeriesCounter:
+    """The series of an answer counted as its body arrives, chunk by chunk (a series' start may
+    span two chunks: the last bytes of one are searched again with the next)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> int:
+        """Count the series that begin in ``chunk``; the total so far."""
+        buf = self._tail + chunk
+        seen = len(self._tail)
+        self.count += sum(1 for m in _SERIES_START.finditer(buf) if m.end() > seen)
+        self._tail = buf[-_OVERLAP:]
+        return self.count
+
+
 def limit_of(error: str) -> str | None:
     """Which size limit an engine's error text names (``samples``, ``points``, ``length``, ``series``), if any."""
     for pattern, limit in LIMIT_ERRORS:
@@ -311,16 +328,13 @@ class PrometheusClient:
         timer.daemon = True
         timer.start()
         chunks: list[bytes] = []
-        count, tail = 0, b""
+        counter = SeriesCounter()
         counting = selector is not None and resp.status_code == 200
         try:
             for chunk in resp.iter_content(_CHUNK):
                 chunks.append(chunk)
                 if counting and selector is not None:
-                    buf = tail + chunk
-                    count += sum(1 for m in _SERIES_START.finditer(buf) if m.end() > len(tail))
-                    tail = buf[-_OVERLAP:]
-                    self._check_series(path, selector, count, series_bytes)
+                    self._check_series(path, selector, counter.feed(chunk), series_bytes)
         except requests.exceptions.RequestException:
             if fired.is_set():
                 raise self._late(path) from None
