@@ -112,7 +112,8 @@ def summarize_aggregate(
     th = thresholds or Thresholds()
     ctx = mfu or MfuContext()
     ref = ctx.reference.value if ctx.reference else None
-    serving = ctx.serving or job.kind in SERVING_KINDS
+    if job.kind in SERVING_KINDS and not ctx.serving:  # a server whatever its class says
+        ctx = MfuContext(ctx.reference, serving=True)
     iv = interval
     rows = agg.views(window, iv)
     models = sorted({r.gpu.model for r in rows if r.gpu.model})
@@ -251,7 +252,7 @@ def summarize_aggregate(
         occupancy=mean(Metric.SM_OCCUPANCY),
         mfu=mfu_est,
         mfu_reference=ctx.reference,
-        serving=serving,
+        serving=ctx.serving,
         idle_phase=_idle_phase(rows),
         straggler=straggler(rows, th),
     )
