@@ -17,7 +17,7 @@ import gc
 import logging
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from itertools import groupby
 from operator import attrgetter
@@ -73,13 +73,37 @@ class MfuPlan:
     the workload classes (first match wins; :data:`~auditor.core.mfu.DEFAULT_CLASSES` select by the
     job label ``gpu-auditor.io/workload-class``) and whether a lineage's best earlier run is a
     reference too. The lineage's runs come from a store that can read them
-    (``lineage_best_mfu``, :meth:`auditor.store.Store.lineage_best_mfu`); without one, classes only."""
+    (``lineage_best_mfu``, :meth:`auditor.store.Store.lineage_best_mfu`); without one, classes only.
+
+    A plan that lives across audits (the operator's, one per process) keeps each job's lineage
+    best for ``lineage_ttl`` of audit time: only runs that started before a job count, so its
+    reference moves only as those runs' estimates do, and a cycle of thousands of jobs with long
+    lineages need not read them all every five minutes (0.06–0.3 s per 1,000 jobs on SQLite)."""
 
     classes: tuple[WorkloadClass, ...] = DEFAULT_CLASSES
     lineage_best: bool = True
+    lineage_ttl: timedelta = timedelta(hours=1)
+    #: job key → (its lineage best or None, the audit ``now`` it was read at)
+    _kept: dict[str, tuple[float | None, datetime]] = field(default_factory=dict, compare=False, repr=False)
+
+    def lineage_bests(
+        self, lookup: Callable[[Sequence[JobRef]], dict[str, float]], jobs: Sequence[JobRef], now: datetime
+    ) -> dict[str, float]:
+        """The lineage best of each of ``jobs`` that has one: kept values younger than
+        ``lineage_ttl`` (by ``now``), the rest read with ``lookup`` in one call."""
+        kept = self._kept
+        for key in [k for k, (_v, at) in kept.items() if not now - self.lineage_ttl <= at <= now]:
+            del kept[key]
+        missing = [j for j in jobs if j.key not in kept]
+        if missing:
+            found = lookup(missing)
+            kept.update((j.key, (found.get(j.key), now)) for j in missing)
+        return {j.key: v for j in jobs if (v := kept[j.key][0]) is not None}
 
 
-def _mfu_contexts(store: "SummaryStore | None", plan: MfuPlan, jobs: dict[str, JobRef]) -> dict[str, MfuContext]:
+def _mfu_contexts(
+    store: "SummaryStore | None", plan: MfuPlan, jobs: dict[str, JobRef], now: datetime
+) -> dict[str, MfuContext]:
     """Each job's :class:`~auditor.core.mfu.MfuContext` by job key: its class's reference, or its
     lineage's best earlier MFU where that is higher (:func:`~auditor.core.mfu.reference_for`).
 
@@ -95,7 +119,7 @@ def _mfu_contexts(store: "SummaryStore | None", plan: MfuPlan, jobs: dict[str, J
             for j in jobs.values()
             if j.kind not in SERVING_KINDS and not getattr(select_class(j, plan.classes), "serving", False)
         ]
-        best = lookup(wanted) if wanted else {}
+        best = plan.lineage_bests(lookup, wanted, now) if wanted else {}
     return {key: reference_for(job, plan.classes, best.get(key)) for key, job in jobs.items()}
 
 
@@ -424,7 +448,7 @@ def _run_audit(
         del runs
         interval = report.scrape_interval
         say(f"{n_buckets} buckets, {len(pods)} pods, {len(jobs)} jobs")
-        contexts = _mfu_contexts(store, plan, jobs)
+        contexts = _mfu_contexts(store, plan, jobs, now)
         summaries: list[JobSummary] = []
         freeze_to = align_down(window.end, width)
         # a store that keeps the engine's summary objects (the operator's cycle) gets them whole

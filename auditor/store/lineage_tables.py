@@ -301,9 +301,9 @@ def lineage_best_mfu(conn: sa.Connection, items: Sequence[tuple[LineageKey, JobR
     r = lineage_runs.c
     for i in range(0, len(wanted), _BEST_GROUP):
         part = wanted[i : i + _BEST_GROUP]
-        before = sa.func.max(r.mfu_estimate).over(
-            partition_by=r.lineage_id, order_by=(r.start, r.job_kind, r.job_name, r.job_uid), rows=(None, -1)
-        )
+        # in the order of ix_lineage_runs_start (lineage, start): no sort; runs that started
+        # together are in either order, and only a later start is ever compared with them
+        before = sa.func.max(r.mfu_estimate).over(partition_by=r.lineage_id, order_by=r.start, rows=(None, -1))
         runs = (
             sa.select(r.lineage_id, r.job_kind, r.job_name, r.job_uid, r.start, r.mfu_estimate, before.label("before"))
             .where(r.lineage_id.in_(part), r.mfu_estimate > 0, r.start.is_not(None), r.verdict != _NO_VERDICT)

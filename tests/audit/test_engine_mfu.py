@@ -302,3 +302,24 @@ def test_class_labels_through_the_api_and_prometheus_into_postgresql(
     got = {d["job"]: d for d in json.loads(capsys.readouterr().out)}
     assert {(d["mfu_class"], d["mfu_reference"]) for d in got.values()} == {("bed-llm", 0.35)}
     assert set(got) == {"Pod/gpt-0-abcde", "Pod/plain-0-abcde"}
+
+
+def test_a_long_lived_plan_reads_a_jobs_lineage_best_once_per_ttl() -> None:
+    """The operator's plan lives across cycles: a job's lineage best is read at its first
+    cycle and again only when ``lineage_ttl`` of audit time has passed."""
+    calls: list[list[str]] = []
+    best = {"c1/llm/Job/a": 0.3}
+
+    def lookup(jobs):
+        calls.append([j.key for j in jobs])
+        return {j.key: best[j.key] for j in jobs if j.key in best}
+
+    plan = MfuPlan()
+    a, b = _ref("a"), _ref("b")
+    assert plan.lineage_bests(lookup, [a, b], END) == {a.key: 0.3}
+    best[a.key] = 0.45
+    assert plan.lineage_bests(lookup, [a, b], END + timedelta(minutes=59)) == {a.key: 0.3}
+    assert plan.lineage_bests(lookup, [a, b, _ref("c")], END + timedelta(minutes=59)) == {a.key: 0.3}
+    assert plan.lineage_bests(lookup, [a], END + timedelta(minutes=61)) == {a.key: 0.45}
+    assert plan.lineage_bests(lookup, [a], END - timedelta(hours=5)) == {a.key: 0.45}  # an older audit reads again
+    assert calls == [[a.key, b.key], ["c1/llm/Job/c"], [a.key], [a.key]]
