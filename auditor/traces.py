@@ -58,7 +58,7 @@ COLUMNS: dict[str, tuple[Metric, float]] = {
 }
 
 #: the traces shipped with the package (``auditor/data/<name>.csv``)
-BUNDLED = ("h200-demo-cluster", "h200-microbench", "h200-workloads")
+BUNDLED = ("h200-demo-cluster", "h200-microbench", "h200-workloads", "h200-mfu-workloads")
 
 #: phases that are not workloads (transitions between recorded phases)
 NOT_WORKLOADS = frozenset({"gap", "warmup"})
