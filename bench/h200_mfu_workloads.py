@@ -322,7 +322,7 @@ def eval_stall(rec: Recorder) -> dict:
             while time.perf_counter() - t0 < target_s:
                 logits = model(ids).float().cpu().numpy()[0]
                 z = logits - logits.max(-1, keepdims=True)
-                nll = np.log(np.exp(z).sum(-1)) - z[np.arange(s - 1), ids[0, 1:].cpu().numpy()]
+                nll = np.log(np.exp(z[:-1]).sum(-1)) - z[np.arange(s - 1), ids[0, 1:].cpu().numpy()]
                 float(nll.mean())
                 n += 1
         model.train()
@@ -545,8 +545,15 @@ def counted(step: Callable[[], None]) -> float:
     return float(counter.get_total_flops())
 
 
-def bf16_training(rec: Recorder, name: str, seconds: float, net: Any, loss: Callable[[], Any], extra: dict) -> dict:
-    """Train ``net`` on ``loss()`` under bf16 autocast with fused AdamW; FLOPs as counted."""
+def bf16_training(
+    rec: Recorder | None, name: str, seconds: float, net: Any, loss: Callable[[], Any], extra: dict
+) -> dict:
+    """Train ``net`` on ``loss()`` under bf16 autocast with fused AdamW (``rec=None``: count only).
+
+    Model FLOPs a step = 3 × the forward's as FlopCounterMode counts it (the MFU convention;
+    ``flops_counted_step`` is its count of a whole step, kept for comparison: torch 2.11's counter
+    takes a grouped convolution's weight gradient as ungrouped, which inflates it ~3x on ConvNeXt's
+    depthwise convolutions)."""
     import torch
 
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4, fused=True)
@@ -558,13 +565,19 @@ def bf16_training(rec: Recorder, name: str, seconds: float, net: Any, loss: Call
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    flops = counted(step)
+    def forward() -> None:
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            loss()
+
+    counts = {"flops_per_step": 3.0 * counted(forward), "flops_counted_step": counted(step)}
+    if rec is None:
+        return counts
     return timed(
-        rec, name, step, seconds, flops_per_step=flops, precision="bf16", extra={**extra, "flops_per_step": flops}
+        rec, name, step, seconds, flops_per_step=counts["flops_per_step"], precision="bf16", extra={**extra, **counts}
     )
 
 
-def convnext(rec: Recorder, seconds: float) -> dict:
+def convnext(rec: Recorder | None, seconds: float) -> dict:
     import torch
     import torchvision
 
@@ -670,7 +683,7 @@ def dlrm(rec: Recorder, seconds: float) -> dict:
     )
 
 
-def unet(rec: Recorder, seconds: float) -> dict:
+def unet(rec: Recorder | None, seconds: float) -> dict:
     """A hand-written diffusion UNet (ε-prediction on 4×64×64 latents): channels 128/256/512, two
     residual blocks a level (GroupNorm, SiLU, 3×3 convs, timestep embedding), self-attention at
     16×16 and in the middle; bf16 autocast, channels_last, AdamW."""
@@ -776,6 +789,20 @@ def unet(rec: Recorder, seconds: float) -> dict:
     )
 
 
+def run_eval(rec: Recorder, seconds: float, res: dict, pairs: dict) -> None:
+    """The evaluation stall alone, and the FLOP counts of the two counted trainings (no phase)."""
+    try:
+        res["gpt_eval_stall_period24s"] = eval_stall(rec)
+    except Exception as exc:  # noqa: BLE001
+        log(f"eval failed: {traceback.format_exc()}")
+        res["gpt_eval_stall_period24s"] = {"error": repr(exc)}
+    free()
+    for name, fn in (("convnext_tiny_bf16_autocast", convnext), ("unet_diffusion_bf16_autocast", unet)):
+        res[f"{name}_flops"] = fn(None, 0.0)
+        log(f"{name}: {res[f'{name}_flops']}")
+        free()
+
+
 def run_other(rec: Recorder, seconds: float, res: dict, pairs: dict) -> None:
     import torch
 
@@ -810,7 +837,7 @@ def smoke() -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--group", choices=["llm", "other"], default="llm")
+    ap.add_argument("--group", choices=["llm", "other", "eval"], default="llm")
     ap.add_argument("--seconds", type=float, default=20.0, help="length of each steady phase")
     args = ap.parse_args()
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
@@ -828,7 +855,7 @@ def main() -> int:
     try:
         rec.phase = "idle"
         time.sleep(4)
-        {"llm": run_llm, "other": run_other}[args.group](rec, args.seconds, res, pairs)
+        {"llm": run_llm, "other": run_other, "eval": run_eval}[args.group](rec, args.seconds, res, pairs)
     except KeyboardInterrupt as exc:
         log(f"interrupted ({exc}): writing what was recorded")
         res["interrupted"] = {"phase": rec.phase, "why": str(exc)}
