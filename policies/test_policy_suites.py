@@ -16,12 +16,15 @@ DIRS = sorted(p.parent for p in HERE.glob("*/policy.yaml"))
 def test_shipped_policies_validate() -> None:
     names = {p.name for p in load_dir(HERE)}
     assert {"high-util-low-sm", "idle-gpus", "memory-bound", "no-tensor-cores", "underutilized"} <= names
+    assert {"mfu-gap", "mfu-below-own-best"} <= names  # issue 28
 
 
 def test_modes_are_as_documented() -> None:
     modes = {p.name: p.spec.mode.value for p in load_dir(HERE)}
     assert modes["high-util-low-sm"] == "warn" and modes["idle-gpus"] == "warn"
     assert modes["memory-bound"] == modes["no-tensor-cores"] == modes["underutilized"] == "audit"
+    # the MFU gap is a headline loss (warn, like the utilization lie); a regression is advice (audit)
+    assert modes["mfu-gap"] == "warn" and modes["mfu-below-own-best"] == "audit"
 
 
 @pytest.mark.parametrize("d", DIRS, ids=[d.name for d in DIRS])

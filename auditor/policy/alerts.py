@@ -8,8 +8,25 @@ from typing import Any
 
 from auditor.core.action_target import ActionTarget
 from auditor.core.job_summary import JobSummary
+from auditor.core.mfu import LINEAGE_BEST
 from auditor.policy.schema import Policy
 from auditor.render.slack_blocks import context, fields, header, section, slack_escape
+
+
+def mfu_text(summary: JobSummary | None) -> str:
+    """The job's MFU, what it could be and what the gap costs, in one line (issue 28):
+    ``MFU 15.5 % of a possible 40 % (class llm-training): 4.9 GPU-h recoverable``. Without tensor
+    activity the MFU is n/a; without a reference the line says none applies (never charged)."""
+    if summary is None or summary.mfu_estimate is None:
+        return "MFU n/a (no tensor activity)"
+    text = f"MFU {summary.mfu_estimate * 100:.1f} %"
+    ref = summary.mfu_reference
+    if ref is None:
+        return text + " (no reference MFU applies to its workload class)"
+    source = "its lineage's best run" if summary.mfu_class == LINEAGE_BEST else f"class {summary.mfu_class}"
+    text += f" of a possible {ref * 100:.0f} % ({source})"
+    rec = summary.recoverable_gpu_hours
+    return text + (f": {rec:.2f} GPU-h recoverable" if rec is not None else "")
 
 
 def job_annotations(
@@ -24,6 +41,7 @@ def job_annotations(
         return f"{v * 100:.1f}%" if v is not None else "n/a"
 
     waste = summary.waste_gpu_hours if summary is not None else None
+    rec = summary.recoverable_gpu_hours if summary is not None else None
     return {
         "gpu-auditor.io/verdict": target.verdict,
         "gpu-auditor.io/policy": policy.name,
@@ -31,6 +49,9 @@ def job_annotations(
         "gpu-auditor.io/gpu-util": pct(summary.means.gpu_util if summary is not None else None),
         "gpu-auditor.io/sm-active": pct(summary.means.sm_active if summary is not None else None),
         "gpu-auditor.io/waste-gpu-hours": f"{waste:.2f}" if waste is not None else "n/a",
+        "gpu-auditor.io/mfu": pct(summary.mfu_estimate if summary is not None else None),
+        "gpu-auditor.io/mfu-reference": pct(summary.mfu_reference if summary is not None else None),
+        "gpu-auditor.io/recoverable-gpu-hours": f"{rec:.2f}" if rec is not None else "n/a",
         "gpu-auditor.io/decided-at": now.isoformat().replace("+00:00", "Z"),
     }
 
@@ -93,8 +114,14 @@ def slack_message(
                 ("SM active", pct(summary.means.sm_active)),
                 ("Tensor active", pct(summary.means.tensor_active)),
                 ("Wasted GPU-h", summary.waste_gpu_hours if summary.waste_gpu_hours is not None else "n/a"),
+                ("MFU", pct(summary.mfu_estimate)),
+                (
+                    "Recoverable GPU-h (MFU gap)",
+                    f"{summary.recoverable_gpu_hours:.2f}" if summary.recoverable_gpu_hours is not None else "n/a",
+                ),
             ]
         ),
+        section(slack_escape(mfu_text(summary))),
     ]
     if policy.spec.advice:
         blocks.append(section(f"*Advice:* {slack_escape(policy.spec.advice)}"))

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 from auditor.core.gate import LineageHistory, replay
 from auditor.core.job_summary import JobSummary
 from auditor.policy.evaluate import evaluate
+from auditor.policy.record import lineage_best
 from auditor.policy.schema import ActionKind, GatePolicy, Policy
 
 
@@ -52,6 +53,13 @@ def simulate(store: Any, policies: Sequence[Policy], *, since: datetime, until: 
             "requeues": 0,
             "per_day": defaultdict(lambda: {"alerts": 0, "requeues": 0, "hits": 0}),
         }
+    # the lineage condition's history, as the runner reads it: one batched read, each job against
+    # the runs of its lineage that started before it
+    best = (
+        lineage_best(store if hasattr(store, "lineage_best_mfu") else None, summaries)
+        if any(p.spec.lineage for p in policies)
+        else {}
+    )
     for doc in summaries:
         s = JobSummary.from_json(doc, "stored summary")
         end, start = s.end, s.start
@@ -61,7 +69,7 @@ def simulate(store: Any, policies: Sequence[Policy], *, since: datetime, until: 
             found = store.find_job(key.namespace, key.kind, key.name, key.cluster)
             buckets = store.buckets(found[0]) if found else None
         for p in policies:
-            ev = evaluate(p, s, now=end, buckets=buckets)
+            ev = evaluate(p, s, now=end, buckets=buckets, lineage_best=best.get(str(s.key)))
             if not ev.fires:
                 continue
             opened = start + (

@@ -207,8 +207,11 @@ def evaluate(
     now: datetime,
     facts: JobFacts = JobFacts(),
     buckets: Sequence[Bucket] | None = None,
+    lineage_best: float | None = None,
 ) -> Evaluation:
-    """Decide whether ``policy`` fires on the job of ``summary`` (pure)."""
+    """Decide whether ``policy`` fires on the job of ``summary`` (pure). ``lineage_best``: the
+    best MFU estimate of the earlier runs of the job's lineage (the ``lineage`` condition), None
+    when it has none."""
     name = policy.name
     verdict = summary.verdict.value
     m = summary.means
@@ -223,6 +226,10 @@ def evaluate(
         "waste_gpu_hours": summary.waste_gpu_hours,
         "gpus": summary.gpus,
         "gpu_model": summary.gpu_model,
+        "mfu_estimate": summary.mfu_estimate,
+        "mfu_reference": summary.mfu_reference,
+        "mfu_class": summary.mfu_class,
+        "recoverable_gpu_hours": summary.recoverable_gpu_hours,
     }
     if summary.verdict is Verdict.INSUFFICIENT_DATA:
         return Evaluation(name, False, "insufficient data: no judgement", figures, judged=False)
@@ -241,6 +248,19 @@ def evaluate(
             return Evaluation(name, False, f"{c.field}={v:.3f} does not meet {c.describe()}", figures)
         held.append(f"{c.field}={v:.3f} {c.op} {c.value:g}")
     evidence: dict[str, Any] = dict(figures)
+    if spec.lineage is not None:
+        mfu = summary.mfu_estimate
+        if mfu is None:
+            return Evaluation(name, False, "mfu_estimate is missing: no judgement", figures, judged=False)
+        if lineage_best is None:
+            return Evaluation(name, False, "no earlier run of its lineage with an MFU estimate", figures)
+        bar = spec.lineage.below_best * lineage_best
+        evidence["lineage_best_mfu"] = round(lineage_best, 4)
+        if not mfu < bar:
+            return Evaluation(
+                name, False, f"mfu_estimate={mfu:.3f} is not below {spec.lineage.describe()} ({bar:.3f})", evidence
+            )
+        held.append(f"mfu_estimate={mfu:.3f} < {spec.lineage.below_best:g} x its lineage's best {lineage_best:.3f}")
     if spec.sustained is not None:
         if buckets is None:
             return Evaluation(name, False, "no stored buckets for the sustained condition", figures, judged=False)

@@ -1,7 +1,8 @@
 """Policy example suites (``policies/<name>/suite.yaml``): summaries that must and must not fire.
 
 A suite entry gives a summary and, for sustained conditions, constant per-metric means held for
-``minutes`` up to ``now`` in 5-minute buckets on one GPU. Used by the tests of the shipped
+``minutes`` up to ``now`` in 5-minute buckets on one GPU; for a ``lineage`` condition,
+``lineage_best`` is the best MFU of the lineage's earlier runs (absent: none). Used by the tests of the shipped
 policies and available to users for their own (``policy validate`` runs suites it finds).
 """
 
@@ -49,7 +50,7 @@ def run_suite(policy: Policy, suite_file: Path) -> list[str]:
         for ex in data.get(key) or []:
             summary = JobSummary.example(**ex["summary"])
             buckets = example_buckets(ex["sustained"]) if "sustained" in ex else []
-            ev = evaluate(policy, summary, now=NOW, buckets=buckets)
+            ev = evaluate(policy, summary, now=NOW, buckets=buckets, lineage_best=ex.get("lineage_best"))
             if ev.fires != expect:
                 failures.append(f"{suite_file}: {key} example {ex.get('name')!r}: fires={ev.fires} ({ev.reason})")
     return failures

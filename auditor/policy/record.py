@@ -8,9 +8,11 @@ actions have the fields of :class:`auditor.store.decisions.ActionRow`.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Protocol
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from auditor.core.identity import JobKey
+from auditor.core.lineage import LINEAGE_LABEL
+from auditor.core.model import JobRef
 from auditor.core.violations import ViolationState
 
 
@@ -77,3 +79,37 @@ class EscalationRecord(Protocol):
     def action_rows(self, keys: Iterable[str]) -> dict[str, Any]:
         """The recorded actions of these dedup keys (those that exist), by key."""
         ...
+
+
+class LineageMfu(Protocol):
+    """The lineages' history the ``lineage`` condition reads (``below its own best run``): the
+    store implements it (:meth:`auditor.store.Store.lineage_best_mfu`, as the audit's lineage-best
+    reference does), one batched read for a cycle's jobs."""
+
+    def lineage_best_mfu(self, jobs: Sequence[JobRef]) -> dict[str, float]:
+        """By job key: the best MFU estimate of the other runs of each job's lineage that started
+        before it; jobs without one are left out."""
+        ...
+
+
+def lineage_ref(doc: Mapping[str, Any]) -> JobRef:
+    """The job of an audit-JSON summary as the lineage lookup needs it: its identity and its
+    lineage label (``kube.lineage``, where the operator's cycle put it)."""
+    kind, _, name = str(doc.get("job") or "").partition("/")
+    label = (doc.get("kube") or {}).get("lineage")
+    return JobRef(
+        cluster=str(doc.get("cluster") or "default"),
+        namespace=str(doc.get("namespace") or ""),
+        kind=kind,
+        name=name,
+        uid=doc.get("uid"),
+        team=str(doc.get("team") or ""),
+        labels=((LINEAGE_LABEL, label),) if isinstance(label, str) else (),
+    )
+
+
+def lineage_best(reader: LineageMfu | None, docs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """:meth:`LineageMfu.lineage_best_mfu` of the jobs of ``docs`` (empty without a reader)."""
+    if reader is None or not docs:
+        return {}
+    return reader.lineage_best_mfu([lineage_ref(d) for d in docs])

@@ -33,7 +33,7 @@ from auditor.policy.dispatch import StepActions, maybe_delivered
 from auditor.policy.escalation import ViolationState, action_key, decision_key, due_step, job_key
 from auditor.policy.evaluate import Evaluation, JobFacts, evaluate
 from auditor.policy.loader import PolicyRegistry
-from auditor.policy.record import EscalationRecord
+from auditor.policy.record import EscalationRecord, LineageMfu, lineage_best
 from auditor.policy.recovery import Recovery
 from auditor.policy.runner_config import RequeueSettings as RequeueSettings  # re-exported
 from auditor.policy.runner_config import Route as Route  # re-exported
@@ -68,6 +68,9 @@ class PolicyRunner:
         check_requeue: the requeue through the efficiency gate's AdmissionCheck
             (:class:`~auditor.ports.CheckRequeue`), tried first for a running Workload; None:
             requeues always go through ``spec.active``.
+        lineage: the lineages' history for a ``lineage`` condition
+            (:class:`~auditor.policy.record.LineageMfu`); by default the store (None without one:
+            a lineage condition then never fires).
     """
 
     def __init__(
@@ -80,9 +83,12 @@ class PolicyRunner:
         sleep: Callable[[float], None] | None = None,
         record: EscalationRecord | None = None,
         check_requeue: "CheckRequeue | None" = None,
+        lineage: LineageMfu | None = None,
     ) -> None:
         self._policies = policies
         self.store = store
+        #: the lineages' best MFU (the ``lineage`` condition); by default the store's
+        self.lineage: LineageMfu | None = lineage or (store if hasattr(store, "lineage_best_mfu") else None)
         self.kube = kube
         self.config = config or RunnerConfig()
         if record is None and store is not None:
@@ -119,12 +125,16 @@ class PolicyRunner:
         if act:
             self._actions.new_cycle()
             out += self._recovery.resume(now)
+        jobs = []
         for s in summaries:
             if not s.cluster:
                 s = replace(s, key=replace(s.key, cluster=self.config.cluster))
-            summary = s.to_json()  # what the actions, alerts and the record are given
+            jobs.append((s, s.to_json()))  # the document: what the actions, alerts and the record are given
+        # one read of the lineages' best MFU for the whole cycle, only when a policy needs it
+        best = lineage_best(self.lineage, [d for _, d in jobs]) if any(p.spec.lineage for p in policies) else {}
+        for s, summary in jobs:
             try:
-                out += self._job(s, summary, policies, now=now, act=act)
+                out += self._job(s, summary, policies, now=now, act=act, best=best.get(str(s.key)))
             except AuditorError as exc:
                 log.warning("policies on %s: %s", job_key(summary), exc)
                 out.append(
@@ -140,7 +150,9 @@ class PolicyRunner:
                 )
         return out
 
-    def _job(self, s: JobSummary, summary: dict, policies: list[Policy], *, now: datetime, act: bool) -> list[Decision]:
+    def _job(
+        self, s: JobSummary, summary: dict, policies: list[Policy], *, now: datetime, act: bool, best: float | None
+    ) -> list[Decision]:
         verdict = s.verdict.value
         if s.verdict is Verdict.INSUFFICIENT_DATA or not policies:
             return []  # nothing happens on insufficient data: not even closing a violation
@@ -154,7 +166,7 @@ class PolicyRunner:
         job = JobKey.of_document(summary)
         decisions: list[Decision] = []
         for policy in policies:
-            ev = evaluate(policy, s, now=now, facts=facts, buckets=buckets)
+            ev = evaluate(policy, s, now=now, facts=facts, buckets=buckets, lineage_best=best)
             if ev.exempt:
                 continue
             if not ev.fires:

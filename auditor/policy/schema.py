@@ -11,6 +11,7 @@ A policy file holds one or more documents::
       selector: {...}                  # which jobs (namespaces, teams, queues, labels, GPU models)
       conditions: [...]                # on the job summary: {field, op, value}
       sustained: {...}                 # on the stored buckets: held for a duration after a warm-up
+      lineage: {belowBest: 0.8}        # on the lineage's history: MFU below 0.8 x its best earlier run
       exemptions: {...}
       escalation: [...]                # ordered steps of actions with cooldowns
       requeue: {...}
@@ -59,7 +60,9 @@ SUSTAINED_FIELDS = frozenset(
         "power_w",
     }
 )
-VERDICTS = frozenset({"idle", "underutilized", "low_sm_efficiency", "memory_bound", "no_tensor_cores", "healthy"})
+VERDICTS = frozenset(
+    {"idle", "underutilized", "low_sm_efficiency", "memory_bound", "no_tensor_cores", "low_mfu", "healthy"}
+)
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -181,6 +184,17 @@ class Sustained(_Strict):
         return v
 
 
+class LineageCondition(_Strict):
+    """A condition on the job's lineage's own history (issue 28): the job's MFU estimate is below
+    ``belowBest`` × the best MFU of the lineage's earlier runs ("below its own best run"). A job
+    without an MFU estimate is not judged; a lineage without an earlier run with one never fires."""
+
+    below_best: float = Field(alias="belowBest", gt=0.0, le=1.0)
+
+    def describe(self) -> str:
+        return f"mfu_estimate < {self.below_best:g} x its lineage's best earlier run"
+
+
 class Selector(_Strict):
     """Which jobs a policy looks at. Empty lists mean "any". Names allow shell globs (``ml-*``).
     Every listed criterion must match; an unknown value (e.g. labels without Kubernetes) never matches."""
@@ -239,6 +253,7 @@ class Spec(_Strict):
     selector: Selector = Selector()
     conditions: list[SummaryCondition] = []
     sustained: Sustained | None = None
+    lineage: LineageCondition | None = None
     exemptions: Exemptions = Exemptions()
     escalation: list[Step] = Field(min_length=1)
     requeue: Requeue = Requeue()
@@ -256,8 +271,8 @@ class Spec(_Strict):
 
     @model_validator(mode="after")
     def _sane(self) -> "Spec":
-        if not self.verdicts and not self.conditions and self.sustained is None:
-            raise ValueError("a policy needs at least one of verdicts, conditions or sustained")
+        if not self.verdicts and not self.conditions and self.sustained is None and self.lineage is None:
+            raise ValueError("a policy needs at least one of verdicts, conditions, sustained or lineage")
         seen_notice = False
         for step in self.escalation:
             if ActionKind.REQUEUE in step.actions and not seen_notice:
