@@ -144,7 +144,8 @@ def gap_sentence(gap: MfuSums, waste: float) -> str:
     jobs = "this job" if referenced == 1 else f"these {referenced:,} jobs"
     return (
         f"At their class's reference MFU {jobs} would have needed {hours(gap.recoverable_gpu_hours)} fewer GPU-hours "
-        f"(the MFU gap). A separate loss from waste (SMs idle): {hours(waste)} GPU-h."
+        f"(the MFU gap). Waste (SMs idle, {hours(waste)} GPU-h) is counted apart and never added to it: "
+        "the gap also holds a job's idle time."
     )
 
 

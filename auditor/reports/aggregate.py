@@ -435,7 +435,8 @@ def team_view(report: Mapping[str, Any], team: str) -> dict[str, Any]:
 def mfu_headline(t: Mapping[str, Any]) -> str:
     """The MFU gap in one sentence, beside waste and never added to it (every rendering says it
     the same way): "At their class's reference MFU these 3 jobs would have needed 12.5 fewer
-    GPU-hours ..."."""
+    GPU-hours ...". Never added because they overlap: a job's gap is measured over all of its
+    GPU-hours, the idle ones included (``gpu_hours × (1 − mfu / reference)``)."""
     n = int(t.get("referenced_jobs") or 0)
     waste = fmt_hours(t.get("waste_gpu_hours"))
     if not n:
@@ -447,7 +448,7 @@ def mfu_headline(t: Mapping[str, Any]) -> str:
     return (
         f"At their class's reference MFU {jobs} would have needed {fmt_hours(t.get('recoverable_gpu_hours'))} fewer "
         f"GPU-hours (the MFU gap, of {fmt_hours(t.get('referenced_gpu_hours'))} GPU-h with a reference). "
-        f"A separate loss from waste (SMs idle): {waste} GPU-h."
+        f"Waste (SMs idle, {waste} GPU-h) is counted apart and never added to it: the gap also holds a job's idle time."
     )
 
 

@@ -68,7 +68,7 @@ def test_cluster_page_says_the_gap_beside_waste(mfu_console: MfuConsole) -> None
     assert "MFU (GPU-hour-weighted)" in page and "recoverable GPU-hours (MFU gap)" in page
     assert "Recoverable GPU-hours (MFU gap) by team, week 2026-W48" in page
     waste = sum(d["waste_gpu_hours"] for d in docs.values())
-    assert f"A separate loss from waste (SMs idle): {waste:,.1f} GPU-h" in page
+    assert f"Waste (SMs idle, {waste:,.1f} GPU-h) is counted apart and never added to it" in page
 
 
 def test_teams_page_has_mfu_and_recoverable_per_week(mfu_console: MfuConsole) -> None:
