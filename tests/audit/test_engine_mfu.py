@@ -323,3 +323,37 @@ def test_a_long_lived_plan_reads_a_jobs_lineage_best_once_per_ttl() -> None:
     assert plan.lineage_bests(lookup, [a], END + timedelta(minutes=61)) == {a.key: 0.45}
     assert plan.lineage_bests(lookup, [a], END - timedelta(hours=5)) == {a.key: 0.45}  # an older audit reads again
     assert calls == [[a.key, b.key], ["c1/llm/Job/c"], [a.key], [a.key]]
+
+
+@pytest.mark.testbed
+def test_the_operator_cycle_measures_a_run_against_its_lineage_label(kube_admin, namespace, tmp_path) -> None:
+    """Through the operator's cycles on the bed's apiserver: two Jobs of different names share the
+    label ``gpu-auditor.io/lineage: gpt`` (on the pod template only). The fused run, audited
+    first, is recorded under the label (``kube.lineage``); the unfused run submitted after it is
+    measured against it (``lineage-best``) at its first cycle, the fused one against nothing."""
+    from kubeobjects import batch_job, create_pod
+    from operator_settings import operator_settings
+
+    from auditor.operator_loop import Operator
+
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    work = traces.load_trace("h200-workloads")
+    settings = operator_settings(tmp_path, cluster=f"c-{namespace}", max_lookback="4h")
+    tjs: list[traces.TraceJob] = []
+    got: dict[str, dict] = {}
+    for i, (name, phase, offset) in enumerate([("pretrain-a", FUSED, 2 * H), ("pretrain-b", UNFUSED, timedelta(0))]):
+        job = batch_job(kube_admin, namespace, name, labels={"team": "llm"})
+        pod, node = f"{name}-0-abcde", f"{namespace}-node{i}"
+        labels = {LINEAGE_LABEL: "gpt", "team": "llm"}
+        started = now - offset - H
+        create_pod(kube_admin, namespace, pod, gpus=1, owner=job, labels=labels, node=node, started=started)
+        gpus = traces.make_gpus(1, node)
+        tjs.append(traces.TraceJob(PodRef(namespace, pod, "main"), gpus, phase, duration=H, end_offset=offset))
+        source = ReplaySource([(work, list(tjs))], end=now, duration=3 * H)
+        with Store.open(settings.store.url) as store:  # an operator per job: the second one is new to it
+            result = Operator(settings, store=store, source=source, api=kube_admin).run_once()
+        got.update({s.job: s.to_json() for s in result.summaries if s.namespace == namespace})
+    a, b = got["Job/pretrain-a"], got["Job/pretrain-b"]
+    assert a["mfu_class"] is None and a["mfu_estimate"] > 0.35
+    assert (b["mfu_class"], b["mfu_reference"]) == (LINEAGE_BEST, pytest.approx(a["mfu_estimate"], abs=1e-6))
+    assert b["recoverable_gpu_hours"] > 0.7 * b["gpu_hours"] > 0
