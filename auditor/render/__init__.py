@@ -8,5 +8,6 @@ VERDICT_COLORS = {
     "low_sm_efficiency": "#c62828",
     "underutilized": "#6a1b9a",
     "idle": "#546e7a",
+    "low_mfu": "#00838f",
     "insufficient_data": "#9e9e9e",
 }
