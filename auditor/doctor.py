@@ -369,6 +369,25 @@ def check_sample_interval(t: Telemetry) -> list[Check]:
     ]
 
 
+def check_hostile_identities(t: Telemetry) -> list[Check]:
+    """Series whose pod, namespace or container label no Kubernetes object could have (e.g. a
+    ``/`` in a pod name): refused at the edge (auditor/core/identity.py) and never audited, so a
+    job may be missing; said only when there are some (one line per reason)."""
+    rejected = getattr(t.report, "rejected", None)
+    if not rejected:
+        return []
+    return [
+        Check(
+            "hostile identities",
+            WARN,
+            line,
+            "these series are not audited: find what writes the labels (a relabeling rule, a Pushgateway, "
+            "a workload's own exporter) and fix or drop them there",
+        )
+        for line in rejected.lines()
+    ]
+
+
 def check_prometheus_warnings(t: Telemetry) -> list[Check]:
     """The warnings Prometheus returned with the reads."""
     return [Check("Prometheus warning", WARN, w) for w in t.source.client.warnings]
@@ -409,6 +428,7 @@ CHECKS: list[CheckFn] = [
     check_label_convention,
     check_device_labels,
     check_pod_attribution,
+    check_hostile_identities,
     check_garbage_values,
     check_sample_interval,
     check_prometheus_warnings,

@@ -118,3 +118,22 @@ def test_names_kubernetes_allows_are_audited_as_before(synthetic: SyntheticProme
     assert rc == 0, err
     assert stored_jobs(tmp_path / "a.db") == sorted(["Pod/job-0", "Pod/web.v2-1", f"Pod/{longest}", "Pod/0"])
     assert "rejected" not in err
+
+
+def test_doctor_names_the_refused_series_once_per_reason(synthetic: SyntheticPrometheus) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from auditor.doctor import WARN, run_checks
+    from auditor.sources.prometheus import PrometheusSource
+
+    synthetic.series = history({0: "job-0", 1: "job-1/../x", 2: "Job-2"})
+    source = PrometheusSource(synthetic.url)
+    try:
+        checks = run_checks(source, datetime.fromtimestamp(END, timezone.utc), timedelta(minutes=30))
+    finally:
+        source.close()
+    hostile = [c for c in checks if c.name == "hostile identities"]
+    assert [(c.status, c.detail) for c in hostile] == [
+        (WARN, "2 series rejected (invalid_pod): pod 'job-1/../x', pod 'Job-2' (not a Kubernetes name)")
+    ]
+    assert "not audited" in hostile[0].fix

@@ -83,7 +83,7 @@ class SyntheticPrometheus:
         elif path == "label/__name__/values":
             doc = {"status": "success", "data": sorted({s.name for s in self.series})}
         elif path == "query":
-            doc = self._instant(form["query"], float(form["time"]))
+            doc = self._instant(form["query"], float(form.get("time", "0")))
         elif path == "query_range":
             doc = self._range(form["query"], float(form["start"]), float(form["end"]), float(form["step"]))
         else:
@@ -115,7 +115,7 @@ class SyntheticPrometheus:
         if m is None:
             return {"status": "success", "data": {"resultType": "matrix", "result": []}}
         agg, name, rng = m.group(1), m.group(2), int(m.group(4)) / 1000
-        fn: Callable[[list[float]], float] = {"sum": math.fsum, "count": len, "min": _nanmin, "max": _nanmax}[agg]
+        fn: Callable[[list[float]], float] = {"sum": _sum, "count": len, "min": _nanmin, "max": _nanmax}[agg]
         result = []
         for s in self.series:
             if s.name != name:
@@ -155,3 +155,11 @@ def _nanmin(values: list[float]) -> float:
 def _nanmax(values: list[float]) -> float:
     real = [v for v in values if v == v]
     return max(real) if real else math.nan
+
+
+def _sum(values: list[float]) -> float:
+    """``sum_over_time``: plain float addition, so an overflow is +Inf (as in Go), not an error."""
+    total = 0.0
+    for v in values:
+        total += v
+    return total
