@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -41,8 +42,22 @@ from auditor.core.source_preference import SOURCE_LABEL, prefer_one_source
 from auditor.errors import BadInput, QueryTooLarge
 from auditor.sources import promql
 from auditor.sources.device_rows import DeviceRows, NameRows, ReadBlock, name_rows
-from auditor.sources.prometheus_client import PrometheusClient
-from auditor.sources.samples import STATS, bucket_stats, label_key, labels_of, matrix_of, parse_matrix, stats_of
+from auditor.sources.prometheus_client import (
+    MAX_READ_MEMORY_MB,
+    MAX_SERIES_PER_ANSWER,
+    MAX_SERIES_PER_CYCLE,
+    PrometheusClient,
+)
+from auditor.sources.samples import (
+    STATS,
+    bucket_stats,
+    label_key,
+    labels_of,
+    matrix_of,
+    matrix_result,
+    parse_matrix,
+    stats_of,
+)
 from auditor.sources.series import (
     Series,
     aggregate_raw,
@@ -76,6 +91,11 @@ RAW_READ_SAMPLES = 24
 RAW_READ_PER_BUCKET = 4
 #: the scrape interval assumed before a read has measured one
 GUESSED_INTERVAL_S = 15.0
+#: bytes a read holds per series and bucket of an exporter name: its four statistics as float64
+#: (the ``(4, series, buckets)`` blocks), what ``prometheus.max_read_memory_mb`` bounds
+BYTES_PER_CELL = 8 * len(STATS)
+#: series left out of a read that are named one by one in its warnings (the rest are counted)
+NAMED_REJECTS = 5
 
 
 @dataclass
@@ -124,6 +144,10 @@ class PrometheusSource:
         max_points: int = promql.MAX_POINTS_PER_SERIES,
         concurrency: int = 4,
         raw_read_samples: int = RAW_READ_SAMPLES,
+        answer_deadline: float | None = None,
+        max_series_per_answer: int = MAX_SERIES_PER_ANSWER,
+        max_series_per_cycle: int = MAX_SERIES_PER_CYCLE,
+        max_read_memory_mb: int = MAX_READ_MEMORY_MB,
     ) -> None:
         self.client = PrometheusClient(
             url,
@@ -134,6 +158,10 @@ class PrometheusSource:
             timeout=timeout,
             retries=retries,
             tenant=tenant,
+            answer_deadline=answer_deadline,
+            max_series_per_answer=max_series_per_answer,
+            max_series_per_cycle=max_series_per_cycle,
+            max_read_memory_mb=max_read_memory_mb,
         )
         self.url = self.client.url
         self.matchers = dict(matchers or {})
@@ -160,6 +188,12 @@ class PrometheusSource:
         self._labels: dict[bytes, dict[str, str]] = {}
         self._known: dict[bytes, tuple[GpuId | None, str, PodRef | None, str | InvalidIdentity]] = {}
         self._known_conv: promql.LabelConvention | None = None
+        #: the series the current read left out for a sample that is not a number, and why
+        self._rejected: list[tuple[str, dict, str]] = []
+        #: selector → label sets an answer of the current read carried twice (an HA pair without
+        #: deduplication): merged per bucket (the fuller kept), and said once per selector
+        self._doubled: dict[str, int] = {}
+        self._rejected_lock = threading.Lock()
 
     def close(self) -> None:
         self.client.close()
@@ -181,6 +215,8 @@ class PrometheusSource:
         start_ms, end_ms = to_ms(aligned.start), to_ms(aligned.end)
         client = self.client
         q0, w0 = client.queries, len(client.warnings)
+        client.begin_read()
+        self._rejected, self._doubled = [], {}
         report = SourceReport()
         stats = ReadStats()
         major = self._server_major(stats)
@@ -315,6 +351,20 @@ class PrometheusSource:
 
         return self._finish(groups, conv, counts, width_ms, q0, w0, report, stats)
 
+    def _reject(self, name: str, rejected: list[tuple[dict, str]]) -> None:
+        """Series of ``name`` an answer left out (a sample that is not a number), for the warnings."""
+        if rejected:
+            with self._rejected_lock:
+                self._rejected.extend((name, lab, why) for lab, why in rejected)
+
+    def _once(self, selector: str, keys: list[bytes]) -> list[bytes]:
+        """``keys`` (an answer's label sets), noting those it holds twice for the read's warnings."""
+        doubled = len(keys) - len(set(keys))
+        if doubled:
+            with self._rejected_lock:
+                self._doubled[selector] = max(doubled, self._doubled.get(selector, 0))
+        return keys
+
     def _reread_dirty(
         self,
         dirty: dict[str, list[tuple[Series, PodRef, GpuId, list[int]]]],
@@ -372,6 +422,12 @@ class PrometheusSource:
         report.scrape_interval = measured or self._interval
         report.queries = client.queries - q0
         report.warnings.extend(client.warnings[w0:])
+        report.warnings.extend(_rejected_warnings(self._rejected))
+        report.warnings.extend(
+            f"{n:,} series answered twice with identical labels for {sel} (an HA pair without deduplication?): "
+            "each counted once"
+            for sel, n in sorted(self._doubled.items())
+        )
         self.stats = stats
         pieces = per_device(merge_duplicates(groups.values(), report))
         if rows:
@@ -587,7 +643,7 @@ class PrometheusSource:
         stat_of = {agg: STATS.index(agg) for agg in promql.AGGREGATES}
 
         def fetch(name: str, agg: str, a: int, b: int) -> list[tuple[list[bytes], list[int], Any, Any]]:
-            return self._range_chunk(name, agg, a, b, width_ms, rng)
+            return self._range_chunk(name, agg, a, b, width_ms, rng, n)
 
         #: per name: label-set key → row, and its answers' (stat, rows, lens, columns, values)
         rows_of: dict[str, dict[bytes, int]] = {name: {} for name in names}
@@ -636,10 +692,13 @@ class PrometheusSource:
                 done, _ = wait(inflight, return_when=FIRST_COMPLETED)
                 for future in done:
                     name, agg = inflight.pop(future)
+                    # (a failed query submits no other: the read then ends with the queries in
+                    # flight, each within its answer's deadline, not with all those left)
+                    parts = future.result()
                     submit_next()
-                    for part in future.result():
+                    for part in parts:
                         fold(name, stat_of[agg], *part)
-                    del future
+                    del future, parts
         index: dict[bytes, int] = {}
         out: list[tuple[str, list[int], Any]] = []
         partial: dict[str, Any] = {}
@@ -676,7 +735,13 @@ class PrometheusSource:
             answers = [fetch(name) for name in names]
         else:
             with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-                answers = list(pool.map(fetch, names))
+                futures = [pool.submit(fetch, name) for name in names]
+                try:
+                    answers = [f.result() for f in futures]
+                except BaseException:
+                    for f in futures:  # the queries not yet started are not asked (see _read_aggregates)
+                        f.cancel()
+                    raise
         index: dict[bytes, int] = {}
         out: list[tuple[str, list[int], Any]] = []
         for name, parts in zip(names, answers):
@@ -740,44 +805,57 @@ class PrometheusSource:
         sel = promql.selector(name, self.matchers, self.regex_matchers)
 
         def decoded(data: Any) -> tuple[list[bytes], Any]:
-            labels, block = bucket_stats((data or {}).get("result", []), first_start, width_ms, n)
-            return [label_key(lab) for lab in labels], block
+            rejected: list[tuple[dict, str]] = []
+            labels, block = bucket_stats(matrix_result(data), first_start, width_ms, n, rejected)
+            self._reject(name, rejected)
+            return self._once(sel, [label_key(lab) for lab in labels]), block
 
         def read(body: bytes) -> tuple[list[bytes], Any] | None:
             got = parse_matrix(body, name, times=n > 1)
             if got is None:
                 return None
             keys, lens, ts, values = got
-            return keys, stats_of(lens, ts, values, first_start, width_ms, n)
+            return self._once(sel, keys), stats_of(lens, ts, values, first_start, width_ms, n)
 
         def query(a: int, b: int) -> list[tuple[int, int, list[bytes], Any]]:
             rng = promql.range_ms(b - a + width_ms, major)
-            keys, block = self.client.query(f"{sel}[{rng}ms]", at_ms=b - 1, convert=decoded, raw=read)
+            keys, block = self.client.query(
+                f"{sel}[{rng}ms]", at_ms=b - 1, convert=decoded, raw=read, selector=sel, series_bytes=BYTES_PER_CELL * n
+            )
             return [(a, b, keys, block)]
 
         return _halving(query, first_end, last_end, width_ms, f"the raw read of {sel}")
 
     def _range_chunk(
-        self, name: str, agg: str, first_end: int, last_end: int, width_ms: int, rng: int
+        self, name: str, agg: str, first_end: int, last_end: int, width_ms: int, rng: int, n: int
     ) -> list[tuple[list[bytes], list[int], Any, Any]]:
         """One query_range over bucket ends ``first_end..last_end``; halves itself on sample limits.
 
         Returns per answer (one, or one per half) what :func:`~auditor.sources.samples.parse_matrix`
         reads of it (label-set keys with ``__name__`` removed, samples per series, timestamps and
-        values); a body it does not read is decoded as JSON and given the same form.
+        values); a body it does not read is decoded as JSON and given the same form. ``n`` is
+        the whole read's buckets (each series is held for all of them).
         """
-        expr = promql.bucket_query(promql.selector(name, self.matchers, self.regex_matchers), agg, rng)
+        sel = promql.selector(name, self.matchers, self.regex_matchers)
+        expr = promql.bucket_query(sel, agg, rng)
 
         def read(body: bytes) -> list[tuple[list[bytes], list[int], Any, Any]] | None:
             parsed = parse_matrix(body, name)
-            return None if parsed is None else [parsed]
+            if parsed is None:
+                return None
+            self._once(sel, parsed[0])
+            return [parsed]
 
         def decoded(data: Any) -> list[tuple[list[bytes], list[int], Any, Any]]:
-            labels, lens, ts, values = matrix_of((data or {}).get("result", []))
-            return [([label_key(lab) for lab in labels], lens, ts, values)]
+            rejected: list[tuple[dict, str]] = []
+            labels, lens, ts, values = matrix_of(matrix_result(data), rejected=rejected)
+            self._reject(name, rejected)
+            return [(self._once(sel, [label_key(lab) for lab in labels]), lens, ts, values)]
 
         def query(a: int, b: int) -> list:
-            return self.client.query_range(expr, a - 1, b - 1, width_ms, convert=decoded, raw=read)
+            return self.client.query_range(
+                expr, a - 1, b - 1, width_ms, convert=decoded, raw=read, selector=sel, series_bytes=BYTES_PER_CELL * n
+            )
 
         return _halving(query, first_end, last_end, width_ms, expr)
 
@@ -807,14 +885,14 @@ class PrometheusSource:
         for first, last in raw_spans(ends, width_ms, RAW_SPAN_BUCKETS):
             span = last - first + width_ms
             rng = promql.range_ms(span, major)
-            data = self.client.query(f"{sel}[{rng}ms]", at_ms=last - 1)
-            for item in (data or {}).get("result", []):
+            result = self.client.query(f"{sel}[{rng}ms]", at_ms=last - 1, convert=matrix_result, selector=sel)
+            for item in result:
                 labels = dict(item.get("metric", {}))
                 labels.pop("__name__", None)
                 key = frozenset(labels.items())
                 if key in wanted:
                     samples.setdefault(key, []).extend(
-                        (promql.parse_ts_ms(t), float(v)) for t, v in item.get("values", [])
+                        (promql.parse_ts_ms(t), _number(v)) for t, v in item.get("values", [])
                     )
         out: list[Bucket] = []
         for key, (pod, gpu, bucket_ends) in wanted.items():
@@ -826,6 +904,26 @@ class PrometheusSource:
             for end, values in sorted(per_bucket.items()):
                 out.append(aggregate_raw(pod, gpu, metric, from_ms(end - width_ms), from_ms(end), values, scale))
         return out
+
+
+def _number(value: Any) -> float:
+    """A raw sample's value; one that is not a number is NaN, dropped and counted as garbage."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _rejected_warnings(rejected: list[tuple[str, dict, str]]) -> list[str]:
+    """The warnings of the series a read left out: each distinct one named (the four aggregate
+    answers of a name reject the same series), up to :data:`NAMED_REJECTS`, then a count."""
+    seen: dict[tuple[str, str], str] = {}
+    for name, labels, why in rejected:
+        seen.setdefault((name, short_labels(labels)), why)
+    out = [f"{name} series left out, {why}: {labels}" for (name, labels), why in list(seen.items())[:NAMED_REJECTS]]
+    if len(seen) > NAMED_REJECTS:
+        out.append(f"{len(seen) - NAMED_REJECTS} more series left out for samples that are not numbers")
+    return out
 
 
 def _halving(query: Callable[[int, int], list], first_end: int, last_end: int, width_ms: int, what: str) -> list:
