@@ -5,7 +5,8 @@ scripts and no external links for assets, so the file can be mailed, attached to
 opened from a CI artifact. Readable on a phone: a fluid layout, KPI tiles that wrap, wide
 tables scroll sideways inside their own box. Every number is the report document's value,
 formatted by :func:`auditor.reports.aggregate.fmt`; each figure cell carries ``data-k`` (the
-document key) so tests can check the page against the JSON.
+document key) so tests can check the page against the JSON; the MFU gap's sentence is marked
+``data-h`` (a text, not a figure).
 """
 
 from __future__ import annotations
@@ -58,12 +59,12 @@ _TEMPLATE = """<!DOCTYPE html>
 {% for key, label, kind in figures %}<div class="kpi"><b data-k="{{ key }}">{{ f(kind, t[key]) }}</b><span>{{ label|nw }}</span></div>{% endfor %}
 <div class="kpi"><b data-k="actions_total">{{ t.actions_total }}</b><span>policy actions</span></div>
 </div>
-<p class="gap" data-k="mfu_headline">{{ headline(t) }}</p>
+<p class="gap" data-h="mfu_headline">{{ headline(t) }}</p>
 {%- endmacro %}
 {% macro hist(t) -%}
 {% set bars = hist_bars(t.mfu_histogram) %}{% if bars %}<span class="hist" role="img" aria-label="GPU-hours per 5 % MFU bin, 0 to 100 %" title="GPU-hours per 5 % MFU bin, 0 % left, 100 % right">{% for h, tip in bars %}<i style="height:{{ h }}%" title="{{ tip }}"></i>{% endfor %}</span>{% else %}n/a{% endif %}
 {%- endmacro %}
-{% macro mfu_row(t) -%}<td data-k="mfu">{{ f("ratio", t.mfu) }}</td><td class="l">{{ hist(t) }}</td><td data-k="mfu_jobs">{{ t.mfu_histogram|sum(attribute="jobs") }}</td><td data-k="referenced_jobs">{{ t.referenced_jobs }}</td><td data-k="recoverable_gpu_hours">{{ f("hours", t.recoverable_gpu_hours) }}</td>{%- endmacro %}
+{% macro mfu_row(t) -%}<td data-k="mfu">{{ f("ratio", t.mfu) }}</td><td class="l">{{ hist(t) }}</td><td data-n="mfu_jobs">{{ t.mfu_histogram|sum(attribute="jobs") }}</td><td data-k="referenced_jobs">{{ t.referenced_jobs }}</td><td data-k="recoverable_gpu_hours">{{ f("hours", t.recoverable_gpu_hours) }}</td>{%- endmacro %}
 {% macro mfu_head() -%}<th>MFU</th><th class="l">distribution (0 → 100 %)</th><th>jobs with MFU</th><th>with a reference</th><th>{{ "recoverable GPU-h"|nw }}</th>{%- endmacro %}
 {% macro gap(t) -%}
 {% if t.top_mfu_gap %}<div class="scroll"><table data-table="top_mfu_gap">

@@ -6,6 +6,7 @@ the JSON, and the Markdown shows the same figures."""
 from __future__ import annotations
 
 import csv
+import html
 import io
 import json
 import re
@@ -21,7 +22,7 @@ from reportgen import GenJob, store_jobs
 
 from auditor.cli.main import main
 from auditor.reports import IsoWeek, Prices, ReportOptions, generate
-from auditor.reports.aggregate import FIGURES, VERDICTS, fmt
+from auditor.reports.aggregate import FIGURES, VERDICTS, fmt, mfu_headline
 from auditor.reports.formats import teams_csv, to_markdown
 from auditor.reports.html import render_html
 from auditor.reports.weeks import zone
@@ -132,6 +133,10 @@ def expected(key: str, value: object, cur: str) -> str:
         "waste_cost": "money",
         "actions_total": "int",
         "week": "text",
+        "mfu_estimate": "ratio",
+        "mfu_reference": "ratio",
+        "recoverable_cost": "money",
+        "referenced_jobs": "int",
     }.get(key, "hours")
     return fmt(kind, value, cur) if kind != "text" else str(value)
 
@@ -207,7 +212,8 @@ def test_html_report_in_chromium(history, tmp_path: Path) -> None:
                 assert text == expected(key, point[key], cur), (ctx, key)
         elif "data-job" in ctx:
             owner = team or doc["total"]
-            (job,) = [j for j in owner["top_jobs"] if f"{j['namespace']}/{j['job']}" == ctx["data-job"]]
+            listed = owner["top_mfu_gap" if ctx.get("data-table") == "top_mfu_gap" else "top_jobs"]
+            (job,) = [j for j in listed if f"{j['namespace']}/{j['job']}" == ctx["data-job"]]
             assert text == expected(key, job[key], cur), (ctx, key)
         elif key.startswith("verdicts."):
             assert text == str(team["verdicts"][key.split(".", 1)[1]]), (ctx, key)
@@ -224,6 +230,11 @@ def test_html_report_in_chromium(history, tmp_path: Path) -> None:
             assert {(t, k) for k, _, _ in FIGURES} <= shown, t
     assert ("*", "verdicts.low_sm_efficiency") in shown
     assert "No jobs of team speech" in dom
+    # the MFU gap's sentence, beside waste, for the cluster and each team with jobs (issue 28)
+    text = html.unescape(dom)
+    for t in teams.values():
+        if t["jobs"]:
+            assert mfu_headline(t) in text, t["team"]
 
     # CSV totals equal the JSON
     rows = list(csv.DictReader(io.StringIO(teams_csv(doc))))

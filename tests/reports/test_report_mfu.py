@@ -83,7 +83,7 @@ def test_every_rendering_says_the_gap_beside_waste(week: tuple[Store, dict[str, 
     assert sentence in md and "## Largest MFU gap" in md and "| llm | " in md
     html = render_html(report, with_charts=False)
     assert sentence.replace("'", "&#39;") in html and 'data-table="top_mfu_gap"' in html and 'class="hist"' in html
-    assert html.count('data-k="mfu_headline"') == 1 + len(report["teams"])  # the cluster, then each team
+    assert html.count('data-h="mfu_headline"') == 1 + len(report["teams"])  # the cluster, then each team
     rows = {r["team"]: r for r in csv.DictReader(io.StringIO(teams_csv(report)))}
     assert float(rows["llm"]["recoverable_gpu_hours"]) == report["teams"][0]["recoverable_gpu_hours"]
     assert rows["recsys"]["recoverable_gpu_hours"] == ""  # unknown, not 0
