@@ -184,12 +184,12 @@ def test_a_split_raw_read_joins_its_halves(mixed) -> None:
     query = src.client.query
     refused = []
 
-    def limited(expr: str, at_ms: int | None = None, convert=None, raw=None):
+    def limited(expr: str, at_ms: int | None = None, convert=None, raw=None, **bounds):
         rng_ms = int(expr.rsplit("[", 1)[1].rstrip("ms]"))
-        if convert is not None and rng_ms > 600_000:  # the raw read (the garbage re-read is not limited)
+        if raw is not None and rng_ms > 600_000:  # the raw read (the garbage re-read is not limited)
             refused.append(expr)
             raise QueryTooLarge("query processing would load too many samples into memory", limit="samples")
-        return query(expr, at_ms, convert, raw)
+        return query(expr, at_ms, convert, raw, **bounds)
 
     src.client.query = limited  # type: ignore[method-assign]
     split = src.read(window, WIDTH)
