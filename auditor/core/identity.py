@@ -136,13 +136,15 @@ class InvalidIdentity(ValueError):
     """A name from outside that no Kubernetes object can hold: ``reason`` is one of
     :data:`REASONS`, ``field`` says which label or field held ``value``, ``why`` the rule."""
 
-    def __init__(self, reason: str, field: str, value: str, why: str) -> None:
-        super().__init__(f"{field} {value!r}: {why}")
-        self.reason, self.field, self.value, self.why = reason, field, value, why
+    def __init__(self, reason: str, field: str, value: object, why: str) -> None:
+        # a label value that is not text at all (a proxy's JSON) is named by its repr
+        text = value if isinstance(value, str) else repr(value)
+        super().__init__(f"{field} {text!r}: {why}")
+        self.reason, self.field, self.value, self.why = reason, field, text, why
 
 
 def _fits(pattern: re.Pattern[str], value: str, limit: int) -> bool:
-    return 0 < len(value) <= limit and pattern.fullmatch(value) is not None
+    return isinstance(value, str) and 0 < len(value) <= limit and pattern.fullmatch(value) is not None
 
 
 def is_dns1123_label(value: str) -> bool:
@@ -160,7 +162,8 @@ def is_path_segment_name(value: str) -> bool:
     or ``..``, no ``/`` or ``%``; non-empty and printable here too (a control character has no
     business in a job's name, and every rendering would have to escape it)."""
     return (
-        0 < len(value) <= DNS1123_SUBDOMAIN_MAX
+        isinstance(value, str)
+        and 0 < len(value) <= DNS1123_SUBDOMAIN_MAX
         and value not in (".", "..")
         and "/" not in value
         and "%" not in value
@@ -180,7 +183,7 @@ def check_pod(namespace: str, pod: str, container: str = "") -> tuple[str, str, 
         raise InvalidIdentity("invalid_namespace", "namespace", namespace, _LABEL_RULE)
     if not is_dns1123_subdomain(pod):
         raise InvalidIdentity("invalid_pod", "pod", pod, _SUBDOMAIN_RULE)
-    if container and not is_dns1123_label(container):
+    if container != "" and not is_dns1123_label(container):
         raise InvalidIdentity("invalid_container", "container", container, _LABEL_RULE)
     return namespace, pod, container
 
@@ -192,7 +195,7 @@ def check_job(namespace: str, kind: str, name: str) -> tuple[str, str, str]:
     owner's name is held to the rule every stored object's name meets (a path segment)."""
     if not is_dns1123_label(namespace):
         raise InvalidIdentity("invalid_namespace", "namespace", namespace, _LABEL_RULE)
-    if len(kind) > DNS1123_LABEL_MAX or _KIND.fullmatch(kind) is None:
+    if not _fits(_KIND, kind, DNS1123_LABEL_MAX):
         raise InvalidIdentity("invalid_kind", "kind", kind, "not a kind (letters, digits and '-', 63 at most)")
     if not is_path_segment_name(name):
         raise InvalidIdentity(

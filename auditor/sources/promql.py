@@ -144,7 +144,7 @@ def first_label(labels: Mapping[str, str], *names: str) -> tuple[str, str]:
     """``(name, value)`` of the first of ``names`` present with a non-empty value, else ``("", "")``."""
     for n in names:
         v = labels.get(n)
-        if v:
+        if v and isinstance(v, str):  # (a proxy's JSON may hold a number: no name of a device)
             return n, v
     return "", ""
 
@@ -162,17 +162,18 @@ def gpu_of(labels: Mapping[str, str]) -> GpuId | None:
         _, device = first_label(labels, "device")
         index = device[len("nvidia") :] if device.startswith("nvidia") else device
     if not uuid:
-        if not (host or labels.get("instance")) or not index:
+        _, instance = first_label(labels, "instance")
+        if not (host or instance) or not index:
             return None
-        uuid = f"{host or labels.get('instance')}:{index}"
+        uuid = f"{host or instance}:{index}"
     _, model = first_label(labels, "modelName", "model_name")
     return GpuId(
         uuid=uuid,
-        instance=labels.get("GPU_I_ID", ""),
+        instance=first_label(labels, "GPU_I_ID")[1],
         hostname=host,
         index=index,
         model=model,
-        mig_profile=labels.get("GPU_I_PROFILE", ""),
+        mig_profile=first_label(labels, "GPU_I_PROFILE")[1],
     )
 
 
@@ -187,7 +188,7 @@ def pod_of(labels: Mapping[str, str], conv: LabelConvention) -> PodRef | None:
     ns = labels.get(conv.namespace, "")
     if not pod or not ns:
         return None
-    ns, pod, container = check_pod(ns, pod, labels.get(conv.container, ""))
+    ns, pod, container = check_pod(ns, pod, labels.get(conv.container) or "")
     return PodRef(namespace=ns, pod=pod, container=container)
 
 
@@ -199,4 +200,5 @@ def looks_like_exporter(labels: Mapping[str, str], conv: LabelConvention) -> boo
     """
     if conv.pod != "pod":
         return False
-    return bool(_EXPORTER_POD.search(labels.get("pod", "")) or _EXPORTER_POD.search(labels.get("container", "")))
+    pod, container = first_label(labels, "pod")[1], first_label(labels, "container")[1]
+    return bool(_EXPORTER_POD.search(pod) or _EXPORTER_POD.search(container))

@@ -211,10 +211,6 @@ def _shape(kind: str, victim: int) -> Any:
         item = result[victim % len(result)]
         if kind == "no metric":
             item.pop("metric", None)
-        elif kind == "metric not an object":
-            item["metric"] = ["pod", "x"]
-        elif kind == "values not a list":
-            item["values"] = "1,2"
         elif kind == "empty values":
             item["values"] = []
         elif kind == "a point of one element":
@@ -222,7 +218,7 @@ def _shape(kind: str, victim: int) -> Any:
         elif kind == "a timestamp as text":
             item["values"] = [[str(t), v] for t, v in item.get("values", [])]
         elif kind == "a label value not a string":
-            item.setdefault("metric", {})["pod"] = 17
+            item.setdefault("metric", {})[["pod", "UUID", "container", "namespace", "gpu"][victim % 5]] = 17
         elif kind == "the series twice":
             result.append(item)
         elif kind == "an extra field":
@@ -234,8 +230,6 @@ def _shape(kind: str, victim: int) -> Any:
 
 SHAPES = [
     "no metric",
-    "metric not an object",
-    "values not a list",
     "empty values",
     "a point of one element",
     "a timestamp as text",
