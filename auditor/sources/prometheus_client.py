@@ -383,7 +383,7 @@ class PrometheusClient:
         if held > self.max_read_bytes:
             raise AnswerTooLarge(
                 f"the read would hold more than {self.max_read_bytes >> 20:,} MiB of statistics "
-                f"({total:,} series over the range, {count:,} of them for {selector}; "
+                f"({total:,} series so far over the range, {count:,} of them for {selector}; "
                 "prometheus.max_read_memory_mb): audit a shorter range, with a wider --bucket, or fewer series "
                 "(--match), or raise the bound",
                 bound="prometheus.max_read_memory_mb",
