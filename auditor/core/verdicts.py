@@ -475,9 +475,9 @@ def _idle_reason(ev: Evidence, th: Thresholds, head: str, ev_out: dict[str, obje
         )
         return Finding(
             "underutilized",
-            f"{head}, while PCIe is busy both ways ({_gbps(ev.pcie_tx)} to the host, {_gbps(ev.pcie_rx)} "
-            f"back): gradients go down and weights come up every step, the GPU waits on the host "
-            f"(SM activity {pct(ev.sm)}). {_ADVICE['host_offload']}",
+            f"{head}, while PCIe is busy both ways ({_gbps(ev.pcie_tx)} device→host, {_gbps(ev.pcie_rx)} "
+            f"host→device): gradients go to the host and weights come back every step, and the GPU "
+            f"waits on the host in between (SM activity {pct(ev.sm)}). {_ADVICE['host_offload']}",
             ev_out,
         )
     if _periodic(ev, th) and ev.idle_phase is not None:

@@ -5,6 +5,11 @@ The old recording (``h200-workloads``, issue 15) is what the rules were tuned on
 its classes, every workload keeps its verdict except the founding case — the materialised-attention
 transformer at s 1024, ``healthy`` before — which is ``low_mfu`` now; and on both fused/unfused
 pairs the unfused job's recoverable GPU-hours match what its fused twin saves.
+
+The new recording (``h200-mfu-workloads``) is the held-out check: recorded after the rules were
+committed (bf80750), its expected verdicts written before it ran. It was run once, as is; the
+three workloads whose verdict differs from the written expectation are marked below with why,
+not retuned away.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from importlib import resources
 
 import pytest
 from mfu_replay import reason, replay
+from mfu_workloads_expected import EXPECTED, PAIRS
 from workload_verdicts import REASONS, WORKLOADS
 
 
@@ -109,3 +115,72 @@ def test_mfu_estimate_without_clocks_assumes_the_power_capped_clock():
     truth = _truth("h200-workloads")["workloads"]
     errors = {p: got[p]["mfu_estimate"] - w["mfu"] for p, w in truth.items() if w.get("precision") in ("bf16", "fp8")}
     assert max(abs(e) for e in errors.values()) <= 0.035, errors
+
+
+# --------------------------------------------------------------------------- the new recording
+# ``h200-mfu-workloads`` (issue 28): recorded after the rules above were set on the old one, its
+# expected verdicts written before it ran (tests/mfu_workloads_expected.py). The held-out check.
+
+NEW = "h200-mfu-workloads"
+
+
+#: where the held-out run differs from the expectation written before the recording, and why
+MISSES = {
+    # flagged, with FlashAttention advice, and its recoverable hours within 4 % of the truth; but its
+    # tensor pipes are 9.3 % busy, below tensor_idle (0.1): memory_bound comes before low_mfu, as
+    # for the old recording's s 4096 twin (7.8 %); the expectation guessed 0.10-0.15
+    "gpt_unfused_d1024_s3072": ("memory_bound", "no_math_pipe"),
+    # utilization 1.1 %: below the idle line (5 %), whatever the kind; the idle advice is scale to zero
+    "llm_server_poisson_0p25rps": ("idle", None),
+    # tensor 8.5 %, DRAM 35 %, measured MFU 0.075 (the expectation guessed 0.2-0.3): single-digit
+    # tensor activity is never healthy (issue 15's rule); cnn-training has no reference, so it is
+    # not low_mfu and nothing is charged
+    "convnext_tiny_bf16_autocast": ("memory_bound", "dram_busy"),
+}
+
+
+@pytest.fixture(scope="module")
+def new() -> dict[str, dict]:
+    truth = _truth(NEW)["workloads"]
+    recorded = {p: w for p, w in truth.items() if "error" not in w}  # the evaluation stall failed to record
+    return replay(NEW, {p: (w.get("workload_class"), w.get("kind", "Job")) for p, w in recorded.items()})
+
+
+@pytest.mark.parametrize("phase", sorted(p for p in EXPECTED if p != "gpt_eval_stall_period24s"))
+def test_new_recording_gets_its_expected_verdict_and_advice(new, phase):
+    want = EXPECTED[phase]
+    s = new[phase]
+    got = (s["verdict"], reason(s))
+    if phase in MISSES:
+        assert got == MISSES[phase] != (want.verdict, want.reason)
+        pytest.xfail(f"held-out miss: {got}, expected {(want.verdict, want.reason)} (MISSES says why)")
+    assert got == (want.verdict, want.reason), s["findings"][0]["message"]
+
+
+@pytest.mark.parametrize("tag", sorted(PAIRS))
+def test_new_pairs_unfused_flagged_and_recoverable_within_25_percent(new, tag):
+    unfused, fused = PAIRS[tag]
+    saved = new[unfused]["gpu_hours"] * _truth(NEW)["pairs"][tag]["saved_fraction"]
+    assert new[unfused]["verdict"] in ("low_mfu", "memory_bound")
+    assert new[unfused]["recoverable_gpu_hours"] == pytest.approx(saved, rel=0.25)
+
+
+def _executed(w: dict) -> float:
+    """A causal decoder's MFU with the attention FLOPs its flash kernel executes: the truth counts
+    QKᵀ and AV whole (PaLM's convention), the kernel skips the masked half."""
+    s, d, n, v = w["seq"], w["d_model"], w["layers"], w["vocab"]
+    per_token = n * (24 * d * d + 4 * s * d) + 2 * d * v
+    return w["mfu"] * (1 - n * 2 * s * d / per_token)
+
+
+def test_new_mfu_estimate_on_bf16(new):
+    """Within ±0.03 of measured on every bf16 job but the fused causal decoders, which the estimate
+    reads low against the PaLM convention (their flash attention skips the masked half of the
+    FLOPs the truth counts): within ±0.01 of the FLOPs they execute."""
+    truth = _truth(NEW)["workloads"]
+    errors = {p: new[p]["mfu_estimate"] - w["mfu"] for p, w in truth.items() if w.get("precision") == "bf16"}
+    fused = {p for p in errors if p.startswith("gpt_fused")}
+    assert len(errors) >= 13
+    assert max(abs(e) for p, e in errors.items() if p not in fused) <= 0.03, errors
+    assert max(abs(e) for p, e in errors.items() if p in fused) <= 0.05, errors
+    assert all(abs(new[p]["mfu_estimate"] - _executed(truth[p])) <= 0.01 for p in fused)
