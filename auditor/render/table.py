@@ -186,7 +186,9 @@ def format_table(summaries: Sequence[JobSummary], *, wide: bool = False, width: 
         )
     if any(s.mfu_estimate is not None for s in summaries):
         out.append(
-            "MFU~ = share of the dense tensor peak of the precision in use (bf16, FP8, TF32; MIG: the slice's)"
+            "MFU~ = share of the dense tensor peak of the precision in use (bf16, FP8, TF32"
+            + ("; MIG: the slice's" if any(g.mig_instance for s in summaries for g in s.per_gpu) else "")
+            + ")"
             + (f"; {MFU_NA} = no tensor work" if any(mfu_means_nothing(s) for s in summaries) else "")
         )
     if gaps:
