@@ -139,7 +139,8 @@ class PrometheusClient:
     arrives, and the read stops as soon as they pass ``max_series_per_answer``, or the series
     of the cycle's read (:meth:`begin_read`) pass ``max_series_per_cycle``, or the statistics
     the read would hold for them pass ``max_read_memory_mb``: before the rest is read or any of
-    it decoded, naming the selector.
+    it decoded, naming the selector. A body (decompressed) larger than ``max_read_memory_mb`` is
+    refused too, whatever its series.
     """
 
     def __init__(
@@ -330,9 +331,18 @@ class PrometheusClient:
         chunks: list[bytes] = []
         counter = SeriesCounter()
         counting = selector is not None and resp.status_code == 200
+        size = 0
         try:
             for chunk in resp.iter_content(_CHUNK):
                 chunks.append(chunk)
+                size += len(chunk)
+                if size > self.max_read_bytes:  # few series, but a body no read may hold (a gzip bomb)
+                    what = f" for {selector}" if selector else ""
+                    raise AnswerTooLarge(
+                        f"Prometheus at {self.url} answered {path}{what} with more than "
+                        f"{self.max_read_bytes >> 20:,} MiB (prometheus.max_read_memory_mb); the answer was dropped",
+                        bound="prometheus.max_read_memory_mb",
+                    )
                 if counting and selector is not None:
                     self._check_series(path, selector, counter.feed(chunk), series_bytes)
         except requests.exceptions.RequestException:

@@ -142,3 +142,24 @@ def test_memory_per_range_is_checked_before_the_answers_are_held(
     assert line.startswith("gpu-auditor: failed: the read would hold more than 1 MiB of statistics (")
     assert "of them for DCGM_" in line and "prometheus.max_read_memory_mb" in line and "shorter range" in line
     assert summaries(tmp_path / "a.db") == 0
+
+
+def test_a_body_larger_than_the_memory_bound_is_refused_whatever_its_series(
+    prometheus, history: History, tmp_path: Path, capsys
+) -> None:
+    """Ten series padded to 2 MiB (JSON white space; a gzip bomb decompresses the same way)."""
+
+    def padded(query: str, doc: dict) -> bytes:
+        return json.dumps(doc).encode()[:-1] + b" " * (2 << 20) + b"}"
+
+    proxy = AnswerProxy(prometheus.url, rewrite=padded)
+    config = settings_file(tmp_path, max_read_memory_mb=1)
+    try:
+        rc, _, err = audit(capsys, proxy.url, tmp_path / "a.db", *history.window(), *history.match, *config)
+    finally:
+        proxy.close()
+    assert rc == 1
+    line = error_line(err)
+    assert line.startswith(f"gpu-auditor: failed: Prometheus at {proxy.url} answered query_range for DCGM_")
+    assert line.endswith(" with more than 1 MiB (prometheus.max_read_memory_mb); the answer was dropped")
+    assert summaries(tmp_path / "a.db") == 0
