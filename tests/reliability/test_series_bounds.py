@@ -25,6 +25,8 @@ import pytest
 from answer_faults import AnswerProxy
 from bed_history import History, audit, backfill_ten_gpus, error_line, jobs_of, settings_file, summaries
 
+from auditor.cli.main import main
+
 #: the child's own peak memory (VmHWM), as test_time_ranges.py measures it
 MEASURE = (
     "import sys; from auditor.cli.main import main; rc = main(sys.argv[1:]); "
@@ -163,3 +165,20 @@ def test_a_body_larger_than_the_memory_bound_is_refused_whatever_its_series(
     assert line.startswith(f"gpu-auditor: failed: Prometheus at {proxy.url} answered query_range for DCGM_")
     assert line.endswith(" with more than 1 MiB (prometheus.max_read_memory_mb); the answer was dropped")
     assert summaries(tmp_path / "a.db") == 0
+
+
+@pytest.mark.parametrize(
+    "key, value, says",
+    [
+        ("max_series_per_answer", 0, "prometheus.max_series_per_answer: Input should be greater than or equal to 1"),
+        ("max_series_per_cycle", -5, "prometheus.max_series_per_cycle: Input should be greater than or equal to 1"),
+        ("max_read_memory_mb", "lots", "prometheus.max_read_memory_mb: Input should be a valid integer"),
+        ("answer_deadline", "soon", "prometheus.answer_deadline: cannot read duration 'soon'"),
+    ],
+)
+def test_a_bad_bound_is_bad_input(key: str, value: object, says: str, tmp_path: Path, capsys) -> None:
+    config = settings_file(tmp_path, **{key: value})
+    capsys.readouterr()
+    assert main(["explain", "ns/Pod/p", *config]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpu-auditor: error: {config[1]}: {says}") and len(err.strip().splitlines()) == 1
