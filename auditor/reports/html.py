@@ -33,7 +33,7 @@ h3{font-size:1.05rem;margin:1.2rem 0 .4rem}
 .scroll{overflow-x:auto;-webkit-overflow-scrolling:touch;margin:.5rem 0}
 table{border-collapse:collapse;width:100%;font-size:.85rem}
 th,td{border-bottom:1px solid var(--bd);padding:.3rem .45rem;text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
-th{background:#fafafa;position:sticky;top:0;white-space:normal;vertical-align:bottom} .l{text-align:left}
+th{background:#fafafa;position:sticky;top:0;white-space:normal;vertical-align:bottom} th[data-k]{white-space:nowrap} .l{text-align:left}
 td.l{white-space:normal;overflow-wrap:break-word} td.job{min-width:11rem}
 td.advice{white-space:normal;text-align:left;min-width:18rem;max-width:40rem;font-size:.8rem;color:#333}
 .nw{white-space:nowrap}
@@ -94,7 +94,7 @@ which the SMs had work. “GPU utilization” only says that <i>some</i> kernel 
 (1 − SM activity). GPU-hours without SM telemetry are <b>unmeasured</b>: shown on their own, never counted as waste or as efficient.
 <b>MFU</b> is the model FLOPs over the precision's dense tensor peak (a MIG slice: its share), weighted by GPU-hours over the
 jobs with tensor activity (without it a job has no MFU: n/a). <b>Recoverable GPU-hours</b> are the MFU gap: what the same work
-would not have needed at its workload class's reference MFU (or its lineage's best run); a different loss from waste, never added to it.{% if r.prices.default or r.prices.per_model %} Costs at {{ price_text }} per GPU-hour.{% endif %}</p>
+would not have needed at its workload class's reference MFU (or its lineage's best run); counted apart from waste and never added to it (the gap also holds idle time).{% if r.prices.default or r.prices.per_model %} Costs at {{ price_text }} per GPU-hour.{% endif %}</p>
 {% for c in charts %}<figure><img alt="{{ c.alt }}" src="data:image/png;base64,{{ c.png }}"><figcaption>{{ c.caption }}</figcaption></figure>{% endfor %}
 {% if r.scope == "cluster" %}
 <h2>Teams</h2>
