@@ -233,10 +233,7 @@ class Quarantine:
     def update(self, other: Quarantine) -> None:
         for reason, n in other.counts.items():
             self.counts[reason] = self.counts.get(reason, 0) + n
-            named = self.named.setdefault(reason, [])
-            for text in other.named.get(reason, ()):
-                if len(named) < NAMED_PER_REASON and text not in named:
-                    named.append(text)
+        self._name(other)
 
     def refuses_job(self, namespace: str, kind: str, name: str, n: int = 1) -> bool:
         """True (and counted, ``n`` series) when :func:`check_job` refuses the job's identity."""
@@ -252,7 +249,14 @@ class Quarantine:
         series in each, and counts it once."""
         for reason, n in other.counts.items():
             self.counts[reason] = max(self.counts.get(reason, 0), n)
-        self.update(Quarantine({}, other.named))
+        self._name(other)
+
+    def _name(self, other: Quarantine) -> None:
+        for reason, texts in other.named.items():
+            named = self.named.setdefault(reason, [])
+            for text in texts:
+                if len(named) < NAMED_PER_REASON and text not in named:
+                    named.append(text)
 
     @property
     def total(self) -> int:

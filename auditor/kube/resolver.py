@@ -38,7 +38,7 @@ from typing import Iterable, Mapping, Sequence
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from auditor.core.identity import Quarantine
+from auditor.core.identity import InvalidIdentity, Quarantine, check_job
 from auditor.core.kinds import BY_GROUP_KIND, KUEUE_GROUP, KUEUE_JOB_UID_LABEL
 from auditor.core.kinds import KUEUE_QUEUE_LABEL as KUEUE_QUEUE_LABEL  # re-exported
 from auditor.core.model import JobRef, PodRef
@@ -105,9 +105,10 @@ class KubeResolver:
         self._tombstones: dict[str, PodInfo] = {}
         #: the last view (:meth:`jobs`): when it was made (monotonic), the pod informer's version, the view
         self._view: tuple[float, int, dict[str, JobInfo]] | None = None
-        #: the last view's jobs refused for their identity (counted per pod) and their pods
+        #: the last :meth:`resolve`'s pods whose job was refused for its identity, per reason
         self.rejected = Quarantine()
-        self.refused_pods: set[tuple[str, str]] = set()
+        #: the last view's pods (namespace, name) whose job no job key can hold, and why
+        self.refused_pods: dict[tuple[str, str], InvalidIdentity] = {}
         self.pods = Informer(api, "v1", "pods", pod_info, on_delete=self._pod_deleted, name="pods")
         self._owners = OwnerCache(api, self.pods.get)
         self.namespaces = Informer(api, "v1", "namespaces", labels_only, name="namespaces")
@@ -178,10 +179,13 @@ class KubeResolver:
             by_pod = self._by_pod(self.jobs())
         out: dict[PodRef, JobRef] = {}
         ns_labels = self.namespaces.items()
+        self.rejected = Quarantine()
         for pr in pods:
             ref = by_pod.get((pr.namespace, pr.pod))
-            if ref is None and (pr.namespace, pr.pod) in self.refused_pods:
-                continue  # its owner's name cannot be a job's: not audited as a bare pod either
+            refused = self.refused_pods.get((pr.namespace, pr.pod)) if ref is None else None
+            if refused is not None:  # its owner's name cannot be a job's: not audited as a bare pod either
+                self.rejected.add(refused)
+                continue
             if ref is None and self.unresolved_pods == "pod":
                 ref = JobRef(
                     cluster=self.cluster,
@@ -232,19 +236,25 @@ class KubeResolver:
     def _checked(self, view: dict[str, JobInfo]) -> dict[str, JobInfo]:
         """The view without the jobs whose identity no job key can hold (an ownerReference's
         kind and name are only required to be non-empty by the apiserver): their pods are
-        remembered in :attr:`refused_pods`, never resolved, and counted in :attr:`rejected`."""
-        rejected, refused = Quarantine(), set[tuple[str, str]]()
+        remembered in :attr:`refused_pods`, never resolved (:meth:`resolve` counts those it is
+        asked for in :attr:`rejected`); the log names them when they change."""
+        refused: dict[tuple[str, str], InvalidIdentity] = {}
         out: dict[str, JobInfo] = {}
         for key, job in view.items():
             ref = job.ref
-            if rejected.refuses_job(ref.namespace, ref.kind, ref.name, len(job.pods)):
-                refused.update((p.namespace, p.name) for p in job.pods)
+            try:
+                check_job(ref.namespace, ref.kind, ref.name)
+            except InvalidIdentity as bad:
+                refused.update(((p.namespace, p.name), bad) for p in job.pods)
             else:
                 out[key] = job
-        if rejected and rejected.counts != self.rejected.counts:
-            for line in rejected.lines("pods"):
+        if refused.keys() != self.refused_pods.keys():
+            said = Quarantine()
+            for why in refused.values():
+                said.add(why)
+            for line in said.lines("pods in the cluster"):
                 log.warning("owner chain: %s", line)
-        self.rejected, self.refused_pods = rejected, refused
+        self.refused_pods = refused
         return out
 
     def forget(self, job: JobInfo) -> None:

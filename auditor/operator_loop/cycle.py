@@ -455,6 +455,7 @@ class CycleRunner:
         }
         touched: dict[str, tuple[int, dict]] = {}
         summaries: dict[str, JobSummary] = {}  # the engine's own of ``touched``, by job key
+        owners = Quarantine()  # the read's pods whose owner's name no job key can hold
         for chunk in self.chunks(window):
             proxy = _CycleStore(self.store, view, cycle_end=now, settle=self.end_settle, detail=detail, kept=self._kept)
             with self.store.batch():
@@ -481,8 +482,8 @@ class CycleRunner:
             result.queries += audit.report.queries
             result.warnings.extend(audit.report.warnings)
             result.rejected.most(audit.report.rejected)  # one hostile series is in every chunk's read
+            owners.most(getattr(self.resolver, "rejected", Quarantine()))  # pods of refused owners
             touched.update(proxy.saved)
-        owners: Quarantine = getattr(self.resolver, "rejected", Quarantine())  # the view's refused jobs
         if owners:
             result.rejected.most(owners)
             result.warnings.extend(owners.lines("pods"))

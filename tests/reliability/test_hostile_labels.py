@@ -22,6 +22,9 @@ import pytest
 from auditor.cli.main import main
 from tests.sources.synthetic_prometheus import Series, SyntheticPrometheus
 
+#: each probe runs a whole audit over HTTP (about a second): slow-marked, still in `make test`
+pytestmark = pytest.mark.slow
+
 #: a 30-minute window of 5-minute buckets, long past (the audit's own "now" is not asserted)
 START, END = 1_767_225_600, 1_767_225_600 + 1800
 RANGE = ["--start", "2026-01-01T00:00:00Z", "--end", "2026-01-01T00:30:00Z"]
@@ -137,3 +140,128 @@ def test_doctor_names_the_refused_series_once_per_reason(synthetic: SyntheticPro
         (WARN, "2 series rejected (invalid_pod): pod 'job-1/../x', pod 'Job-2' (not a Kubernetes name)")
     ]
     assert "not audited" in hostile[0].fix
+
+
+# -- on the bed: real Prometheus, real kube-apiserver, the operator's own cycle ---------------------
+
+
+def _bed_history(case: str, ns: str, pods: list[str], end: int, minutes: int = 10) -> str:
+    """OpenMetrics for busy GPUs held by ``pods`` (one GPU each) over the ``minutes`` before ``end``."""
+    from tests.sources.test_prometheus_source import _om
+
+    series = []
+    for n, pod in enumerate(pods):
+        labels = {"case": case, "UUID": f"GPU-{case}-{n}", "Hostname": f"node-{n // 8}", "gpu": str(n % 8)}
+        labels |= {"namespace": ns, "pod": pod, "container": "main"}
+        samples = [(float(t), 80.0) for t in range(end - 60 * minutes, end, 15)]
+        series.append(("DCGM_FI_DEV_GPU_UTIL", labels, samples))
+    return _om(series)
+
+
+def _cycle(testbed, prometheus, store_url: str, case: str, now):  # -> CycleResult
+    from auditor.kube.client import KubeConfig, api_client
+    from auditor.kube.resolver import KubeResolver
+    from auditor.operator_loop.cycle import CycleRunner
+    from auditor.sources.prometheus import PrometheusSource
+    from auditor.store import Store
+
+    resolver = KubeResolver(api_client(KubeConfig(kubeconfig=testbed.kubeconfig)), cluster=case).start()
+    try:
+        assert resolver.wait_synced(60.0)
+        with Store.open(store_url) as store:
+            source = PrometheusSource(prometheus.url, matchers={"case": case})
+            try:
+                runner = CycleRunner(store=store, source=source, resolver=resolver, cluster=case)
+                return runner.run(now)
+            finally:
+                source.close()
+    finally:
+        resolver.stop()
+
+
+def _stored(store_url: str, case: str) -> list[str]:
+    from auditor.store import Store
+
+    with Store.open(store_url) as store:
+        return sorted(ref.job for _id, ref, _first, _last in store.open_jobs(case))
+
+
+def test_on_the_bed_one_hostile_series_among_1000_clean_ones(testbed, prometheus, tmp_path: Path) -> None:
+    """The done-when probe: a cycle with one hostile series among 1,000 clean ones stores the
+    1,000 and counts the one (gpu_auditor_series_rejected_total{reason="invalid_pod"} 1)."""
+    import time
+    import uuid
+    from datetime import datetime, timezone
+
+    from prometheus_client import generate_latest
+
+    from auditor.operator_loop.health import OperatorMetrics
+
+    case = f"hl{uuid.uuid4().hex[:8]}"
+    end = int(time.time()) // 300 * 300 - 2 * 3600  # backfill wants the past
+    clean = [f"job-{i}" for i in range(1000)]
+    prometheus.backfill(_bed_history(case, "ml", [*clean, "job-1/../x"], end))
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
+    result = _cycle(testbed, prometheus, store_url, case, datetime.fromtimestamp(end, timezone.utc))
+    assert len(result.summaries) == 1000
+    assert _stored(store_url, case) == sorted(f"Pod/{p}" for p in clean)
+    assert result.rejected.counts == {"invalid_pod": 1}
+    assert result.warnings.count("1 series rejected (invalid_pod): pod 'job-1/../x' (not a Kubernetes name)") == 1
+    metrics = OperatorMetrics()
+    metrics.count_rejected(result.rejected)
+    text = generate_latest(metrics.registry).decode()
+    assert 'gpu_auditor_series_rejected_total{reason="invalid_pod"} 1.0' in text
+    assert 'gpu_auditor_series_rejected_total{reason="invalid_namespace"} 0.0' in text
+
+
+def test_on_the_bed_the_issues_audit_no_longer_fails(prometheus, tmp_path: Path, capsys) -> None:
+    """The issue's reproduction as it was run: two pods, one relabelled pod="job-1/../x",
+    ``audit --no-kube`` against the real Prometheus: exit 0, the healthy pod reported and stored."""
+    import time
+    import uuid
+    from datetime import datetime, timezone
+
+    case = f"hl{uuid.uuid4().hex[:8]}"
+    end = int(time.time()) // 300 * 300 - 2 * 3600
+    prometheus.backfill(_bed_history(case, "ml", ["job-0", "job-1/../x"], end, minutes=30))
+    fmt = lambda t: datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+    capsys.readouterr()
+    db = tmp_path / "a.db"
+    rc = main(
+        ["audit", "--prometheus", prometheus.url, "--match", f"case={case}", "--no-kube", "-o", "json"]
+        + ["--start", fmt(end - 1800), "--end", fmt(end), "--db", f"sqlite:///{db}"]
+    )
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert '"job": "Pod/job-0"' in out.out and "Traceback" not in out.err
+    assert stored_jobs(db) == ["Pod/job-0"]
+    assert "warning: 1 series rejected (invalid_pod): pod 'job-1/../x' (not a Kubernetes name)" in out.err
+
+
+def test_on_the_bed_an_owner_name_no_job_key_can_hold_is_refused(
+    testbed, kube_admin, namespace, prometheus, tmp_path: Path
+) -> None:
+    """An ownerReference's name is only required to be non-empty by the apiserver (it takes
+    ``x/../y``): the job it would name is refused and counted, its pod is not audited as a bare
+    pod either, and the clean pod beside it is."""
+    import time
+    import uuid
+    from datetime import datetime, timezone
+
+    from kubeobjects import create_pod
+
+    case = f"hl{uuid.uuid4().hex[:8]}"
+    owner = {
+        "apiVersion": "example.com/v1",
+        "kind": "Trainer",
+        "metadata": {"name": "x/../y", "uid": str(uuid.uuid4())},
+    }
+    create_pod(kube_admin, namespace, "trainer-0", gpus=1, owner=owner)
+    create_pod(kube_admin, namespace, "clean-0", gpus=1)
+    end = int(time.time()) // 300 * 300 - 2 * 3600
+    prometheus.backfill(_bed_history(case, namespace, ["trainer-0", "clean-0"], end))
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
+    result = _cycle(testbed, prometheus, store_url, case, datetime.fromtimestamp(end, timezone.utc))
+    assert _stored(store_url, case) == ["Pod/clean-0"]
+    assert result.rejected.counts.get("invalid_name") == 1
+    assert any(w.startswith("1 pods rejected (invalid_name): name 'x/../y'") for w in result.warnings), result.warnings

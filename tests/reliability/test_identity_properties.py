@@ -42,6 +42,11 @@ NOW = WINDOW.end + timedelta(hours=1)
 GRID = list(range(START, END, 15))
 PATHS = {"aggregates": -1, "raw samples": 10**9}  # PrometheusSource(raw_read_samples=...)
 
+#: seconds, not milliseconds (HTTP reads and audits), so slow-marked; still in `make test`
+pytestmark = pytest.mark.slow
+#: no example database in the work tree: each run draws afresh (a failure prints its seed)
+RULES = settings(database=None)
+
 #: anything a label value can hold (JSON strings: any code point but a lone surrogate)
 any_text = st.text(st.characters(exclude_categories=("Cs",)), max_size=300)
 #: names near the rules: the alphabet of names, dots, slashes, upper case, and their edges
@@ -62,6 +67,7 @@ def _subdomain(value: str) -> bool:
 # -- the rules ------------------------------------------------------------------------------------
 
 
+@RULES
 @given(names, names, names)
 def test_a_pod_is_accepted_exactly_when_the_apiserver_would_accept_it(ns: str, pod: str, container: str) -> None:
     valid = _label(ns) and _subdomain(pod) and (container == "" or _label(container))
@@ -74,6 +80,7 @@ def test_a_pod_is_accepted_exactly_when_the_apiserver_would_accept_it(ns: str, p
     assert valid and got == (ns, pod, container)
 
 
+@RULES
 @given(names, names, names, st.text(max_size=20))
 def test_an_accepted_job_identity_survives_every_text_form(ns: str, kind: str, name: str, cluster: str) -> None:
     try:
@@ -90,6 +97,7 @@ def test_an_accepted_job_identity_survives_every_text_form(ns: str, kind: str, n
 labels63 = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True)
 
 
+@RULES
 @given(labels63, st.lists(labels63, min_size=1, max_size=4).map(".".join), labels63 | st.just(""))
 def test_every_name_kubernetes_allows_is_accepted(ns: str, pod: str, container: str) -> None:
     assert check_pod(ns, pod, container) == (ns, pod, container)
@@ -163,7 +171,10 @@ def baseline(synthetic: SyntheticPrometheus) -> dict[str, dict[str, dict]]:
 
 
 PROPERTY = settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    max_examples=40,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
 
