@@ -136,8 +136,10 @@ def _backfill_all(prometheus) -> dict[str, DataSet]:
     end = datetime.fromtimestamp(int(time.time()) // 300 * 300 - 2 * 3600, timezone.utc)
     micro, demo = _trace("h200-microbench"), _trace("h200-demo-cluster")
     work = traces.load_trace("h200-workloads")
+    mfu = traces.load_trace("h200-mfu-workloads")
     everything = {
         "workloads": _build(work, end, convention="pod", hostname="Hostname", namespace="work"),
+        "mfu-workloads": _build(mfu, end, convention="pod", hostname="Hostname", namespace="mfu"),
         "micro-pod": _build(micro, end, convention="pod", hostname="Hostname", namespace="bench"),
         "micro-exported": _build(micro, end, convention="exported_pod", hostname="hostname", namespace="bench"),
         "micro-ratio": _build(micro, end, convention="pod", hostname="hostname", namespace="bench", dcgm46=True),
@@ -241,6 +243,43 @@ def test_recorded_workloads_get_their_verdicts_and_pcie_rates(prometheus, data, 
     means = ds.trace.steady_means("h2d_copy_pinned")
     assert _close(copy["pcie_rx_bytes_per_s"], means[Metric.PCIE_RX])
     assert _close(copy["pcie_tx_bytes_per_s"], means[Metric.PCIE_TX])
+
+
+#: issue 28's recording through the real Prometheus with --no-kube: no class, no kind, so what the
+#: buckets alone decide (the classes' verdicts: tests/audit/test_mfu_workloads.py)
+MFU_NO_KUBE = {
+    "idle": ("idle", None),
+    "gpt_unfused_d1536_s2048": ("healthy", None),  # no reference without a class: never low_mfu
+    "gpt_fused_d1536_s2048": ("healthy", None),
+    "gpt_unfused_d2048_s1024": ("healthy", None),
+    "gpt_fused_d2048_s1024": ("healthy", None),
+    "gpt_unfused_d1024_s3072": ("memory_bound", "no_math_pipe"),
+    "gpt_fused_d1024_s3072": ("healthy", None),
+    "gpt_ckpt_sync_period20s": ("underutilized", "periodic_stall"),
+    "gpt_ckpt_sync_period40s": ("underutilized", "periodic_stall"),
+    "gpt_zero_offload_cpu_adam": ("underutilized", "host_offload"),
+    "llm_server_poisson_0p25rps": ("idle", None),
+    "llm_server_poisson_1p0rps": ("underutilized", "launch_bound"),  # a bare Pod: not known as a server
+    "fp32_one_warp_per_sm_ilp2": ("low_sm_efficiency", "low_occupancy"),
+    "fp32_register_limited": ("low_sm_efficiency", "low_occupancy"),
+    "convnext_tiny_bf16_autocast": ("memory_bound", "dram_busy"),
+    "dlrm_embeddingbag_sparse_sgd": ("memory_bound", "no_math_pipe"),
+    "unet_diffusion_bf16_autocast": ("healthy", None),
+}
+
+
+def test_mfu_workloads_idle_phases_and_advice_through_prometheus(prometheus, data, tmp_path, capsys):
+    """Issue 28's workloads through the real Prometheus: the checkpoint stalls' square wave comes
+    through min_over_time/max_over_time of each bucket (periodic_stall, idle phases 0.36 and 0.31),
+    PCIe both ways through the PCIe counters (host_offload), occupancy (low_occupancy)."""
+    ds = data["mfu-workloads"]
+    summaries = _audit(prometheus, ds, f"sqlite:///{tmp_path}/a.db", capsys)
+    _check(ds, summaries, {p: v for p, (v, _) in MFU_NO_KUBE.items()})
+    by_pod = {s["job"].removeprefix("Pod/"): s for s in summaries}
+    got = {p: (by_pod[_pod(p)]["verdict"], by_pod[_pod(p)]["findings"][0]["evidence"].get("reason")) for p in ds.phases}
+    assert got == MFU_NO_KUBE
+    for p, share in (("gpt_ckpt_sync_period20s", 0.36), ("gpt_ckpt_sync_period40s", 0.31)):
+        assert by_pod[_pod(p)]["findings"][0]["evidence"]["idle_phase_share"] == pytest.approx(share, abs=0.03)
 
 
 def test_every_naming_audits_to_the_same_numbers(prometheus, data, tmp_path, capsys):
