@@ -399,7 +399,8 @@ def _low_mfu(ev: Evidence, th: Thresholds, pipe_ev: dict[str, object], explain: 
         Finding(
             "low_mfu",
             f"SMs are busy ({pct(ev.sm)}) and the tensor cores in use, but the MFU estimate is "
-            f"{pct(ev.mfu)} against {pct(ref.value)} for {source} ({ev.mfu / ref.value:.0%} of it); "
+            f"{pct(ev.mfu)} against {pct(ref.value)} for {source} ({pct(ev.mfu / ref.value)} of it): at the "
+            f"reference the same work would need {pct(1 - ev.mfu / ref.value)} fewer GPU-hours; "
             f"{why}. {_ADVICE['mfu_' + reason]}",
             {
                 **pipe_ev,
