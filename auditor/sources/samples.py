@@ -191,6 +191,8 @@ def parse_matrix(body: bytes, name: str, times: bool = True) -> tuple[list[bytes
         return None
     keys, segments = parts[0::2], parts[1::2]
     del parts
+    if not all(_one_object(k) for k in keys):  # a series of another shape: the decoder says which
+        return None
     # each segment is "[t,"v"],[t,"v"]...[t,"v"" : 2k - 1 commas for k samples
     lens = [(seg.count(b",") + 1) >> 1 for seg in segments]
     joined = b",".join(segments)
@@ -215,6 +217,15 @@ def parse_matrix(body: bytes, name: str, times: bool = True) -> tuple[list[bytes
     if len(pairs) != 2 * sum(lens):
         return None
     return keys, lens, pairs[0::2] if times else None, pairs[1::2]
+
+
+def _one_object(key: bytes) -> bool:
+    """Whether a label-set key the plain reader split off is one JSON object: not a list, and not
+    two series run together because one of them had no ``values`` list (``"values":"abc"``).
+    (Neither ``},"values":`` nor ``{"metric":{`` can occur inside a JSON string: its quotes are
+    escaped; a label named ``values`` follows a ``{`` or a ``,``, never a ``}``, and a label's
+    value is a string, never an object.)"""
+    return key[:1] == b"{" and key[-1:] == b"}" and b'},"values":' not in key and b'{"metric":{' not in key
 
 
 def label_key(labels: dict[str, str]) -> bytes:

@@ -37,12 +37,26 @@ def _result(value: Any) -> Callable[[str, dict], dict]:
     return rewrite
 
 
+def _first(**fields: Any) -> Callable[[str, dict], dict]:
+    """The answer's last series given these fields (e.g. a ``metric`` that is a list)."""
+
+    def rewrite(query: str, doc: dict) -> dict:
+        result = doc["data"]["result"]
+        result[-1] = {**result[-1], **fields}
+        return doc
+
+    return rewrite
+
+
 MALFORMED = [
     ("result-null", _result(None), "result is null, not a list of series"),
     ("string", _data({"resultType": "string", "result": [1796300000, "abc"]}), "resultType is 'string', not 'matrix'"),
     ("data-list", _data([]), "data is [], not an object"),
     ("items", _result([1, 2]), "result[0] is int, not a series (metric and values)"),
     ("values-null", _result([{"metric": {}, "values": None}]), "result[0] is"),
+    # (found by test_identity_properties.py: the plain body reader took these for label sets)
+    ("metric-list", _first(metric=["a"]), "result[9] is"),
+    ("values-string", _first(values="abc"), "result[9] is"),
 ]
 
 

@@ -92,3 +92,27 @@ def test_a_series_with_a_sample_that_is_not_a_number_is_left_out_and_named(value
 def test_the_plain_reader_leaves_a_body_with_such_a_sample_to_the_decoder() -> None:
     series = [{"metric": {"__name__": "n", "pod": "a"}, "values": [[1.0, "abc"]]}]
     assert parse_matrix(_body(series, separators=(",", ":")), "n") is None
+
+
+@pytest.mark.parametrize(
+    "series",
+    [
+        [{"metric": ["a"], "values": [[1.0, "1"]]}],
+        [{"metric": {"a": "b"}, "values": "abc"}, {"metric": {"a": "c"}, "values": [[1.0, "1"]]}],
+        [{"metric": {"a": "b"}, "values": [[1.0, "1"]]}, {"metric": {"a": "c"}, "values": "x"}],
+        [{"metric": {"a": "b"}, "values": [[1.0, "1"]]}, {"metric": {"a": "c"}, "values": {"x": 1}}],
+    ],
+    ids=["metric-list", "values-string-first", "values-string-last", "values-object"],
+)
+def test_a_series_of_another_shape_is_left_to_the_decoder_which_names_it(series: list) -> None:
+    """Found by the hostile-identities property tests: the plain reader took a list for a label
+    set, and ran a series without a values list into the next one."""
+    assert parse_matrix(_body(series, separators=(",", ":")), "n") is None
+    with pytest.raises(MalformedAnswer, match=r"^result\[\d\] is .*, not a series \(metric and values\)"):
+        matrix_result(json.loads(_body(series))["data"])
+
+
+def test_a_label_named_values_or_metric_is_read_as_any_other() -> None:
+    series = [{"metric": {"__name__": "n", "metric": "x", "values": "y"}, "values": [[1.0, "1"]]}]
+    got = parse_matrix(_body(series, separators=(",", ":")), "n")
+    assert got is not None and got[0] == [b'{"metric":"x","values":"y"}']
