@@ -438,9 +438,9 @@ class ReportStore:
             return []
         col = {"waste_gpu_hours": _s.waste_gpu_hours, "recoverable_gpu_hours": _s.recoverable_gpu_hours}[by]
         rank = sa.func.row_number().over(partition_by=_s.team, order_by=(col.desc(), _s.job_id))
-        ranked = sa.select(_s.job_id, rank.label("rk")).where(
-            _s.start >= start, _s.end <= end, _s.end > start, col.is_not(None), col > 0
-        )
+        # the gap list holds only jobs with some gap; the waste list every measured job, as before
+        wanted = col.is_not(None) if by == "waste_gpu_hours" else col > 0
+        ranked = sa.select(_s.job_id, rank.label("rk")).where(_s.start >= start, _s.end <= end, _s.end > start, wanted)
         inner = self._scope(ranked, cluster, teams).subquery()
         q = sa.select(inner.c.job_id).where(inner.c.rk <= n)
         with self.store.reading(f"rank the week's jobs by {by}") as conn:
