@@ -159,8 +159,9 @@ def is_dns1123_subdomain(value: str) -> bool:
 
 def is_path_segment_name(value: str) -> bool:
     """Any object's name as the apiserver stores it (``content.IsPathSegmentName``): not ``.``
-    or ``..``, no ``/`` or ``%``; non-empty and printable here too (a control character has no
-    business in a job's name, and every rendering would have to escape it)."""
+    or ``..``, no ``/`` or ``%``; here also non-empty, printable and without white space (a
+    control character has no business in a job's name, every rendering would have to escape
+    it, and a key's text form is read back stripped: ``name "a "`` would come back ``"a"``)."""
     return (
         isinstance(value, str)
         and 0 < len(value) <= DNS1123_SUBDOMAIN_MAX
@@ -168,6 +169,7 @@ def is_path_segment_name(value: str) -> bool:
         and "/" not in value
         and "%" not in value
         and value.isprintable()
+        and not any(c.isspace() for c in value)
     )
 
 
@@ -199,7 +201,7 @@ def check_job(namespace: str, kind: str, name: str) -> tuple[str, str, str]:
         raise InvalidIdentity("invalid_kind", "kind", kind, "not a kind (letters, digits and '-', 63 at most)")
     if not is_path_segment_name(name):
         raise InvalidIdentity(
-            "invalid_name", "name", name, "not an object name (no '/' or '%', not '.' or '..', printable)"
+            "invalid_name", "name", name, "not an object name (no '/', '%' or space, not '.' or '..', printable)"
         )
     return namespace, kind, name
 
