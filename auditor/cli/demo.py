@@ -1,14 +1,16 @@
 """``gpu-auditor demo``: a small GPU cluster replayed from real H200 traces, audited end to end.
 
-No cluster, no server: the bundled traces (``auditor/data``) are replayed as twelve jobs of four
-teams through the same pipeline as a real audit (replay source → bucketing → store → summary →
+No cluster, no server: the bundled traces (``auditor/data``) are replayed as seventeen jobs of
+four teams through the same pipeline as a real audit (replay source → bucketing → store → summary →
 verdicts), stored in ``DIR/demo.sqlite`` (never the default store), printed as the verdict table
 and written as ``DIR/index.html`` (self-contained) plus ``DIR/summaries.json``; the weekly
 team report of the same store (:mod:`auditor.reports`) goes to ``DIR/weekly-report.html``.
 
 The cluster shows every verdict, among them the headline case twice: a single-GPU job spinning a
 few thread blocks (100 % "utilization", 3 % SM activity) and a 4-GPU fine-tune whose three ranks
-spin in a collective waiting on a straggler rank starved by its host.
+spin in a collective waiting on a straggler rank starved by its host; and issue 28's founding
+case: an 8-GPU GPT pretraining at 100 % utilization and 13 % MFU (``low_mfu``, two thirds of its
+GPU-hours recoverable at its class's reference MFU) beside its fused twin at 41 %.
 """
 
 from __future__ import annotations
@@ -177,9 +179,28 @@ def scenario(now: datetime, *, interval: timedelta = timedelta(seconds=30)) -> S
         ),
         TraceJob(own("recsys", "shard-loader-0", "Job", "shard-loader"), a1[7:8], "h2d_copy_pinned", duration=h),
     ]
+    # issue 28's founding case, recorded: a GPT-style bf16 pretraining in eager PyTorch (attention
+    # with a materialised softmax, element-wise ops spelled out; 99 % utilization, MFU 0.14), and
+    # its fused twin (SDPA + torch.compile: MFU 0.45, 3.2x the steps per second) on as many GPUs
+    gpt = load_trace("h200-mfu-workloads")
+    e1, e2 = make_gpus(8, "gpu-node-e1"), make_gpus(8, "gpu-node-e2")
+    gpt_jobs = [
+        TraceJob(
+            own("llm", "gpt-pretrain-worker-0", "PyTorchJob", "gpt-pretrain", workload="llm-training"),
+            e1,
+            "gpt_unfused_d1536_s2048",
+            duration=4 * h,
+        ),
+        TraceJob(
+            own("llm", "gpt-pretrain-fused-worker-0", "PyTorchJob", "gpt-pretrain-fused", workload="llm-training"),
+            e2,
+            "gpt_fused_d1536_s2048",
+            duration=2 * h,
+        ),
+    ]
     window = Window(now - 6 * h, now)
     return Scenario(
-        feeds=[(cluster, demo_jobs), (micro, micro_jobs), (work, work_jobs)],
+        feeds=[(cluster, demo_jobs), (micro, micro_jobs), (work, work_jobs), (gpt, gpt_jobs)],
         resolver=StaticResolver(table),
         window=window,
         duration=6 * h,
@@ -265,7 +286,7 @@ def _handle(args: argparse.Namespace) -> int:
     def say(msg: str) -> None:
         print(f"demo: {msg}", file=sys.stderr, flush=True)
 
-    say("replaying the bundled H200 traces as a small cluster (13 pods, 12 jobs, 4 teams)")
+    say("replaying the bundled H200 traces as a small cluster of 17 jobs in 4 teams")
     summaries = run_demo(
         out, html=not args.no_html, progress=say, thresholds=settings.thresholds, mfu=compose.mfu_plan(settings)
     )
