@@ -357,3 +357,25 @@ def test_the_operator_cycle_measures_a_run_against_its_lineage_label(kube_admin,
     assert a["mfu_class"] is None and a["mfu_estimate"] > 0.35
     assert (b["mfu_class"], b["mfu_reference"]) == (LINEAGE_BEST, pytest.approx(a["mfu_estimate"], abs=1e-6))
     assert b["recoverable_gpu_hours"] > 0.7 * b["gpu_hours"] > 0
+
+
+def test_a_job_re_summarized_after_losing_gpu_time_keeps_its_reference(tmp_path) -> None:
+    """When a later audit names some of a job's pods another job, the job is re-summarized from
+    what it has left (engine ``_hand_over``): its stored job row has no labels to select a class
+    by, so the reference its last summary was computed with is kept."""
+    work = traces.load_trace("h200-workloads")
+    a = _ref("gpt", klass="llm-training")
+    pods = [PodRef("llm", f"gpt-{i}", "main") for i in range(2)]
+    tjs = [traces.TraceJob(p, traces.make_gpus(1, f"n{i}"), UNFUSED, duration=H) for i, p in enumerate(pods)]
+    source = ReplaySource([(work, tjs)], end=END, duration=H)
+    window = Window(END - H, END)
+    with Store.open(f"sqlite:///{tmp_path}/s.db") as store:
+        run_audit(source, StaticResolver({("llm", p.pod): a for p in pods}), store, window, now=END)
+        run_audit(source, StaticResolver({("llm", "gpt-1"): _ref("other")}), store, window, now=END)
+        kept = {d["job"]: d for d in store.summaries()}
+    assert kept["Job/gpt"]["gpu_hours"] == pytest.approx(1.0, abs=0.01)  # one pod left
+    assert (kept["Job/gpt"]["mfu_class"], kept["Job/gpt"]["mfu_reference"]) == ("llm-training", 0.4)
+    assert kept["Job/gpt"]["recoverable_gpu_hours"] == pytest.approx(
+        1.0 * (1 - kept["Job/gpt"]["mfu_estimate"] / 0.4), abs=0.01
+    )
+    assert kept["Job/other"]["mfu_class"] is None
