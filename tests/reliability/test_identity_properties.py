@@ -229,6 +229,10 @@ def _shape(kind: str, victim: int) -> Any:
             item["values"] = item.get("values", [])[:1] and [[item["values"][0][0]]]
         elif kind == "a timestamp as text":
             item["values"] = [[str(t), v] for t, v in item.get("values", [])]
+        elif kind == "metric not an object":
+            item["metric"] = ["pod", "x"]
+        elif kind == "values not a list":
+            item["values"] = "1,2"
         elif kind == "a label value not a string":
             item.setdefault("metric", {})[["pod", "UUID", "container", "namespace", "gpu"][victim % 5]] = 17
         elif kind == "the series twice":
@@ -242,6 +246,8 @@ def _shape(kind: str, victim: int) -> Any:
 
 SHAPES = [
     "no metric",
+    "metric not an object",
+    "values not a list",
     "empty values",
     "a point of one element",
     "a timestamp as text",
