@@ -12,7 +12,8 @@ settings are logged with every password in a URL masked (:meth:`Settings.masked`
 
 Environment variables: ``GPU_AUDITOR_<KEY>`` sets a top-level scalar (``GPU_AUDITOR_INTERVAL=1m``),
 ``GPU_AUDITOR_<SECTION>__<KEY>`` a nested one (``GPU_AUDITOR_LEADER_ELECTION__LEASE_DURATION=10s``);
-lists are comma-separated (``GPU_AUDITOR_TEAM_SOURCES=podLabel:team,namespace``). The CLI's own
+lists are comma-separated (``GPU_AUDITOR_TEAM_SOURCES=podLabel:team,namespace``), the workload
+classes (a list of mappings) one JSON list (``GPU_AUDITOR_MFU__CLASSES='[{"name": "llm", ...}]'``). The CLI's own
 ``GPU_AUDITOR_PROMETHEUS_URL`` sets ``prometheus.url``, and the chart's ``GPU_AUDITOR_DATABASE_URL``
 sets the store (``store.url``, over the file's ``store.url``/``store.url_env``). Other
 ``GPU_AUDITOR_*`` names (secrets such as ``GPU_AUDITOR_SLACK_WEBHOOK_URL``) are only read where a
