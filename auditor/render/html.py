@@ -11,7 +11,7 @@ import base64
 import io
 from collections import defaultdict
 from datetime import datetime
-from typing import Sequence
+from typing import Any, Sequence
 
 import jinja2
 
@@ -157,6 +157,10 @@ def charts(summaries: Sequence[JobSummary]) -> list[dict[str, str]]:
     )
     plt.close(fig)
 
+    gap = [s for s in summaries if s.mfu_reference is not None and s.mfu_estimate is not None]
+    if gap:
+        out.append(_mfu_chart(plt, gap))
+
     by_team: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for s in summaries:
         if s.waste_gpu_hours is not None:
@@ -185,6 +189,39 @@ def charts(summaries: Sequence[JobSummary]) -> list[dict[str, str]]:
         )
         plt.close(fig)
     return out
+
+
+def _mfu_chart(plt: Any, summaries: Sequence[JobSummary]) -> dict[str, str]:
+    """Each job with a reference: its MFU against the reference, and the GPU-hours of the gap."""
+    labels = [f"{s.namespace}/{s.job}" for s in summaries]
+    n = len(summaries)
+    fig, ax = plt.subplots(figsize=(10, 0.45 * n + 1.2))
+    ys = list(range(n))
+    ax.barh(ys, [(s.mfu_reference or 0.0) * 100 for s in summaries], height=0.6, color="#e0e0e0", label="reference")
+    ax.barh(ys, [(s.mfu_estimate or 0.0) * 100 for s in summaries], height=0.35, color="#2e7d32", label="MFU")
+    for y, s in zip(ys, summaries):
+        ax.text(
+            max(s.mfu_reference or 0.0, s.mfu_estimate or 0.0) * 100 + 1,
+            y,
+            f"{s.recoverable_gpu_hours or 0.0:.1f} GPU-h recoverable ({s.mfu_class})",
+            va="center",
+            fontsize=7,
+            color="#555",
+        )
+    ax.set_yticks(ys, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("% of the dense tensor peak of the precision in use")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("MFU against the reference of the job's class (or lineage)")
+    fig.tight_layout()
+    chart = {
+        "png": _png(fig),
+        "alt": "bar chart: MFU against the reference MFU per job, with the recoverable GPU-hours",
+        "caption": "Recoverable GPU-hours = GPU-hours × (1 − MFU / reference): what the same work would not have needed.",
+    }
+    plt.close(fig)
+    return chart
 
 
 def _notes(doc: dict) -> str:
