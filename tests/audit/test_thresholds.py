@@ -2,7 +2,7 @@ from datetime import timedelta
 
 import pytest
 
-from auditor.core.thresholds import Thresholds, match_model
+from auditor.core.thresholds import ThresholdError, Thresholds, match_model
 from auditor.errors import BadInput
 
 
@@ -97,3 +97,15 @@ def test_as_dict_is_json_friendly():
 
     json.dumps(Thresholds().as_dict())
     assert match_model({}, "x") is None
+
+
+def test_issue_28_thresholds_are_settable_and_checked():
+    th = Thresholds.from_mapping(
+        {"healthy_max_waste": "0.3", "stall_share": 0.2, "low_occupancy": 0.1, "pcie_offload_bytes": 5e8}
+    )
+    assert (th.healthy_max_waste, th.stall_share, th.low_occupancy, th.pcie_offload_bytes) == (0.3, 0.2, 0.1, 5e8)
+    assert Thresholds.from_mapping({"low_mfu_ratio": 0.5, "mfu_tensor_rate": 1}).low_mfu_ratio == 0.5
+    with pytest.raises(ThresholdError, match="math_pipe_idle .* must not exceed math_pipe_busy"):
+        Thresholds.from_mapping({"math_pipe_busy": 0.01})
+    with pytest.raises(ThresholdError, match="low_mfu_ratio"):
+        Thresholds.from_mapping({"low_mfu_ratio": 65})
