@@ -257,6 +257,7 @@ MFU_NO_KUBE = {
     "gpt_fused_d1024_s3072": ("healthy", None),
     "gpt_ckpt_sync_period20s": ("underutilized", "periodic_stall"),
     "gpt_ckpt_sync_period40s": ("underutilized", "periodic_stall"),
+    "gpt_eval_stall_period24s": ("underutilized", "periodic_stall"),
     "gpt_zero_offload_cpu_adam": ("underutilized", "host_offload"),
     "llm_server_poisson_0p25rps": ("idle", None),
     "llm_server_poisson_1p0rps": ("underutilized", "launch_bound"),  # a bare Pod: not known as a server
@@ -278,7 +279,11 @@ def test_mfu_workloads_idle_phases_and_advice_through_prometheus(prometheus, dat
     by_pod = {s["job"].removeprefix("Pod/"): s for s in summaries}
     got = {p: (by_pod[_pod(p)]["verdict"], by_pod[_pod(p)]["findings"][0]["evidence"].get("reason")) for p in ds.phases}
     assert got == MFU_NO_KUBE
-    for p, share in (("gpt_ckpt_sync_period20s", 0.36), ("gpt_ckpt_sync_period40s", 0.31)):
+    for p, share in (
+        ("gpt_ckpt_sync_period20s", 0.36),
+        ("gpt_ckpt_sync_period40s", 0.31),
+        ("gpt_eval_stall_period24s", 0.32),
+    ):
         assert by_pod[_pod(p)]["findings"][0]["evidence"]["idle_phase_share"] == pytest.approx(share, abs=0.03)
 
 
