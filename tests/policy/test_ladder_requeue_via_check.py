@@ -178,5 +178,7 @@ def test_with_nobody_waiting_the_ladder_requeues_through_spec_active(kube_admin,
         row = _requeue_row(store, ns, "bad")
         assert row.state == "waiting" and row.result["path"] == "spec.active"
         wl = until(lambda: (w := _wl(api, ns, name)) and w["spec"].get("active") is False and w, "deactivated")
-        assert check_state(wl, q.check)["state"] != "Retry"
+        # Kueue may already have dropped the check's entry from a deactivated Workload's status
+        # (seen once in CI: KeyError 'state'); absent is "not Retry" too
+        assert check_state(wl, q.check).get("state") != "Retry"
         assert "gpu-auditor.io/requeue-path" not in job(api, ns, "bad")["metadata"]["annotations"]
