@@ -18,6 +18,7 @@ import yaml
 from chartlib import CHART, Chart, find
 
 from auditor.cli.main import main
+from auditor.core.mfu import DEFAULT_CLASSES
 from auditor.core.thresholds import Thresholds
 from auditor.operator_loop.policies import policy_files
 from auditor.policy.loader import load_files
@@ -109,6 +110,28 @@ def test_full_example_sets_thresholds(chart: Chart, tmp_path) -> None:
     th = load_settings(path, environ={"GPU_AUDITOR_DATABASE_URL": DATABASE_URL}).thresholds
     assert th.low_sm == 0.25 and th.busy_util == Thresholds().busy_util
     assert th.power_floor("NVIDIA RTX 6000 Ada Generation") == 100 and th.power_floor("NVIDIA H200") == 250
+
+
+def test_full_example_sets_mfu_classes(chart: Chart, tmp_path) -> None:
+    """The worked example's MFU classes reach the operator's settings in order (they replace the
+    shipped ones); the chart's default renders no `mfu:` and keeps the shipped classes."""
+    objs = chart.render(values=[CHART / "ci" / "full-values.yaml"])
+    (cm,) = find(objs, "ConfigMap", "ga-gpu-auditor-settings")
+    path = tmp_path / "settings.yaml"
+    path.write_text(cm["data"]["settings.yaml"])
+    mfu = load_settings(path, environ={"GPU_AUDITOR_DATABASE_URL": DATABASE_URL}).mfu
+    classes = mfu.workload_classes()
+    assert [(c.name, c.reference_mfu, c.namespaces) for c in classes] == [
+        ("llm-training", 0.40, ("llm-*",)),
+        ("vision", None, ("vision",)),
+    ]
+    assert mfu.lineage_best is True
+
+    (default_cm,) = find(chart.render(), "ConfigMap", "ga-gpu-auditor-settings")
+    assert "mfu" not in yaml.safe_load(default_cm["data"]["settings.yaml"])
+    default_path = tmp_path / "default.yaml"
+    default_path.write_text(default_cm["data"]["settings.yaml"])
+    assert load_settings(default_path, environ={}).mfu.workload_classes() == DEFAULT_CLASSES
 
 
 def test_bad_thresholds_render_but_the_operator_refuses_them_naming_the_key(chart: Chart, tmp_path) -> None:
