@@ -73,7 +73,7 @@ def _team_bars(
 
 
 def trend(points: Sequence[Mapping[str, Any]]) -> str:
-    """Weekly GPU-hours (bars: SM-active vs the rest) and efficiency (line, right axis)."""
+    """Weekly GPU-hours (bars: SM-active vs the rest), efficiency and MFU (lines, right axis)."""
     plt = _plt()
     weeks = [str(p["week"]) for p in points]
     x = range(len(points))
@@ -102,11 +102,14 @@ def trend(points: Sequence[Mapping[str, Any]]) -> str:
     xs = [i for i, e in zip(x, eff) if e is not None]
     ys = [e for e in eff if e is not None]
     ax2.plot(xs, ys, color="#111", marker="o", label="efficiency %")
+    mfu = [None if p.get("mfu") is None else float(p["mfu"]) * 100 for p in points]
+    mx = [i for i, m in zip(x, mfu) if m is not None]
+    ax2.plot(mx, [m for m in mfu if m is not None], color=TENSOR_COLOR, marker="s", linestyle="--", label="MFU %")
     ax2.set_ylim(0, 100)
-    ax2.set_ylabel("efficiency (SM activity) %")
+    ax2.set_ylabel("efficiency (SM activity), MFU %")
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, fontsize=8, frameon=False)
+    ax.legend(h1 + h2, l1 + l2, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=5, fontsize=8, frameon=False)
     return _png(fig)
 
 

@@ -205,7 +205,7 @@ def render_html(
             {
                 "png": charts.trend(total["trend"]),
                 "alt": "chart: GPU-hours and efficiency over the last weeks",
-                "caption": "GPU-hours per week (SM-active, wasted, unmeasured) and efficiency (line).",
+                "caption": "GPU-hours per week (SM-active, wasted, unmeasured), efficiency (line) and MFU (dashed).",
             }
         )
         # one team's page keeps to the trend (its verdict counts are a table row): a chart

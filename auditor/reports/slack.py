@@ -16,8 +16,8 @@ TOP_IN_SLACK = 3
 
 
 def _trend_text(points: list[Mapping[str, Any]]) -> str:
-    effs = [fmt("ratio", p["efficiency"]) if p["jobs"] else "no data" for p in points]
-    return "Efficiency by week: " + " → ".join(f"{p['week'][-3:]} {e}" for p, e in zip(points, effs))
+    effs = [f"{fmt('ratio', p['efficiency'])} · {fmt('ratio', p['mfu'])}" if p["jobs"] else "no data" for p in points]
+    return "Efficiency · MFU by week: " + " → ".join(f"{p['week'][-3:]} {e}" for p, e in zip(points, effs))
 
 
 def _kpi_fields(t: Mapping[str, Any], cur: str, money: bool) -> dict:
