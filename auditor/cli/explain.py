@@ -14,14 +14,14 @@ import json
 from collections import defaultdict
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence, SupportsFloat
+from typing import TYPE_CHECKING, Callable, Sequence, SupportsFloat
 
 from auditor.cli.names import cluster_name
 from auditor.cli.storeopts import add_store_flags
 from auditor.core.admission import AdmissionFacts, format_wait
 from auditor.core.identity import JobKey
 from auditor.core.job_summary import JobSummary, rfc3339
-from auditor.core.metrics import Metric
+from auditor.core.metrics import SPECS, Metric
 from auditor.core.mfu import LINEAGE_BEST
 from auditor.core.model import Bucket, JobRef
 from auditor.errors import BadInput
@@ -218,7 +218,7 @@ def render(summary: JobSummary, buckets: Sequence[Bucket], admission: AdmissionF
         out.append(f"  {'metric':<18}{'mean':>9}{'p10':>9}{'p50':>9}{'p90':>9}{'samples':>9}{'dropped':>9}")
         for metric in sorted(s.stats, key=lambda m: m.value):
             st = s.stats[metric]
-            unit = _pct if _is_ratio(metric.value) else (lambda v: _num(v, "{:.1f}"))
+            unit = _stat_format(metric)
             out.append(
                 f"  {metric.value:<18}{unit(st.mean):>9}{unit(st.p10):>9}{unit(st.p50):>9}"
                 f"{unit(st.p90):>9}{st.samples:>9}{st.dropped:>9}"
@@ -313,8 +313,15 @@ def kueue_line(f: AdmissionFacts) -> str:
     return "   ".join(parts)
 
 
-def _is_ratio(metric: str) -> bool:
-    return metric not in ("power", "fb_used", "sm_clock", "max_sm_clock")
+def _stat_format(metric: Metric) -> Callable[[SupportsFloat | None], str]:
+    """How the statistics table writes ``metric``, from its unit in :data:`SPECS`: activities in
+    percent, byte rates in GB/s (a PCIe rate in percent read 3857924932.3 %), the rest as numbers."""
+    spec = SPECS[metric]
+    if spec.unit == "ratio":
+        return _pct
+    if spec.unit == "B/s":
+        return lambda v: "-" if v is None else f"{float(v) / 1e9:.2f}GB/s"
+    return lambda v: _num(v, "{:.1f}")
 
 
 def _short(v: object) -> str:
