@@ -159,7 +159,7 @@ def lines(
 
 
 def mfu_gauge(
-    mfu: float | None, reference: float | None, *, source: str | None, gpu_hours: float | None, width: int = 640
+    mfu: float | None, reference: float | None, *, source: str | None, gpu_hours: float | None, width: int = 480
 ) -> str:
     """One job's MFU on a 0–100 % scale beside its reference (a dashed mark), the gap between them
     shaded: what the job does, what its class (or its own best run) does, and what the difference
