@@ -548,10 +548,21 @@ def policy_fields() -> dict[str, Range]:
     return {f.name: f.metadata["range"] for f in (*fields(Means), *fields(JobSummary)) if "range" in f.metadata}
 
 
+def lost_gpu_hours(s: JobSummary) -> float | None:
+    """The GPU-hours a job lost by either measure: idle SMs (waste) or the MFU gap (recoverable).
+
+    The larger of the two, never their sum: the gap already holds the idle time (a job idle half
+    its time is at most half its reference MFU). None when neither is known."""
+    known = [v for v in (s.waste_gpu_hours, s.recoverable_gpu_hours) if v is not None]
+    return max(known) if known else None
+
+
 def sort_key(s: JobSummary) -> tuple[bool, float, float, str, str]:
-    """Most wasted GPU-hours first; unknown waste after known, then by GPU-hours, then name."""
-    w = s.waste_gpu_hours
-    return (w is None, -(w or 0.0), -(s.gpu_hours or 0.0), s.namespace, s.job)
+    """Most GPU-hours lost first (:func:`lost_gpu_hours`: an LLM training at 100 % utilization and
+    a third of its class's MFU leads, though its SMs are busy); unknown after known, then by
+    GPU-hours, then name."""
+    lost = lost_gpu_hours(s)
+    return (lost is None, -(lost or 0.0), -(s.gpu_hours or 0.0), s.namespace, s.job)
 
 
 def sorted_summaries(summaries: Sequence[JobSummary]) -> list[JobSummary]:

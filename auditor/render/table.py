@@ -1,4 +1,5 @@
-"""The verdict table ``audit``, ``run --once`` and ``demo`` print: one line per job, most waste first.
+"""The verdict table ``audit``, ``run --once`` and ``demo`` print: one line per job, most GPU-hours lost
+(the larger of WASTE-H and GAP-H) first.
 
 Plain text, fixed-width columns; missing metrics print as ``-`` (never as 0). The notable
 findings of each job are shortened into a ``NOTES`` column so the table alone tells an admin
