@@ -101,8 +101,10 @@ def _value(samples: list, **labels: str) -> float:
 
 def test_gpu_hours_and_waste_by_team_and_verdict(scrape: dict[str, list]) -> None:
     gh = scrape["gpu_auditor_gpu_hours_total"]
-    # llm: finetune 4 GPUs + kernel-debug 1 + serve 2 + naive-attn 1, each for the window's half hour
-    assert _value(gh, cluster="demo", team="llm") == pytest.approx((4 + 1 + 2 + 1) * 0.5)
+    # llm: finetune 4 GPUs + kernel-debug 1 + serve 2 + naive-attn 1 + the founding case gpt-pretrain 8
+    # and its fused twin 8 (issue 28), each for the window's half hour
+    assert _value(gh, cluster="demo", team="llm") == pytest.approx((4 + 1 + 2 + 1 + 8 + 8) * 0.5)
+    assert _value(gh, team="llm", verdict="low_mfu") == pytest.approx(8 * 0.5)  # gpt-pretrain
     # issue 28: the 4-GPU finetune is underutilized (its straggler is the headline), kernel-debug low_sm_efficiency
     assert _value(gh, team="llm", verdict="low_sm_efficiency") == pytest.approx(1 * 0.5)
     assert _value(gh, team="llm", verdict="underutilized") == pytest.approx(4 * 0.5)
