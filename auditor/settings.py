@@ -446,6 +446,10 @@ class Settings(_Section):
     """Everything ``gpu-auditor run`` needs; see docs/operator.md for each key."""
 
     cluster: str = "default"
+    #: ``audit``: the policies decide, record and show (console, status, report) what they would
+    #: do, and nothing is written to users' objects or sent to users (docs/install.md, "A quiet
+    #: start"); ``enforce``: each policy's own mode applies. The chart's default is ``audit``.
+    mode: Literal["audit", "enforce"] = "enforce"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)

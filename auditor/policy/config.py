@@ -71,8 +71,17 @@ def runner_config(settings: Settings, environ: Mapping[str, str] | None = None) 
         )
         if not on
     }
+    audit_only = settings.mode == "audit"
+    log.info(  # once per start: the operator builds its runner's configuration once
+        "mode %s: %s",
+        settings.mode,
+        "policies decide and record; nothing is written to users' objects and no alert is sent (set mode: enforce to act)"
+        if audit_only
+        else "each policy acts in its own mode",
+    )
     return RunnerConfig(
         cluster=settings.cluster,
+        audit_only=audit_only,
         default_route=default,
         routes=routes,
         requeue=requeue,

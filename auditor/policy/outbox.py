@@ -71,7 +71,10 @@ class AlertOutbox:
         return sorted(rows, key=lambda r: (r.due_at or r.updated_at, r.id))
 
     def drain(self, now: datetime, *, budget: float = 30.0) -> DrainResult:
-        """One pass: try every alert due at ``now`` once, for at most ``budget`` seconds."""
+        """One pass: try every alert due at ``now`` once, for at most ``budget`` seconds (none in
+        the installation's audit mode: alerts queued before it wait, nothing is sent to users)."""
+        if self.config.audit_only:
+            return DrainResult()
         began = self._monotonic()
         out = DrainResult()
         slow: set[str] = set()  # receivers that did not answer in this pass

@@ -94,8 +94,9 @@ class Recovery:
                 exc,
             )
 
-    def resume(self, now: datetime) -> list[Decision]:
-        """Reactivate requeued jobs whose backoff is over; finish steps a crash interrupted."""
+    def resume(self, now: datetime, *, resume_steps: bool = True) -> list[Decision]:
+        """Reactivate requeued jobs whose backoff is over; finish steps a crash interrupted (unless
+        not ``resume_steps``: the installation's audit mode, which lets them wait for enforce)."""
         repo = self._record
         out: list[Decision] = []
         for row in repo.actions_in([WAITING], cluster=self.config.cluster, action="requeue"):
@@ -135,6 +136,8 @@ class Recovery:
                 repo.finish_action(row.dedup_key, WAITING, now, result=row.result, error=str(exc), due_at=row.due_at)
                 d.results["reactivate"] = {"state": "retry", "error": str(exc)}
             out.append(d)
+        if not resume_steps:
+            return out
         policies = {p.name: p for p in self._policies()}
         for row in repo.stale_claims(now, self.config.stale_claim_after, cluster=self.config.cluster):
             decision = next((x for x in repo.decisions(job=row.job) if x["id"] == row.decision_id), None)

@@ -124,7 +124,7 @@ class PolicyRunner:
         out: list[Decision] = []
         if act:
             self._actions.new_cycle()
-            out += self._recovery.resume(now)
+            out += self._recovery.resume(now, resume_steps=not self.config.audit_only)
         jobs = []
         for s in summaries:
             if not s.cluster:
@@ -223,7 +223,7 @@ class PolicyRunner:
         idx, step = due
         d.step, d.actions = idx, [a.value for a in step.actions]
         d.dedup_key = decision_key(summary, policy.name, state.episode, idx)
-        d.dry_run = not act or mode is Mode.AUDIT
+        d.dry_run = not act or mode is Mode.AUDIT or self.config.audit_only
         if act and not d.dry_run and idx > 0:
             untold = self._owner_not_told(policy, s, state, idx, target, ev, now)
             if untold:
@@ -240,6 +240,8 @@ class PolicyRunner:
             return d
         keys = [action_key(d.dedup_key, a) for a in d.actions]
         evidence = {**ev.evidence, "job_ref": target.to_ref(), "policy_mode": mode.value}
+        if self.config.audit_only:
+            evidence["install_mode"] = "audit"  # why a warn or enforce step is a dry run
         did = repo.claim_step(  # type: ignore[union-attr]
             job,
             policy.name,

@@ -52,6 +52,10 @@ class RunnerConfig:
     instance: str = "gpu-auditor"
     #: action kinds turned off by the installation (the chart then grants no RBAC for them)
     disabled_actions: frozenset[ActionKind] = frozenset()
+    #: the installation's ``mode: audit`` (a quiet start): every due step is decided and recorded as
+    #: a dry run, whatever the policy's own mode; no action runs, no queued alert is sent, no
+    #: interrupted step is resumed (reactivating a job requeued earlier still is: it undoes our write)
+    audit_only: bool = False
     #: signed acknowledgement links for the alerts (settings gate.ack_link_*); None: alerts carry none
     ack_links: LinkIssuer | None = None
     #: alerts go to the persisted delivery queue (the operator: sent off the cycle by
