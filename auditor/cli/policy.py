@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def validate(args: argparse.Namespace) -> int:
     from auditor.policy.examples import run_suite
-    from auditor.policy.loader import load_all, parse_policies, read_path
+    from auditor.policy.loader import load_all, parse_policies, read_path, shipped_overrides
     from auditor.policy.schema import GatePolicy
 
     files = read_path(args.path)
@@ -68,6 +68,8 @@ def validate(args: argparse.Namespace) -> int:
             print(f"ok  {d.name}  ({d.describe()})")
         else:
             print(f"ok  {d.name}  (mode {d.spec.mode.value}, {len(d.spec.escalation)} step(s))")
+    for line in shipped_overrides(files, DEFAULT_POLICIES):  # as the operator will run them
+        print(line)
     for f in failures:
         print(f"suite failure: {f}", file=sys.stderr)
     if failures:

@@ -20,7 +20,7 @@ from auditor.core.identity import JobKey
 from auditor.core.job_summary import JobSummary
 from auditor.errors import AuditorError
 from auditor.policy.config import runner_config
-from auditor.policy.loader import PolicyRegistry, read_dir
+from auditor.policy.loader import PolicyRegistry, layered, read_dir
 from auditor.policy.outbox import AlertOutbox, DrainResult
 from auditor.policy.runner import Decision, PolicyRunner
 from auditor.ports import CheckRequeue, ClusterActions
@@ -40,17 +40,19 @@ def builtin_policy_dir(settings: Settings) -> Path | None:
 
 
 def policy_files(settings: Settings) -> dict[str, str]:
-    """Every policy file to run: the shipped ones (when ``policies.builtin``) and ``policies.dir``."""
-    files: dict[str, str] = {}
+    """Every policy file to run: the shipped ones (when ``policies.builtin``) and ``policies.dir``,
+    whose policies replace shipped ones of the same name (:class:`~auditor.policy.loader.PolicyFiles`)."""
+    shipped: dict[str, str] = {}
     if settings.policies.builtin:
         builtin = builtin_policy_dir(settings)
         if builtin is None:
             log.warning("policies.builtin is on but no shipped policies were found (set policies.builtin_dir)")
         else:
-            files.update(read_dir(builtin))
+            shipped = read_dir(builtin)
+    admin: dict[str, str] = {}
     if settings.policies.dir and Path(settings.policies.dir).is_dir():
-        files.update(read_dir(settings.policies.dir))
-    return files
+        admin = read_dir(settings.policies.dir)
+    return layered(shipped, admin)
 
 
 #: prefix of the dedup keys of ``run --dry-run``'s would-do decisions (never an acting operator's key)
@@ -84,6 +86,10 @@ class PolicyStage:
         self.runner = PolicyRunner(self.registry, store, actions, config, check_requeue=check_requeue)
         self.repo = DecisionStore(store)
         self.outbox = AlertOutbox(self.repo, config)
+        #: decisions are recorded as would-do: ``run --dry-run``, or the installation's ``mode: audit``
+        #: (docs/install.md, "A quiet start"), whose decisions say so in their evidence
+        self.would_do = dry_run or config.audit_only
+        self._install_mode = {"install_mode": "audit"} if config.audit_only else {}
 
     def deliver(self, now: datetime, *, budget: float) -> DrainResult:
         """Send the queued alerts that are due (one pass, at most ``budget`` seconds); a store
@@ -112,14 +118,14 @@ class PolicyStage:
             if not self.registry.policies:
                 return []
             decisions = self.runner.run_cycle(summaries, now=now, act=not self.dry_run)
-            if self.dry_run:
+            if self.would_do:
                 self._record_would_do(decisions, now)
         except AuditorError as exc:
             log.error("policies: %s", exc)
             return []
         for d in decisions:
             if d.step is not None:
-                log.info("policy %s on %s (step %d): %s", d.policy, d.job, d.step, d.summary_line(self.dry_run))
+                log.info("policy %s on %s (step %d): %s", d.policy, d.job, d.step, d.summary_line(self.would_do))
         return decisions
 
     def _record_would_do(self, decisions: list[Decision], now: datetime) -> None:
@@ -138,5 +144,5 @@ class PolicyStage:
                 now=now,
                 verdict=str(d.verdict),
                 reason=d.reason,
-                evidence={**d.evidence, "would_do": True},
+                evidence={**d.evidence, "would_do": True, **self._install_mode},
             )

@@ -99,6 +99,56 @@ REQUIRED_HINTS = {
 }
 
 
+class PolicyFiles(dict[str, str]):
+    """Policy files (path → text) of which ``shipped`` are the policies shipped with gpu-auditor.
+
+    A policy in another file (the admin's ``policies.dir``) with the name of a shipped one
+    replaces it: an admin tones down or tightens one shipped policy without forking them all.
+    Two definitions of one name among the admin's files (or among the shipped ones) are still
+    refused, as in any plain mapping of files.
+    """
+
+    def __init__(self, files: Mapping[str, str] | None = None, *, shipped: Iterable[str] = ()) -> None:
+        super().__init__(files or {})
+        self.shipped = frozenset(shipped)
+
+
+def layered(shipped: Mapping[str, str], admin: Mapping[str, str]) -> PolicyFiles:
+    """The shipped files with the admin's over them (a file at the same path is the admin's)."""
+    return PolicyFiles({**shipped, **admin}, shipped=(name for name in shipped if name not in admin))
+
+
+def _overrides(
+    loaded: list[tuple[str, AnyPolicy]], files: Mapping[str, str]
+) -> tuple[list[tuple[str, AnyPolicy]], list[str]]:
+    """``loaded`` less the shipped policies that a policy of the same name in an admin file
+    replaces, and one line per replacement (``file:line: policy 'x' replaces the shipped one in file:line``)."""
+    shipped: frozenset[str] = getattr(files, "shipped", frozenset())
+    if not shipped:
+        return loaded, []
+    admin_at: dict[str, str] = {}
+    for src, p in loaded:
+        if src not in shipped:
+            admin_at.setdefault(p.name, src)
+    kept, notes = [], []
+    for src, p in loaded:
+        if src in shipped and p.name in admin_at:
+            by, was = _where_named(files, admin_at[p.name], p.name), _where_named(files, src, p.name)
+            notes.append(f"{by}: policy {p.name!r} replaces the shipped one in {was}")
+        else:
+            kept.append((src, p))
+    return kept, notes
+
+
+def shipped_overrides(files: Mapping[str, str], shipped_dir: str | Path) -> list[str]:
+    """Which policies of ``files`` (an admin's) replace shipped ones in ``shipped_dir``, one
+    line each (``policy validate`` says so); none when that directory is missing or is ``files``'."""
+    if not Path(shipped_dir).is_dir():
+        return []
+    shipped = {n: t for n, t in read_dir(shipped_dir).items() if n not in files}
+    return load_layered(layered(shipped, files))[1]
+
+
 def _check_unique(policies: Iterable[tuple[str, AnyPolicy]], files: Mapping[str, str]) -> list[str]:
     seen: dict[str, str] = {}
     problems = []
@@ -135,7 +185,17 @@ def load_gate_files(files: Mapping[str, str]) -> list[GatePolicy]:
 
 
 def load_all(files: Mapping[str, str]) -> list[AnyPolicy]:
-    """Every document of both kinds in a set of files, all-or-nothing; names are unique across kinds."""
+    """Every document of both kinds in a set of files, all-or-nothing; names are unique across
+    kinds, except that an admin's policy replaces a shipped one of its name (:class:`PolicyFiles`;
+    each replacement is logged)."""
+    documents, notes = load_layered(files)
+    for note in notes:
+        log.warning("%s", note)
+    return documents
+
+
+def load_layered(files: Mapping[str, str]) -> tuple[list[AnyPolicy], list[str]]:
+    """:func:`load_all`'s documents and the lines saying which shipped policies were replaced."""
     problems: list[str] = []
     loaded: list[tuple[str, AnyPolicy]] = []
     for name in sorted(files):
@@ -145,10 +205,11 @@ def load_all(files: Mapping[str, str]) -> list[AnyPolicy]:
             loaded += [(name, p) for p in parse_documents(files[name], name)]
         except PolicyError as exc:
             problems += exc.problems
+    loaded, notes = _overrides(loaded, files)
     problems += _check_unique(loaded, files)
     if problems:
         raise PolicyError(problems)
-    return [p for _, p in loaded]
+    return [p for _, p in loaded], notes
 
 
 def _read(path: Path) -> str:
@@ -203,6 +264,8 @@ class PolicyRegistry:
 
     _good: dict[str, list[AnyPolicy]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    #: the shipped policies that an admin's file replaces, one line each (as last logged)
+    overrides: list[str] = field(default_factory=list)
     #: each file's last text and what parsing it gave (policies, or the problems): the operator
     #: re-reads the directory every cycle, and only a changed file is parsed again.
     _parsed: dict[str, tuple[str, list[AnyPolicy] | None, list[str]]] = field(default_factory=dict)
@@ -212,7 +275,8 @@ class PolicyRegistry:
 
         New good files replace their old version; removed files drop their policies; a bad file
         keeps its previous version (or none, if it never loaded). A policy name defined in two
-        files keeps the earlier file's definition.
+        files keeps the earlier file's definition, except that an admin's file replaces a shipped
+        one (:class:`PolicyFiles`; logged once, when the replacement first appears).
         """
         problems: list[str] = []
         good: dict[str, list[AnyPolicy]] = {}
@@ -227,10 +291,15 @@ class PolicyRegistry:
                 if name in self._good:
                     good[name] = self._good[name]
                     log.warning("policy file %s is invalid; its last good version keeps running", name)
+        loaded, notes = _overrides([(name, p) for name in sorted(good) for p in good[name]], files)
+        for note in notes:
+            if note not in self.overrides:
+                log.warning("%s", note)
+        self.overrides = notes
         names: dict[str, str] = {}
         for name in sorted(good):
             kept = []
-            for p in good[name]:
+            for p in (p for src, p in loaded if src == name):
                 if p.name in names:
                     where, first = _where_named(files, name, p.name), _where_named(files, names[p.name], p.name)
                     problems.append(f"{where}: policy {p.name!r} is already defined in {first}; ignored")

@@ -125,6 +125,9 @@ class PolicyRunner:
         if act:
             self._actions.new_cycle()
             out += self._recovery.resume(now, resume_steps=not self.config.audit_only)
+        # the installation's audit mode: decide as a dry run does, the ladders stay where they are
+        # (a step "taken" in audit would let enforce later skip the steps that tell the user)
+        act = act and not self.config.audit_only
         jobs = []
         for s in summaries:
             if not s.cluster:
@@ -223,7 +226,7 @@ class PolicyRunner:
         idx, step = due
         d.step, d.actions = idx, [a.value for a in step.actions]
         d.dedup_key = decision_key(summary, policy.name, state.episode, idx)
-        d.dry_run = not act or mode is Mode.AUDIT or self.config.audit_only
+        d.dry_run = not act or mode is Mode.AUDIT
         if act and not d.dry_run and idx > 0:
             untold = self._owner_not_told(policy, s, state, idx, target, ev, now)
             if untold:
@@ -240,8 +243,6 @@ class PolicyRunner:
             return d
         keys = [action_key(d.dedup_key, a) for a in d.actions]
         evidence = {**ev.evidence, "job_ref": target.to_ref(), "policy_mode": mode.value}
-        if self.config.audit_only:
-            evidence["install_mode"] = "audit"  # why a warn or enforce step is a dry run
         did = repo.claim_step(  # type: ignore[union-attr]
             job,
             policy.name,

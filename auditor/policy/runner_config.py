@@ -52,9 +52,10 @@ class RunnerConfig:
     instance: str = "gpu-auditor"
     #: action kinds turned off by the installation (the chart then grants no RBAC for them)
     disabled_actions: frozenset[ActionKind] = frozenset()
-    #: the installation's ``mode: audit`` (a quiet start): every due step is decided and recorded as
-    #: a dry run, whatever the policy's own mode; no action runs, no queued alert is sent, no
-    #: interrupted step is resumed (reactivating a job requeued earlier still is: it undoes our write)
+    #: the installation's ``mode: audit`` (a quiet start): every due step is decided as a dry run
+    #: (``run_cycle(act=False)``: no ladder moves, the caller records would-do decisions), whatever
+    #: the policy's own mode; no action runs, no queued alert is sent, no interrupted step is
+    #: resumed (reactivating a job requeued earlier still is: it undoes our own write)
     audit_only: bool = False
     #: signed acknowledgement links for the alerts (settings gate.ack_link_*); None: alerts carry none
     ack_links: LinkIssuer | None = None

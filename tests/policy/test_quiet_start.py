@@ -8,17 +8,21 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from test_policy_runner_fast import LADDER, NOW, FakeCluster, FakeRecord, Row, summary
 
 from auditor.core.identity import JobKey
-from auditor.core.violations import CLAIMED, QUEUED, SKIPPED
+from auditor.core.violations import CLAIMED, QUEUED
+from auditor.operator_loop.policies import PolicyStage
 from auditor.policy.config import runner_config
 from auditor.policy.loader import parse_policies
 from auditor.policy.outbox import AlertOutbox, DrainResult
 from auditor.policy.runner import PolicyRunner, RequeueSettings, RunnerConfig
 from auditor.settings import Settings
+from auditor.store import Store
+from auditor.store.decisions import DecisionStore
 
 #: requeue allowed for the job's namespace: only the installation's mode stands in the way
 REQUEUE = RequeueSettings(enabled=True, namespaces=frozenset({"ml"}))
@@ -29,27 +33,39 @@ def audit_runner(record: FakeRecord, kube: FakeCluster, *, audit_only: bool = Tr
     return PolicyRunner(parse_policies(LADDER, "p.yaml"), kube=kube, config=config, record=record)
 
 
-def test_audit_climbs_the_whole_ladder_on_record_and_touches_nothing() -> None:
+def test_audit_decides_each_cycle_moves_no_ladder_and_touches_nothing() -> None:
     """An enforce policy (annotate, then an Event, then a requeue) under the installation's audit:
-    each step is decided at its time and recorded as a dry run, no call reaches the cluster."""
+    its first step is decided, as a dry run, every cycle; no ladder moves (a step "taken" in audit
+    would let enforce skip the steps that tell the user) and no call reaches the cluster."""
     record, kube = FakeRecord(), FakeCluster()
     r = audit_runner(record, kube)
-    decided = []
     for minute in (0, 10, 30, 31):
-        decided += [
-            d for d in r.run_cycle([summary("a")], now=NOW + timedelta(minutes=minute), act=True) if d.step is not None
-        ]
-    assert [(d.step, d.actions, d.dry_run) for d in decided] == [
-        (0, ["annotate"], True),
-        (1, ["event"], True),
-        (2, ["requeue"], True),
-    ]
-    assert kube.calls == [] and kube.annotated == []
-    assert {row.state for row in record.rows.values()} == {SKIPPED}
-    assert [
-        (row["dry_run"], row["evidence"]["policy_mode"], row["evidence"]["install_mode"])
-        for row in record.decision_rows
-    ] == [(True, "enforce", "audit")] * 3
+        (d,) = r.run_cycle([summary("a")], now=NOW + timedelta(minutes=minute), act=True)
+        assert (d.step, d.actions, d.dry_run, d.results) == (0, ["annotate"], True, {})
+    assert kube.calls == [] and record.violations == {} and record.rows == {} and record.decision_rows == []
+
+
+def test_after_audit_enforce_starts_the_ladder_at_its_first_step() -> None:
+    record, kube = FakeRecord(), FakeCluster()
+    audit_runner(record, kube).run_cycle([summary("a")], now=NOW, act=True)
+    (d,) = audit_runner(record, kube, audit_only=False).run_cycle(
+        [summary("a")], now=NOW + timedelta(hours=1), act=True
+    )
+    assert (d.step, d.dry_run) == (0, False) and kube.calls == [("annotate", "Job/a")]
+
+
+def test_audit_still_reactivates_a_job_requeued_before_it() -> None:
+    """A job requeued under enforce is given back when its backoff is over, in audit too: that
+    undoes the operator's own write."""
+    record, kube = FakeRecord(), FakeCluster()
+    enforce = audit_runner(record, kube, audit_only=False)
+    for minute in (0, 10, 30):
+        enforce.run_cycle([summary("a")], now=NOW + timedelta(minutes=minute), act=True)
+    assert ("deactivate", "job-a") in kube.calls
+    audit = audit_runner(record, kube)
+    assert audit.run_cycle([], now=NOW + timedelta(minutes=31), act=True) == []  # released: due 20 min later
+    (d,) = audit.run_cycle([], now=NOW + timedelta(minutes=51), act=True)
+    assert d.actions == ["reactivate"] and kube.calls[-1] == ("reactivate", "job-a")
 
 
 def test_audit_resumes_no_interrupted_step_and_enforce_does() -> None:
@@ -102,3 +118,27 @@ def test_without_a_settings_file_the_mode_is_enforce() -> None:
     """The CLI and a hand-written settings file act as before; the chart's default is audit
     (tests/chart/test_quiet_start_chart.py)."""
     assert Settings().mode == "enforce"
+
+
+def test_the_operator_records_audits_would_do_decisions_once(tmp_path: Path) -> None:
+    """The operator's policy stage under ``mode: audit`` (a real SQLite store): the step it would
+    take is recorded once as a dry run marked ``install_mode: audit``; nothing else is written."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "ladder.yaml").write_text(LADDER)
+    settings = Settings(mode="audit", cluster="east", policies={"builtin": False, "dir": str(tmp_path / "policies")})
+    store, kube = Store.open(f"sqlite:///{tmp_path}/s.db"), FakeCluster()
+    try:
+        stage = PolicyStage(settings, store, kube)
+        for minute in (0, 10, 30):
+            stage.run([summary("a")], now=NOW + timedelta(minutes=minute))
+        assert stage.deliver(NOW + timedelta(minutes=31), budget=1) == DrainResult()
+        (row,) = DecisionStore(store).decisions(job=JobKey("east", "ml", "Job", "a"))
+        assert (row["step"], row["dry_run"], row["violation_id"], row["evidence"]["install_mode"]) == (
+            0,
+            True,
+            None,
+            "audit",
+        )
+        assert kube.calls == []
+    finally:
+        store.close()
