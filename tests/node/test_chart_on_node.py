@@ -136,6 +136,7 @@ def release(testbed, bed_node, workload_controllers, module_database, tmp_path_f
         values = {
             "image": {"repository": bed_node.image_repository, "tag": bed_node.image_tag, "pullPolicy": "Never"},
             "clusterName": name,
+            "mode": "enforce",  # the chart's default is audit (issue 30); this test watches it act
             # host network (postrender.py): free ports of the host, and one operator replica (two
             # would want the same port on the one node)
             "replicas": 1,
