@@ -67,11 +67,12 @@ class GateRules:
     def refresh(self) -> bool:
         """Read the files again; True when the rules changed (unchanged texts are not even parsed,
         so a bad file is reported once, not on every look)."""
-        texts = dict(self.read_files())
+        files = self.read_files()  # the operator's PolicyFiles: which are shipped (an admin's replaces one)
+        texts = dict(files)
         if texts == self._texts:
             return False
         self._texts = texts
-        self.registry.update(texts)
+        self.registry.update(files)
         rules = [g.rule() for g in self.registry.gate_policies]
         if rules == self.rules:
             return False

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from auditor.cli.main import main
+from auditor.gate.stage import GateRules
 from auditor.operator_loop.policies import policy_files
 from auditor.policy.loader import PolicyError, PolicyRegistry, load_all
 from auditor.settings import Settings
@@ -90,3 +91,20 @@ def test_policy_validate_says_which_shipped_policy_a_file_replaces(
 def test_policy_validate_of_the_shipped_policies_replaces_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["policy", "validate", "--no-suites", str(ROOT / "policies")]) == 0
     assert "replaces the shipped one" not in capsys.readouterr().out
+
+
+def test_the_gate_runs_an_admins_gate_rule_over_the_shipped_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The efficiency gate reads the same files (GateRules): the admin's rule of a shipped rule's
+    name is the one it decides with, and nothing is reported as a duplicate."""
+    shipped = ROOT / "policies" / "gate" / "hold-repeated-low-sm.yaml"
+    (tmp_path / "hold.yaml").write_text(shipped.read_text().replace("atLeast: 3", "atLeast: 4"))
+    rules = GateRules(lambda: policy_files(settings(tmp_path)))
+    with caplog.at_level(logging.WARNING, logger="auditor.policy.loader"):
+        assert rules.refresh()
+    assert {r.name: r.at_least for r in rules.rules}["hold-repeated-low-sm"] == 4
+    assert rules.registry.errors == []
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{tmp_path}/hold.yaml:8: policy 'hold-repeated-low-sm' replaces the shipped one in {shipped}:8"
+    ]
