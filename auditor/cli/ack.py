@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from auditor.cli.names import cluster_name
+from auditor.cli.output import add_output_flag
 from auditor.cli.storeopts import add_store_flags
 from auditor.errors import BadInput
 from auditor.render.safe_text import terminal_safe
@@ -49,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     kube.add_argument("--kubeconfig", metavar="PATH", help="ask this cluster who you are (recorded as kube:NAME)")
     kube.add_argument("--in-cluster", action="store_true", help="the pod's service account (recorded as kube:NAME)")
     add_store_flags(p)
-    p.add_argument("--output", choices=("text", "json"), default="text")
+    add_output_flag(p, "the acknowledgement", ("text", "json"))
     p.set_defaults(handler=ack)
 
 

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from auditor.cli.names import cluster_name
+from auditor.cli.output import add_output_flag
 from auditor.cli.storeopts import add_store_flags
 from auditor.errors import BadInput
 from auditor.render.safe_text import terminal_safe
@@ -38,9 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--cluster", type=cluster_name, metavar="NAME", help="only this cluster, where several share one store"
     )
-    p.add_argument(
-        "--output", "-o", choices=("table", "json", "yaml"), default="table", help="table (default), JSON or YAML"
-    )
+    add_output_flag(p, "the actions", ("table", "json", "yaml"))
     add_store_flags(p)
     p.set_defaults(handler=run)
 

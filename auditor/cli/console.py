@@ -67,15 +67,18 @@ def run_console(
         index = (
             f'<!doctype html><meta http-equiv="refresh" content="0; url={BASE}/"><a href="{BASE}/">console</a>\n'
         ).encode()
-        server = HealthServer(
-            host,
-            port,
-            metrics=OperatorMetrics(),
-            healthy=lambda: (True, ""),
-            ready=lambda: (True, ""),
-            routes={"/": lambda _m, _q, _b: (200, "text/html; charset=utf-8", index)},
-            mounts={BASE: app.mount},
-        ).start()
+        try:
+            server = HealthServer(
+                host,
+                port,
+                metrics=OperatorMetrics(),
+                healthy=lambda: (True, ""),
+                ready=lambda: (True, ""),
+                routes={"/": lambda _m, _q, _b: (200, "text/html; charset=utf-8", index)},
+                mounts={BASE: app.mount},
+            ).start()
+        except OSError as exc:  # the port is taken, the address is not this host's, a port < 1024
+            raise BadInput(f"--listen {args.listen}: cannot listen there: {exc.strerror or exc}") from None
         mode = "writes enabled" if args.writes else "read-only"
         print(f"gpu-auditor: console ({mode}) on http://{host}:{server.port}{BASE}/", file=sys.stderr, flush=True)
         args.port = server.port

@@ -7,6 +7,7 @@ import json
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from auditor.cli.output import add_output_flag
 from auditor.cli.promopts import add_prometheus_flags, command_source, prometheus_overrides
 from auditor.cli.storeopts import CONFIG_HELP
 from auditor.timeparse import check_range, parse_duration
@@ -32,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_prometheus_flags(p)
     p.add_argument("--config", metavar="FILE", help=f"{CONFIG_HELP}; its prometheus: section, under these flags")
     p.add_argument("--lookback", metavar="DURATION", default="1h", help="how far back to look for series (default 1h)")
-    p.add_argument("--output", choices=("text", "json"), default="text")
+    add_output_flag(p, "the checks", ("text", "json"))
     kube = p.add_mutually_exclusive_group()
     kube.add_argument(
         "--kubeconfig",

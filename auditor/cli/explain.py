@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence, SupportsFloat
 
 from auditor.cli.names import cluster_name
+from auditor.cli.output import add_output_flag
 from auditor.cli.storeopts import add_store_flags
 from auditor.core.admission import AdmissionFacts, format_wait
 from auditor.core.identity import JobKey
@@ -62,9 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--cluster", type=cluster_name, metavar="NAME", help="the job's cluster, where several share one store"
     )
     p.add_argument("--png", metavar="FILE", help="also draw the time series into a PNG file")
-    p.add_argument(
-        "--output", choices=("text", "json"), default="text", help="text (default), or the summary and buckets as JSON"
-    )
+    add_output_flag(p, "the explanation as text, or the summary and buckets as JSON", ("text", "json"))
     p.set_defaults(handler=run)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from typing import Sequence
 
@@ -74,7 +75,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return int(handler(args) or 0)
+        code = int(handler(args) or 0)
+        sys.stdout.flush()  # inside the try: a reader gone while the last lines wait is the case below
+        return code
+    except BrokenPipeError:
+        return reader_gone()
     except BadInput as exc:
         print(f"gpu-auditor: error: {error_text(exc)}", file=sys.stderr)
         return 2
@@ -85,6 +90,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gpu-auditor: interrupted", file=sys.stderr)
         return 1
+
+
+def reader_gone() -> int:
+    """Exit 0 quietly when the reader of stdout closed the pipe (``status | head``).
+
+    Python's documented recipe (the ``signal`` module's note on SIGPIPE): point stdout at
+    /dev/null so the interpreter's flush at exit cannot raise again, and stop. Exit 0, not 1:
+    ``head`` took what it wanted, so nothing failed, and a shell with ``pipefail`` stays quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a descriptor (a test's capture): nothing to redirect
+        pass
+    return 0
 
 
 #: libraries whose own log records are noise to an admin: their INFO lines (alembic's migration

@@ -2,7 +2,8 @@
 
 ``table`` (default) fits 120 columns; ``wide`` has every column; ``json`` is the audit JSON (the
 contract: DESIGN.md, docs/verdicts.md), unchanged; ``yaml`` is the same documents as YAML, for
-a reader who prefers it. Shared by ``audit`` and ``run --once`` so the two print alike.
+a reader who prefers it. Shared by ``audit`` and ``run --once`` so the two print alike, and the
+flag itself by every command with output formats (``text|json`` for the ones that print prose).
 """
 
 from __future__ import annotations
@@ -15,14 +16,31 @@ from typing import IO, Any, Sequence
 JOB_FORMATS = ("table", "wide", "json", "yaml")
 
 
-def add_output_flag(p: argparse.ArgumentParser, what: str, formats: Sequence[str] = JOB_FORMATS) -> None:
-    """``-o/--output FORMAT`` (default ``table``); ``what`` says what is printed."""
+def add_output_flag(
+    p: argparse.ArgumentParser,
+    what: str,
+    formats: Sequence[str] = JOB_FORMATS,
+    *,
+    aliases: Sequence[str] = (),
+    dest: str = "output",
+) -> None:
+    """``-o/--output FORMAT`` for every command that prints in more than one format, so one
+    spelling works everywhere (issue 30); ``aliases`` keeps a command's older spelling
+    (``report --format``) working. The default is the first format; ``what`` says what is
+    printed, and the help names only the formats this command has."""
+    notes = []
+    if "table" in formats:
+        notes.append("table fits 120 columns")
+    if "wide" in formats:
+        notes.append("wide has every column")
     p.add_argument(
         "-o",
         "--output",
+        *aliases,
+        dest=dest,
         choices=tuple(formats),
-        default="table",
-        help=f"{what}: {', '.join(formats)} (table, the default, fits 120 columns; wide has every column)",
+        default=formats[0],
+        help=f"{what}: {', '.join(formats)} (default {formats[0]}{''.join('; ' + n for n in notes)})",
     )
 
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import IO, Mapping, Sequence
 
+from auditor.cli.output import add_output_flag
 from auditor.cli.storeopts import add_store_flags
 from auditor.errors import BadInput
 from auditor.render.safe_text import terminal_safe
@@ -42,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="policies to try (default: the operator's, from the settings: the shipped ones and policies.dir)",
     )
-    s.add_argument("--output", choices=("text", "json"), default="text")
+    add_output_flag(s, "the backtest", ("text", "json"))
     s.set_defaults(handler=simulate)
 
 

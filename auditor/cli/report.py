@@ -176,7 +176,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--team", metavar="T", help="only this team (default: every team, and the cluster total)")
     p.add_argument(
-        "--format", default="html", metavar="FMT", help="html (default), csv, md, json; comma-separated for several"
+        "-o",
+        "--output",
+        "--format",  # the first spelling, kept as an alias (issue 30: -o everywhere)
+        dest="format",
+        default="html",
+        metavar="FMT",
+        help="the files written: html (default), csv, md, json; comma-separated for several",
     )
     p.add_argument("--out", default=".", metavar="DIR", help="output directory (default: .)")
     add_store_flags(p)

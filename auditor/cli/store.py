@@ -14,6 +14,7 @@ import json
 import sys
 
 from auditor.cli.names import cluster_name
+from auditor.cli.output import add_output_flag
 from auditor.cli.storeopts import add_store_flags
 from auditor.errors import BadInput
 
@@ -50,9 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="now",
         help="prune as at this time (RFC 3339 or now±DURATION; default now), e.g. to preview a later prune",
     )
-    prune.add_argument(
-        "-o", "--output", choices=("table", "json"), default="table", help="output format (default table)"
-    )
+    add_output_flag(prune, "the rows per table", ("table", "json"))
     prune.set_defaults(handler=_prune)
     p.set_defaults(handler=lambda _args: _usage(p))
 

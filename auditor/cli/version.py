@@ -9,6 +9,7 @@ import platform
 from importlib import metadata
 
 from auditor import __version__
+from auditor.cli.output import add_output_flag
 
 #: the distributions listed besides gpu-auditor itself
 LIBRARIES = ("kubernetes", "sqlalchemy", "alembic", "prometheus-client", "apscheduler")
@@ -16,7 +17,7 @@ LIBRARIES = ("kubernetes", "sqlalchemy", "alembic", "prometheus-client", "apsche
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("version", help="print the version (and, with -o json, the libraries')")
-    p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="text (default) or JSON")
+    add_output_flag(p, "the version, or with the libraries' as JSON", ("text", "json"))
     p.set_defaults(handler=run)
 
 
