@@ -73,7 +73,7 @@ def _prune(args: argparse.Namespace) -> int:
     if args.cluster is not None and not args.cluster.strip():
         raise BadInput("--cluster: give a cluster name (or --all-clusters)")
     retention = Retention.from_settings(settings)
-    with open_store(settings) as store:
+    with open_store(settings, existing=True) as store:
         result = prune(store, now, retention, cluster=cluster, dry_run=args.dry_run)
     if args.output == "json":
         print(json.dumps(result.as_dict(), indent=2))
