@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -296,7 +297,24 @@ def _handle(args: argparse.Namespace) -> int:
         + ("" if args.no_html else f", {out / 'index.html'}, {out / 'weekly-report.html'}")
     )
     say(f"done in {time.monotonic() - t0:.1f} s")
+    say("next, try (the demo's store is not the default one, hence --db):")
+    for line in next_commands(out / "demo.sqlite", summaries):
+        print(f"  {line}", file=sys.stderr)
     return 0
+
+
+def next_commands(db: Path, summaries: list[JobSummary]) -> list[str]:
+    """The three commands a new admin tries after the demo, as they run from any directory:
+    the story behind the job that lost the most GPU-hours, the operator's status, the console.
+    The --db is spelled out because every command would otherwise read the default store."""
+    url = shlex.quote(f"sqlite:///{db.resolve()}")
+    lines = []
+    if summaries:
+        top = summaries[0]  # most GPU-hours lost first
+        lines.append(f"gpu-auditor explain {shlex.quote(f'{top.namespace}/{top.job}')} --db {url}")
+    lines.append(f"gpu-auditor status --db {url}")
+    lines.append(f"gpu-auditor console --db {url}   # then open the address it prints")
+    return lines
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

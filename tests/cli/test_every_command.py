@@ -11,6 +11,7 @@ fails ``test_every_command_has_an_invocation``). Subprocesses, so marked slow.
 from __future__ import annotations
 
 import argparse
+import shlex
 import shutil
 import socket
 import subprocess
@@ -110,12 +111,17 @@ def assert_one_line_error(p: subprocess.CompletedProcess[str], code: int) -> Non
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo's store, written by ``gpu-auditor demo`` as an admin runs it."""
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """``gpu-auditor demo`` as an admin runs it: its store and what it said on stderr."""
     out = tmp_path_factory.mktemp("demo")
     p = run(["demo", "--out", str(out), "--no-html"], timeout=120)
     assert p.returncode == 0, p.stderr
-    return out / "demo.sqlite"
+    return out / "demo.sqlite", p.stderr
+
+
+@pytest.fixture(scope="module")
+def demo(demo_run: tuple[Path, str]) -> Path:
+    return demo_run[0]
 
 
 @pytest.fixture
@@ -231,3 +237,27 @@ def test_an_unreachable_server_is_exit_1_without_a_traceback(args: list[str], tm
     else:
         assert_one_line_error(p, 1)
         assert "127.0.0.1" in p.stderr
+
+
+def test_the_demo_ends_with_three_commands_that_work_as_printed(demo_run: tuple[Path, str]) -> None:
+    """The demo's last lines: explain its worst job, status and the console, each with the
+    demo's --db, run from another directory exactly as printed (the console on a free port,
+    stopped once it serves)."""
+    db, err = demo_run
+    printed = [ln.strip() for ln in err.splitlines() if ln.startswith("  gpu-auditor ")]
+    assert [ln.split()[1] for ln in printed] == ["explain", "status", "console"], err
+    assert all(f"--db sqlite:///{db}" in ln for ln in printed)
+    for line in printed:
+        argv = shlex.split(line, comments=True)[1:]
+        if argv[0] == "console":
+            console = subprocess.Popen([*EXE, *argv, "--listen", "127.0.0.1:0"], stderr=subprocess.PIPE, text=True)
+            try:
+                assert console.stderr is not None
+                said = [console.stderr.readline() for _ in range(2)]
+                assert any("console (read-only) on http://127.0.0.1:" in s for s in said), said
+            finally:
+                console.terminate()
+                console.wait(timeout=30)
+            continue
+        p = subprocess.run([*EXE, *argv], capture_output=True, text=True, timeout=60, cwd="/")
+        assert p.returncode == 0 and p.stdout.strip() and "Traceback" not in p.stderr, (line, p.stderr)
