@@ -100,7 +100,15 @@ def ack(args: argparse.Namespace) -> int:
         known = reader.lineages(cluster=key.cluster, namespace=key.namespace)
         if not any(s.key == key for s in known):
             names = ", ".join(s.key.lineage for s in known[:10]) or "none"
-            raise BadInput(f"no lineage {key} in cluster {key.cluster} of store {store.display_url} (known: {names})")
+            # the lineage under another cluster name (the demo's store says `demo`, the settings
+            # `default`): say the --cluster that finds it rather than "known: none"
+            elsewhere = sorted(
+                {s.key.cluster for s in reader.lineages(namespace=key.namespace) if s.key.lineage == key.lineage}
+            )
+            hint = f"; it is in cluster {', '.join(elsewhere)}: pass --cluster {elsewhere[0]}" if elsewhere else ""
+            raise BadInput(
+                f"no lineage {key} in cluster {key.cluster} of store {store.display_url} (known: {names}){hint}"
+            )
         kind = AckKind.SNOOZE if args.snooze else AckKind.ACK
         recorded = AckLog(store).acknowledge(key, by, until, args.reason, now, via="cli", kind=kind)
         decision = _decision_now(settings, reader.history(key, now), now)

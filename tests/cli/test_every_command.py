@@ -261,3 +261,11 @@ def test_the_demo_ends_with_three_commands_that_work_as_printed(demo_run: tuple[
             continue
         p = subprocess.run([*EXE, *argv], capture_output=True, text=True, timeout=60, cwd="/")
         assert p.returncode == 0 and p.stdout.strip() and "Traceback" not in p.stderr, (line, p.stderr)
+
+
+def test_ack_says_the_cluster_that_holds_the_lineage(db: str) -> None:
+    """The demo's store says cluster `demo`, the settings `default`: the error names the
+    --cluster to pass instead of "known: none"."""
+    p = run(["ack", "llm/llm-finetune", "--db", db])
+    assert_one_line_error(p, 2)
+    assert "pass --cluster demo" in p.stderr
