@@ -11,6 +11,7 @@ fails ``test_every_command_has_an_invocation``). Subprocesses, so marked slow.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import shutil
 import socket
@@ -269,3 +270,18 @@ def test_ack_says_the_cluster_that_holds_the_lineage(db: str) -> None:
     p = run(["ack", "llm/llm-finetune", "--db", db])
     assert_one_line_error(p, 2)
     assert "pass --cluster demo" in p.stderr
+
+
+def test_run_without_a_kubeconfig_is_one_line_exit_2(tmp_path: Path) -> None:
+    """The operator run by hand on a machine without a cluster: bad settings, said in one line."""
+    argv = ["run", "--once", "--dry-run", "--no-leader-election", "--db", f"sqlite:///{tmp_path}/r.sqlite"]
+    argv += ["--prometheus", f"http://127.0.0.1:{closed_port()}"]
+    p = subprocess.run(
+        [*EXE, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "KUBECONFIG": str(tmp_path / "none")},
+    )
+    assert_one_line_error(p, 2)
+    assert "kubeconfig" in p.stderr
