@@ -56,7 +56,7 @@ def rows(page: str) -> list[str]:
     [
         ("/", ["GPU-hours by verdict", "low_sm_efficiency", "Waste GPU-hours by team, week 2026-W48", "running jobs"]),
         ("/teams", ["2026-W48", "llm", "research", "efficiency"]),
-        ("/jobs", ["llm/PyTorchJob/llm-finetune", "of 16 jobs"]),
+        ("/jobs", ["llm/PyTorchJob/llm-finetune", "of 18 jobs"]),  # issue 28: + gpt-pretrain and its fused twin
         (
             "/policy",
             [
@@ -91,12 +91,13 @@ def test_every_page_shows_the_stores_facts(console: Console, path: str, expected
 def test_job_list_filters_sorts_and_pages_on_the_server(console: Console) -> None:
     _, page = get(console.url + "/jobs?team=llm")
     got = rows(page)
-    assert len(got) == 4 and all("<td>llm</td>" in r for r in got)
+    # llm: finetune, kernel-debug, serve, naive-attn, and (issue 28) gpt-pretrain and its fused twin
+    assert len(got) == 6 and all("<td>llm</td>" in r for r in got)
 
     _, page = get(console.url + "/jobs?sort=gpu_hours&desc=0&limit=3")
     hours = [float(re.findall(r"<td>([\d.,]+)</td>", r)[0]) for r in rows(page)]
     assert hours == sorted(hours) and len(hours) == 3
-    assert "1–3 of 16 jobs" in page and 'rel="next"' in page
+    assert "1–3 of 18 jobs" in page and 'rel="next"' in page
 
     _, page = get(console.url + "/jobs?verdict=healthy&q=serve")
     assert [re.search(r">([^<]+)</a>", r).group(1) for r in rows(page)] == ["llm/Deployment/llm-serve"]  # type: ignore[union-attr]
