@@ -145,7 +145,8 @@ def shipped_overrides(files: Mapping[str, str], shipped_dir: str | Path) -> list
     line each (``policy validate`` says so); none when that directory is missing or is ``files``'."""
     if not Path(shipped_dir).is_dir():
         return []
-    shipped = {n: t for n, t in read_dir(shipped_dir).items() if n not in files}
+    given = {Path(n).resolve() for n in files}  # a shipped file validated by itself is no override
+    shipped = {n: t for n, t in read_dir(shipped_dir).items() if Path(n).resolve() not in given}
     return load_layered(layered(shipped, files))[1]
 
 
