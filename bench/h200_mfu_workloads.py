@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from agent_h200_validation import log, sh
-from h200_workloads import PEAK_TFLOPS, Recorder, finish_recording, start_recording, timed
+from h200_workloads import PEAK_TFLOPS, Recorder, finish_recording, mfu_fields, start_recording, timed
 
 VOCAB = 32768
 DROP = 0.1
@@ -193,13 +193,7 @@ def periodic(
 
 
 def with_mfu(out: dict, flops_per_step: float, precision: str) -> dict:
-    tflops = flops_per_step * out["steps"] / out["wall_s"] / 1e12
-    out.update(
-        precision=precision,
-        achieved_tflops=round(tflops, 1),
-        peak_tflops=PEAK_TFLOPS[precision],
-        mfu=round(tflops / PEAK_TFLOPS[precision], 4),
-    )
+    out.update(mfu_fields(flops_per_step * out["steps"], out["wall_s"], precision))
     log(f"{out}")
     return out
 

@@ -83,6 +83,18 @@ class Recorder:
             self.rows.append(row)
 
 
+def mfu_fields(flops: float, wall_s: float, precision: str) -> dict:
+    """Measured MFU of ``flops`` model FLOPs done in ``wall_s`` seconds, against the dense peak of
+    ``precision``: the truth files' precision, achieved_tflops, peak_tflops and mfu."""
+    tflops = flops / wall_s / 1e12
+    return {
+        "precision": precision,
+        "achieved_tflops": round(tflops, 1),
+        "peak_tflops": PEAK_TFLOPS[precision],
+        "mfu": round(tflops / PEAK_TFLOPS[precision], 4),
+    }
+
+
 def timed(
     rec: Recorder,
     name: str,
@@ -113,15 +125,7 @@ def timed(
     rec.phase = "gap"
     out: dict = {"steps": n, "wall_s": round(wall, 2), **(extra or {})}
     if flops_per_step and precision:
-        tflops = flops_per_step * n / wall / 1e12
-        out.update(
-            {
-                "precision": precision,
-                "achieved_tflops": round(tflops, 1),
-                "peak_tflops": PEAK_TFLOPS[precision],
-                "mfu": round(tflops / PEAK_TFLOPS[precision], 4),
-            }
-        )
+        out.update(mfu_fields(flops_per_step * n, wall, precision))
     log(f"{name}: {out}")
     time.sleep(2.0)
     return out
