@@ -4,9 +4,26 @@ VENV := .venv
 BIN := $(VENV)/bin
 # Debian packages the test bed runs (Prometheus + promtool, PostgreSQL), the report tests use, and
 # the bed's node and image build need (containerd, runc, CNI plugins; buildah, mmdebstrap).
-SYSTEM_PACKAGES := prometheus postgresql chromium containerd runc containernetworking-plugins buildah mmdebstrap
+# docker-registry: the registry the install-doc test pushes `make push` to (tests/chart/test_install_doc.py);
+# shellcheck: actionlint checks the workflows' run: scripts with it when it is on PATH.
+SYSTEM_PACKAGES := prometheus postgresql chromium containerd runc containernetworking-plugins buildah mmdebstrap docker-registry shellcheck
+# The image's version: pyproject's, which the chart's appVersion (its default image tag) and the
+# release tag (.github/workflows/release.yml) must equal.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml | head -n 1)
+# `make image` builds IMAGE:VERSION from the one recipe (operator/Dockerfile); `make push
+# REGISTRY=registry.example.com/path` retags it REGISTRY/gpu-auditor:VERSION and pushes it.
+IMAGE ?= ghcr.io/gpu-auditor/gpu-auditor
+# The recipe's base; point it at a mirror where Docker Hub is not reachable.
+PYTHON_IMAGE ?= python:3.12-slim-bookworm
+# docker when its daemon answers, else podman, else buildah (all three read the same recipe).
+CONTAINER_TOOL ?= $(shell if docker info >/dev/null 2>&1; then echo docker; elif command -v podman >/dev/null 2>&1; then echo podman; else echo buildah; fi)
+IMAGE_BUILD_FLAGS ?=
+PUSH_FLAGS ?=
+# actionlint checks .github/workflows/ in `make lint`; built once from the Go module proxy.
+ACTIONLINT_VERSION := v1.7.12
+ACTIONLINT := $(VENV)/tools/actionlint-$(ACTIONLINT_VERSION)/actionlint
 
-.PHONY: install system-deps demo lint test test-fast testbed-up testbed-down clean
+.PHONY: install system-deps demo lint test test-fast testbed-up testbed-down clean image push
 
 install: $(VENV)/.installed
 
@@ -27,12 +44,29 @@ system-deps:
 demo: install
 	$(BIN)/gpu-auditor demo
 
-# The rules the tools hold (config in pyproject.toml): ruff lint and format, mypy on auditor/, import-linter contracts (the layers).
-lint: install
+# The rules the tools hold (config in pyproject.toml): ruff lint and format, mypy on auditor/, import-linter
+# contracts (the layers), actionlint on the GitHub workflows.
+lint: install $(ACTIONLINT)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(ACTIONLINT)
+
+$(ACTIONLINT):
+	GOBIN=$(abspath $(dir $(ACTIONLINT))) GOFLAGS=-mod=mod go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
+
+# The image from the one recipe (docs/install.md, step 1). BuildKit reads operator/Dockerfile.dockerignore
+# by itself; podman and buildah are told.
+image:
+	$(CONTAINER_TOOL) build -f operator/Dockerfile $(if $(filter docker,$(CONTAINER_TOOL)),,--ignorefile operator/Dockerfile.dockerignore) \
+	  --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) $(IMAGE_BUILD_FLAGS) -t $(IMAGE):$(VERSION) .
+
+# For admins who mirror images: retag what `make image` built and push it to REGISTRY.
+push:
+	@test -n "$(REGISTRY)" || { echo "usage: make push REGISTRY=registry.example.com/path (pushes REGISTRY/gpu-auditor:$(VERSION))" >&2; exit 2; }
+	$(CONTAINER_TOOL) tag $(IMAGE):$(VERSION) $(REGISTRY)/gpu-auditor:$(VERSION)
+	$(CONTAINER_TOOL) push $(PUSH_FLAGS) $(REGISTRY)/gpu-auditor:$(VERSION)
 
 test: install system-deps lint
 	$(BIN)/python -m pytest
