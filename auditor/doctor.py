@@ -481,7 +481,7 @@ def _csv(metric: Metric, naming: Naming = Naming.CLASSIC) -> str:
     line = line.replace(SPECS[metric].names[0] + ",", name + ",", 1)
     if name.endswith("_HERTZ"):
         line = line.replace("MHz", "Hz")
-    if metric is Metric.GPU_UTIL and naming is Naming.EXPORTER49:
+    if metric is Metric.GPU_UTIL and naming in (Naming.EXPORTER49, Naming.EXPORTER410):
         line = line.replace("(in %)", "(ratio 0-1)")
     return line
 

@@ -16,6 +16,7 @@ _ALIAS = re.compile(r'^\s*"(DCGM_FI_\w+)":\s+"(DCGM_FI_\w+)",\s+#\s*(\d+)\s*$')
 _DEFINE = re.compile(r"^(DCGM_FI_\w+) = (\d+)\b")
 _BASE_UNIT = re.compile(r'^\s*\{"(DCGM_FI_\w+)", \w+, (\d+), "(DCGM_FI_\w+)", (\d+)\},\s*$')
 _CSV = re.compile(r"^(#\s*)?(DCGM_FI_\w+)\s*,\s*(\w+)\s*,\s*(.+)$")
+_RENAME = re.compile(r"^(DCGM_FI_\w+) -> (DCGM_FI_\w+), (\S+)$")
 
 
 @dataclass(frozen=True)
@@ -30,9 +31,13 @@ class Upstream:
     counters: dict[str, tuple[str, bool]]
     #: dcgm-exporter 4.9.0's release-note sentences
     release_notes: str
+    #: dcgm-exporter 4.10's renames: old name → (new name, unit); from issue 29, not yet from an
+    #: upstream file (fixtures/dcgm/dcgm-exporter-4.10.0-pcie-names.txt says why)
+    renames_410: dict[str, tuple[str, str]]
 
     def names(self, generation: str) -> set[str]:
-        """The exporter names of the fields we read under ``classic``, ``dcgm-4.6`` or ``exporter-4.9``."""
+        """The exporter names of the fields we read under ``classic``, ``dcgm-4.6``, ``exporter-4.9``
+        or ``exporter-4.10``."""
         classic = set(self.counters) | set(self.aliases) | {b[1] for b in self.base_units.values()}
         renamed = {new for new, _ in self.aliases.values()}
         kept = {n for n in self.defined if n in classic}
@@ -42,6 +47,8 @@ class Upstream:
             return renamed | kept
         if generation == "exporter-4.9":  # the base-unit fields replace their legacy ones
             return renamed | (kept - {b[1] for b in self.base_units.values()}) | set(self.base_units)
+        if generation == "exporter-4.10":  # 4.9's names, the PCIe rates renamed
+            return (self.names("exporter-4.9") - set(self.renames_410)) | {n for n, _ in self.renames_410.values()}
         raise ValueError(generation)
 
 
@@ -72,9 +79,12 @@ def load() -> Upstream:
         for ln in (FIXTURES / "dcgm-exporter-4.9.0-release-notes.txt").read_text().splitlines()
         if not ln.startswith("#")
     )
-    if not (aliases and defined and base_units and counters and notes):
+    renames_410 = {
+        m[1]: (m[2], m[3]) for ln in _data_lines("dcgm-exporter-4.10.0-pcie-names.txt") if (m := _RENAME.match(ln))
+    }
+    if not (aliases and defined and base_units and counters and notes and renames_410):
         raise AssertionError(f"a fixture in {FIXTURES} parsed to nothing")
-    return Upstream(aliases, defined, base_units, counters, notes)
+    return Upstream(aliases, defined, base_units, counters, notes, renames_410)
 
 
 def help_unit(help_text: str) -> str:

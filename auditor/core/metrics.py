@@ -49,19 +49,24 @@ class Naming(str, Enum):
     (``*_UTIL_RATIO``, ``DCGM_FI_DEV_BOARD_POWER_WATTS``) as a custom CSV selects them; they are
     aliases of the same field ids, so ``DCGM_FI_DEV_GPU_UTIL_RATIO`` is still field 203, an
     integer percent. ``exporter-4.9``: dcgm-exporter 4.9's defaults, DCGM 4.7 names, where
-    utilization is a 0–1 ratio and clocks are in hertz.
+    utilization is a 0–1 ratio and clocks are in hertz. ``exporter-4.10``: 4.9's names with the
+    PCIe rates renamed ``DCGM_FI_PROF_PCIE_{RX,TX}_BYTES_PER_SECOND`` (same unit, bytes/s).
     """
 
     CLASSIC = "classic"
     DCGM46 = "dcgm-4.6"
     EXPORTER49 = "exporter-4.9"
+    EXPORTER410 = "exporter-4.10"
 
     def __str__(self) -> str:
         return self.value
 
 
 _ALL = frozenset(Naming)
-_RENAMED = frozenset({Naming.DCGM46, Naming.EXPORTER49})
+#: dcgm-exporter 4.9 and later (DCGM 4.7 names and base units); 4.10 renamed only the PCIe rates
+_EXPORTER = frozenset({Naming.EXPORTER49, Naming.EXPORTER410})
+_RENAMED = frozenset({Naming.DCGM46}) | _EXPORTER
+_BEFORE_410 = _ALL - {Naming.EXPORTER410}
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +117,7 @@ EXPORTED: tuple[ExportedName, ...] = (
     # field 203 under its DCGM 4.6 name: still an integer percent ...
     _e("DCGM_FI_DEV_GPU_UTIL_RATIO", Metric.GPU_UTIL, 0.01, "%", frozenset({Naming.DCGM46})),
     # ... and the same name as dcgm-exporter 4.9 serves it: a ratio 0–1
-    _e("DCGM_FI_DEV_GPU_UTIL_RATIO", Metric.GPU_UTIL, 1.0, "ratio", frozenset({Naming.EXPORTER49})),
+    _e("DCGM_FI_DEV_GPU_UTIL_RATIO", Metric.GPU_UTIL, 1.0, "ratio", _EXPORTER),
     _e("DCGM_FI_PROF_GR_ENGINE_ACTIVE", Metric.GR_ENGINE_ACTIVE, 1.0, "ratio", _ALL),
     _e("DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", Metric.GR_ENGINE_ACTIVE, 1.0, "ratio", _RENAMED),
     _e("DCGM_FI_PROF_SM_ACTIVE", Metric.SM_ACTIVE, 1.0, "ratio", _ALL),
@@ -134,18 +139,27 @@ EXPORTED: tuple[ExportedName, ...] = (
     _e("DCGM_FI_DEV_BOARD_POWER_WATTS", Metric.POWER, 1.0, "W", _RENAMED),
     # fields 100 and 113 (MHz) kept their names; DCGM 4.7 adds new field ids in hertz
     _e("DCGM_FI_DEV_SM_CLOCK", Metric.SM_CLOCK, 1.0, "MHz", _ALL),
-    _e("DCGM_FI_DEV_SM_CLOCK_HERTZ", Metric.SM_CLOCK, 1e-6, "Hz", frozenset({Naming.EXPORTER49})),
+    _e("DCGM_FI_DEV_SM_CLOCK_HERTZ", Metric.SM_CLOCK, 1e-6, "Hz", _EXPORTER),
     _e("DCGM_FI_DEV_MAX_SM_CLOCK", Metric.MAX_SM_CLOCK, 1.0, "MHz", _ALL),
-    _e("DCGM_FI_DEV_SM_MAX_CLOCK_HERTZ", Metric.MAX_SM_CLOCK, 1e-6, "Hz", frozenset({Naming.EXPORTER49})),
+    _e("DCGM_FI_DEV_SM_MAX_CLOCK_HERTZ", Metric.MAX_SM_CLOCK, 1e-6, "Hz", _EXPORTER),
     # fields 1009/1010: a rate in bytes per second (dcgm-exporter's help text), headers included
-    _e("DCGM_FI_PROF_PCIE_RX_BYTES", Metric.PCIE_RX, 1.0, "B/s", _ALL),
-    _e("DCGM_FI_PROF_PCIE_TX_BYTES", Metric.PCIE_TX, 1.0, "B/s", _ALL),
+    _e("DCGM_FI_PROF_PCIE_RX_BYTES", Metric.PCIE_RX, 1.0, "B/s", _BEFORE_410),
+    _e("DCGM_FI_PROF_PCIE_TX_BYTES", Metric.PCIE_TX, 1.0, "B/s", _BEFORE_410),
+    # dcgm-exporter 4.10 renames them, same unit (origin: tests/fixtures/dcgm/README.md; no stored
+    # upstream file spells these names yet)
+    _e("DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND", Metric.PCIE_RX, 1.0, "B/s", frozenset({Naming.EXPORTER410})),
+    _e("DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND", Metric.PCIE_TX, 1.0, "B/s", frozenset({Naming.EXPORTER410})),
 )
 
-#: names only dcgm-exporter 4.9 (DCGM 4.7 base units) exports: one present settles the naming
-EXPORTER49_ONLY: frozenset[str] = frozenset(
-    e.name for e in EXPORTED if e.namings == {Naming.EXPORTER49} and sum(x.name == e.name for x in EXPORTED) == 1
-)
+
+def _only(namings: frozenset[Naming]) -> frozenset[str]:
+    return frozenset(e.name for e in EXPORTED if e.namings == namings and sum(x.name == e.name for x in EXPORTED) == 1)
+
+
+#: names only dcgm-exporter 4.9 and later (DCGM 4.7 base units) export: one present settles 4.9+
+EXPORTER49_ONLY: frozenset[str] = _only(_EXPORTER)
+#: names only dcgm-exporter 4.10 exports (the renamed PCIe rates): one present settles 4.10
+EXPORTER410_ONLY: frozenset[str] = _only(frozenset({Naming.EXPORTER410}))
 #: the one name whose unit depends on the generation (percent under 4.6, ratio under 4.9)
 UTIL_RATIO = "DCGM_FI_DEV_GPU_UTIL_RATIO"
 
@@ -236,7 +250,9 @@ class NamingGuess(NamedTuple):
 def detect_naming(names: Iterable[str], util_ratio_values: Iterable[float] = ()) -> NamingGuess:
     """The naming generation of a set of exporter names, and why.
 
-    A DCGM 4.7 base-unit name (``*_HERTZ``) means dcgm-exporter 4.9. Without one, the unit of
+    A renamed PCIe rate (``*_BYTES_PER_SECOND``) means dcgm-exporter 4.10; a DCGM 4.7 base-unit
+    name (``*_HERTZ``) without one means 4.9 (a 4.10 without the PCIe rates in its CSV reads
+    alike: the two differ in no other name the audit reads). Without either, the unit of
     ``DCGM_FI_DEV_GPU_UTIL_RATIO`` decides between DCGM 4.6 (field 203: integers 0–100) and
     4.9 (a ratio): ``util_ratio_values`` are samples of that name (bucket minima and maxima
     will do); one in (1, 100] is a percent, one that is not a whole number is a ratio (field 203
@@ -245,6 +261,9 @@ def detect_naming(names: Iterable[str], util_ratio_values: Iterable[float] = ())
     busy GPU idle or an idle one busy; ``util_unknown`` says so.
     """
     present = set(names)
+    marker = sorted(present & EXPORTER410_ONLY)
+    if marker:
+        return NamingGuess(Naming.EXPORTER410, f"dcgm-exporter 4.10 names ({', '.join(marker)})")
     marker = sorted(present & EXPORTER49_ONLY)
     if marker:
         return NamingGuess(Naming.EXPORTER49, f"dcgm-exporter 4.9 names ({', '.join(marker)})")
