@@ -188,6 +188,19 @@ def kueue_priority_boost(settings: "Settings") -> tuple[str, str]:
     return probe.state, probe.detail
 
 
+def kueue_gate_objects(settings: "Settings") -> tuple[list[dict], list[dict], str]:
+    """The gate's AdmissionChecks and every ClusterQueue, for ``doctor``: (checks, queues, error)."""
+    from auditor.gate.kueue import CONTROLLER_NAME
+    from auditor.kube.gate_objects import read_gate_objects
+
+    api = kube_api(settings)
+    try:
+        got = read_gate_objects(api, CONTROLLER_NAME)
+    finally:
+        api.close()
+    return got.checks, got.queues, got.error
+
+
 def kube_resolver(settings: "Settings", api: "ApiClient") -> "KubeResolver":
     """Pods → jobs and teams through the API (owner chains, Kueue, team sources), not started."""
     from auditor.kube.resolver import KubeResolver

@@ -12,6 +12,7 @@ a busy signal (GPU_UTIL or GR_ENGINE_ACTIVE), SM activity present. The rest are 
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any, Callable
@@ -454,6 +455,188 @@ def kueue_priority_boost_check(state: str, detail: str) -> Check:
     return Check(name, INFO, f"unknown: {detail}")
 
 
+#: the gate's AdmissionCheck controller (auditor/gate/kueue.py CONTROLLER_NAME; doctor may not import
+#: the Kubernetes side, the reader in auditor/kube/gate_objects.py filters by it)
+GATE_CONTROLLER = "gpu-auditor.io/efficiency-gate"
+
+
+def _condition(obj: dict, kind: str) -> dict:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == kind), {})
+
+
+def _name(obj: dict) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "?")
+
+
+def _said(cond: dict) -> str:
+    """A condition as Kueue wrote it: ``status reason: message``."""
+    return " ".join(x for x in (cond.get("status"), f"{cond.get('reason') or ''}:", cond.get("message")) if x)
+
+
+def gate_admission_check_checks(checks: list[dict], *, enabled: bool) -> list[Check]:
+    """The gate's AdmissionChecks (``spec.controllerName`` ours) and their ``Active`` condition.
+
+    Kueue admits nothing through a ClusterQueue that lists an AdmissionCheck which is not
+    ``Active`` (the queue turns Inactive, reason ``AdmissionCheckInactive``), and only the
+    operator's gate controller, running as leader, sets it: a check that is not Active is the one
+    thing that turns the gate from harmless into a stopped queue, so it is said first."""
+    name = "gate: AdmissionCheck"
+    if not checks:
+        return [
+            Check(
+                name,
+                WARN if enabled else INFO,
+                f"no AdmissionCheck with spec.controllerName {GATE_CONTROLLER}"
+                + ("" if enabled else " (the gate is off here)"),
+                "the chart renders one with --set gate.enabled=true (gate.admissionCheckName, default "
+                "gpu-efficiency); without the chart apply {apiVersion: kueue.x-k8s.io/v1beta2, kind: AdmissionCheck, "
+                f"metadata: {{name: gpu-efficiency}}, spec: {{controllerName: {GATE_CONTROLLER}}}}}",
+            )
+        ]
+    out: list[Check] = []
+    for ac in checks:
+        cond = _condition(ac, "Active")
+        if cond.get("status") == "True":
+            out.append(Check(name, OK, f"{_name(ac)} Active ({_said(cond)})"))
+            continue
+        out.append(
+            Check(
+                name,
+                WARN,
+                f"{_name(ac)} not Active ("
+                + (_said(cond) if cond else "no Active condition: no controller has answered it yet")
+                + "); every ClusterQueue listing it admits nothing",
+                "the operator's gate controller sets it Active when it runs (gate.enabled, on the leader): check the "
+                "operator's pods and its log (`kubectl -n NAMESPACE logs deploy/RELEASE-gpu-auditor`); if the gate is "
+                "gone for good, detach the check from its ClusterQueues",
+            )
+        )
+    return out
+
+
+def _gpu_resource(resource: str) -> bool:
+    """A GPU in a ClusterQueue's quota: a whole GPU or a MIG slice (the resources pods request)."""
+    return resource == "nvidia.com/gpu" or resource.startswith("nvidia.com/mig-") or resource.endswith("/gpu")
+
+
+def queue_flavors(queue: dict) -> tuple[list[str], list[str]]:
+    """A ClusterQueue's flavors and, of those, its GPU flavors (a flavor of a resource group whose
+    ``coveredResources`` holds a GPU resource), each in the queue's order."""
+    flavors: list[str] = []
+    gpu: list[str] = []
+    for group in (queue.get("spec") or {}).get("resourceGroups") or []:
+        covers_gpu = any(_gpu_resource(str(r)) for r in group.get("coveredResources") or [])
+        for f in group.get("flavors") or []:
+            n = str(f.get("name"))
+            if n not in flavors:
+                flavors.append(n)
+            if covers_gpu and n not in gpu:
+                gpu.append(n)
+    return flavors, gpu
+
+
+def queue_check_rules(queue: dict) -> dict[str, list[str]]:
+    """The AdmissionChecks a ClusterQueue runs: name → ``onFlavors`` (empty: every flavor), from
+    ``.spec.admissionChecksStrategy.admissionChecks`` (v1beta2; v1beta1 also has the flat
+    ``.spec.admissionChecks``, names only)."""
+    spec = queue.get("spec") or {}
+    rules: dict[str, list[str]] = {str(n): [] for n in spec.get("admissionChecks") or []}
+    for rule in (spec.get("admissionChecksStrategy") or {}).get("admissionChecks") or []:
+        rules[str(rule.get("name"))] = [str(f) for f in rule.get("onFlavors") or []]
+    return rules
+
+
+def attach_patch(queue: dict, check: str) -> str:
+    """The ``kubectl patch`` that attaches ``check`` to ``queue`` on its GPU flavors, keeping the
+    checks it already runs (a merge patch replaces the whole list)."""
+    rules = [{"name": n, **({"onFlavors": f} if f else {})} for n, f in queue_check_rules(queue).items() if n != check]
+    gpu = queue_flavors(queue)[1]
+    rules.append({"name": check, **({"onFlavors": gpu} if gpu else {})})
+    body = json.dumps({"spec": {"admissionChecksStrategy": {"admissionChecks": rules}}}, separators=(",", ":"))
+    return f"kubectl patch clusterqueue {_name(queue)} --type=merge -p '{body}'"
+
+
+def gate_queue_checks(check_names: list[str], queues: list[dict]) -> list[Check]:
+    """Which ClusterQueues run the gate's check, on which flavors, and which GPU queues do not.
+
+    Scoped to the GPU flavors (``onFlavors``) the gate judges only GPU jobs; on every flavor of a
+    queue that also has CPU flavors it holds CPU jobs to its answer too (docs/gate.md, "When the
+    gate decides"); a GPU flavor left out of ``onFlavors`` escapes the gate."""
+    name = "gate: ClusterQueues"
+    out: list[Check] = []
+    attached: set[str] = set()
+    for q in queues:
+        rules = queue_check_rules(q)
+        flavors, gpu = queue_flavors(q)
+        for check in (c for c in check_names if c in rules):
+            attached.add(_name(q))
+            on = rules[check]
+            cond = _condition(q, "Active")
+            inactive = f"; the ClusterQueue is not Active ({_said(cond)})" if cond.get("status") == "False" else ""
+            where = f"{_name(q)} runs {check}"
+            if not on:
+                others = [f for f in flavors if f not in gpu]
+                scope = f"on every flavor ({', '.join(flavors) or 'none'})"
+                if others and gpu:
+                    out.append(
+                        Check(
+                            name,
+                            WARN,
+                            f"{where} {scope}, not scoped to its GPU flavors: non-GPU flavor(s) {', '.join(others)} "
+                            f"wait for the gate too{inactive}",
+                            "scope it with onFlavors: " + attach_patch(q, check),
+                        )
+                    )
+                else:
+                    out.append(Check(name, WARN if inactive else OK, f"{where} {scope}, a GPU-only queue{inactive}"))
+                continue
+            missing = [f for f in gpu if f not in on]
+            extra = [f for f in on if f not in gpu]
+            detail = f"{where} onFlavors [{', '.join(on)}]"
+            problems = ([f"GPU flavor(s) {', '.join(missing)} not checked"] if missing else []) + (
+                [f"{', '.join(extra)} not a GPU flavor of this queue"] if extra else []
+            )
+            if problems:
+                out.append(
+                    Check(
+                        name,
+                        WARN,
+                        f"{detail}: {'; '.join(problems)}{inactive}",
+                        "list its GPU flavors: " + attach_patch(q, check),
+                    )
+                )
+            else:
+                out.append(Check(name, WARN if inactive else OK, f"{detail}, scoped to its GPU flavors{inactive}"))
+    gpu_queues = [q for q in queues if queue_flavors(q)[1]]
+    for check in check_names:
+        if any(check in queue_check_rules(q) for q in queues):
+            continue
+        out.append(
+            Check(
+                name,
+                WARN,
+                f"no ClusterQueue lists {check} in .spec.admissionChecksStrategy: it decides nothing",
+                (
+                    "attach it to each ClusterQueue whose GPU jobs it should judge, on the GPU flavors, e.g.\n"
+                    + "\n".join(attach_patch(q, check) for q in gpu_queues)
+                )
+                if gpu_queues
+                else "no ClusterQueue has GPU quota (nvidia.com/gpu or nvidia.com/mig-* in coveredResources)",
+            )
+        )
+    bare = [q for q in gpu_queues if _name(q) not in attached]
+    if check_names and attached and bare:
+        out.append(
+            Check(
+                name,
+                WARN,
+                f"ClusterQueue(s) with GPU quota without the gate: {', '.join(_name(q) for q in bare)}",
+                "\n".join(attach_patch(q, check_names[0]) for q in bare),
+            )
+        )
+    return out
+
+
 def ack_link_key_check(key_file: str, base_url: str | None, read_key: Callable[[str], bytes]) -> Check:
     """The gate's signed-link key (``gate.ack_link_key_file``, the chart's ``gate.ackLinks.keySecret``
     mounted as a file): the operator runs on without it, so only doctor says that links are off."""
@@ -520,6 +703,8 @@ __all__ = [
     "Telemetry",
     "run_checks",
     "kueue_priority_boost_check",
+    "gate_admission_check_checks",
+    "gate_queue_checks",
     "format_checks",
     "as_json",
 ]

@@ -38,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     kube.add_argument(
         "--kubeconfig",
         metavar="PATH",
-        help="also check the cluster's Kueue (its PriorityBoost gate) through this kubeconfig",
+        help="also check the cluster's Kueue through this kubeconfig: its feature gates, the efficiency gate's "
+        "AdmissionCheck (Active?) and the ClusterQueues that run it",
     )
     kube.add_argument("--in-cluster", action="store_true", help="as --kubeconfig, with the pod's service account")
     p.set_defaults(handler=run)
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         source.close()
     if args.kubeconfig or args.in_cluster:
-        checks.append(_kueue_check(settings))
+        checks.extend(_kueue_checks(settings))
     if settings.gate.ack_link_key_file:
         from auditor.doctor import ack_link_key_check
         from auditor.policy.config import read_link_key
@@ -79,14 +80,36 @@ def run(args: argparse.Namespace) -> int:
     return 1 if any(c.failed for c in checks) else 0
 
 
-def _kueue_check(settings: "Settings") -> "Check":
+def _kueue_checks(settings: "Settings") -> "list[Check]":
+    """The cluster's Kueue as the gate and the chosen options need it: the PriorityBoost gate
+    (requeue.lowerPriorityBy), the AdmissionGatedBy gate (gate.holdBeforeQuota), the gate's
+    AdmissionCheck and the ClusterQueues that run it."""
     from auditor import compose
-    from auditor.doctor import FAIL, Check, kueue_priority_boost_check
+    from auditor.doctor import (
+        FAIL,
+        WARN,
+        Check,
+        gate_admission_check_checks,
+        gate_queue_checks,
+        kueue_priority_boost_check,
+    )
     from auditor.errors import SourceUnavailable
 
     try:
-        return kueue_priority_boost_check(*compose.kueue_priority_boost(settings))
+        out = [kueue_priority_boost_check(*compose.kueue_priority_boost(settings))]
+        checks, queues, error = compose.kueue_gate_objects(settings)
     except SourceUnavailable as exc:  # a checklist line like Prometheus's, not the end of the report
-        return Check(
-            "Kubernetes API reachable", FAIL, str(exc), "check the kubeconfig's server, the network path and TLS", True
-        )
+        return [
+            Check(
+                "Kubernetes API reachable",
+                FAIL,
+                str(exc),
+                "check the kubeconfig's server, the network path and TLS",
+                True,
+            )
+        ]
+    if error:
+        return [*out, Check("gate: AdmissionCheck", WARN, f"could not check: {error}")]
+    out += gate_admission_check_checks(checks, enabled=settings.gate.enabled)
+    out += gate_queue_checks([str(c["metadata"]["name"]) for c in checks], queues)
+    return out
