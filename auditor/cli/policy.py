@@ -124,9 +124,34 @@ def simulate(args: argparse.Namespace) -> int:
             print(f"  {day}: {c['alerts']} alert(s), {c['requeues']} requeue(s), {c['hits']} job(s)")
         for h in pol["hits"][:20]:
             print(f"  {h['job']}: {h['reason']} → {', '.join(h['actions']) or 'no action yet'}")
+        print_near_misses(pol["near_misses"])
     if "gate" in result:
         print_gate_simulation(result["gate"])
     return 0
+
+
+def print_near_misses(near: Sequence[Mapping], limit: int = 10) -> None:
+    """The jobs a policy missed by one condition, most GPU-hours lost first: what a threshold lets
+    through, so that the admin who set it sees by how much (docs/policies.md, "Near misses")."""
+    if not near:
+        return
+    print(f"  near misses ({len(near)}: failed one condition, most GPU-hours lost first):")
+    for n in near[:limit]:
+        lost = n["lost_gpu_hours"]
+        value, threshold = n["value"], n["threshold"]
+        got = "" if value is None else f": {_figure(value)} vs {_figure(threshold)}"
+        print(
+            terminal_safe(
+                f"    {n['job']} ({'-' if lost is None else f'{lost:.2f}'} GPU-h lost) "
+                f"misses {n['condition']}{got} ({n['reason']})"
+            )
+        )
+    if len(near) > limit:
+        print(f"    … and {len(near) - limit} more (-o json lists them all)")
+
+
+def _figure(v: object) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
 def print_gate_simulation(gate: dict) -> None:

@@ -6,6 +6,11 @@ at its start plus the policy's warm-up and sustained duration (the earliest time
 condition could have held), and the escalation ladder is walked with its ``after``/``cooldown``
 delays until the job's end. Each step lands on a day; alerts (notify) and requeues are counted
 per day. Exemptions by annotation and snoozes are not known to history and are ignored.
+
+A job a policy does not fire on, whose verdict the policy takes, and that failed exactly one of its
+conditions (a summary condition, ``lineage``, ``sustained`` or the ``gpus`` quorum) is a *near
+miss*: listed with that condition, the job's value and the threshold, most GPU-hours lost first,
+so that an admin sees which jobs a threshold lets through and by how much (issue 30).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any, Sequence
 
 from auditor.core.gate import LineageHistory, replay
-from auditor.core.job_summary import JobSummary
+from auditor.core.job_summary import JobSummary, lost_gpu_hours
 from auditor.policy.evaluate import evaluate
 from auditor.policy.record import lineage_best
 from auditor.policy.schema import ActionKind, GatePolicy, Policy
@@ -49,6 +54,7 @@ def simulate(store: Any, policies: Sequence[Policy], *, since: datetime, until: 
         result["policies"][p.name] = {
             "mode": p.spec.mode.value,
             "hits": [],
+            "near_misses": [],
             "alerts": 0,
             "requeues": 0,
             "per_day": defaultdict(lambda: {"alerts": 0, "requeues": 0, "hits": 0}),
@@ -69,8 +75,13 @@ def simulate(store: Any, policies: Sequence[Policy], *, since: datetime, until: 
             found = store.find_job(key.namespace, key.kind, key.name, key.cluster)
             buckets = store.buckets(found[0]) if found else None
         for p in policies:
-            ev = evaluate(p, s, now=end, buckets=buckets, lineage_best=best.get(str(s.key)))
+            ev = evaluate(p, s, now=end, buckets=buckets, lineage_best=best.get(str(s.key)), all_misses=True)
             if not ev.fires:
+                miss = ev.near_miss
+                if miss is not None:
+                    lost = lost_gpu_hours(s)
+                    near = {"job": str(s.key), **miss.to_json(), "lost_gpu_hours": lost}
+                    result["policies"][p.name]["near_misses"].append(near)
                 continue
             opened = start + (
                 (p.spec.sustained.warmup + p.spec.sustained.duration) if p.spec.sustained else timedelta(0)
@@ -95,6 +106,7 @@ def simulate(store: Any, policies: Sequence[Policy], *, since: datetime, until: 
                     day["requeues"] += 1
     for pol in result["policies"].values():
         pol["per_day"] = dict(pol["per_day"])
+        pol["near_misses"].sort(key=lambda n: (-(n["lost_gpu_hours"] or 0.0), n["job"]))
     return result
 
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
 
-from auditor.core.job_summary import JobSummary
+from auditor.core.job_summary import GpuSummary, JobSummary
 from auditor.core.model import Bucket, Verdict
 from auditor.core.rfc3339 import read_rfc3339
-from auditor.policy.schema import SNOOZE_ANNOTATION, Policy, Sustained, glob_any
+from auditor.policy.schema import PER_GPU_FIELDS, SNOOZE_ANNOTATION, Condition, Policy, Spec, Sustained, glob_any
 
 #: metric value (Metric enum value) → sustained field name, where the two differ
 _FIELD_OF_METRIC = {"power": "power_w"}
@@ -47,6 +47,16 @@ class Evaluation:
     blocked: str | None = None
     #: False when the job lacked data for a judgement (then an open violation is left as it is)
     judged: bool = True
+    #: the conditions the job failed (the first only, unless evaluated with ``all_misses``)
+    misses: tuple[Miss, ...] = ()
+
+    @property
+    def near_miss(self) -> Miss | None:
+        """The one condition a judged job failed when it failed exactly that one (else None). A
+        job of another verdict is no near miss: it has another problem, not a threshold's."""
+        if not self.judged or self.fires or len(self.misses) != 1:
+            return None
+        return self.misses[0] if self.misses[0].near else None
 
     @property
     def exempt(self) -> bool:
@@ -184,20 +194,186 @@ def evaluate_sustained(
     coverage = min(1.0, len(covered) / expected)
     ev.update({"buckets_expected": expected, "buckets_covered": len(covered), "coverage": round(coverage, 4)})
     if coverage < rule.min_coverage:
-        return SustainedResult(False, {**ev, "reason": f"coverage {coverage:.2f} < {rule.min_coverage:g}"})
+        why = f"coverage {coverage:.2f} < {rule.min_coverage:g}"
+        broken = {
+            "condition": f"minCoverage {rule.min_coverage:g}",
+            "value": round(coverage, 4),
+            "threshold": rule.min_coverage,
+        }
+        return SustainedResult(False, {**ev, "reason": why, "breaks": broken})
     worst: dict[str, float] = {}
     for s in sorted(covered):
         for c in rule.conditions:
             v = covered[s][c.field][0]
             if not c.holds(v):
-                return SustainedResult(
-                    False, {**ev, "reason": f"{c.field}={v:.3f} at {s.isoformat()} breaks {c.describe()}"}
-                )
+                broken = {"condition": c.describe(), "value": round(v, 4), "threshold": c.value, "at": s.isoformat()}
+                reason = f"{c.field}={v:.3f} at {s.isoformat()} breaks {c.describe()}"
+                return SustainedResult(False, {**ev, "reason": reason, "breaks": broken})
             worst[c.field] = v if c.field not in worst else (max if c.op in ("<", "<=") else min)(worst[c.field], v)
     # in the conditions' order, as ``worst``: a set's order would differ from process to process
     fields = dict.fromkeys(c.field for c in rule.conditions)
     means_all = {f: round(sum(covered[s][f][0] for s in covered) / len(covered), 4) for f in fields}
     return SustainedResult(True, {**ev, "means": means_all, "worst": {k: round(v, 4) for k, v in worst.items()}})
+
+
+@dataclass(frozen=True)
+class Miss:
+    """One condition a judged job failed, with its value and the threshold it missed: what a
+    near miss (``policy simulate``) says, so that an admin sees how far a job was from firing."""
+
+    condition: str
+    value: Any
+    threshold: Any
+    reason: str
+    #: False when the job is no near miss for it: another verdict (another problem), or a lineage
+    #: without an earlier run to compare with (nothing to come near to)
+    near: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"condition": self.condition, "value": self.value, "threshold": self.threshold, "reason": self.reason}
+
+
+def verdict_may_match(policy: Policy, summary: JobSummary) -> bool:
+    """Whether ``policy``'s verdicts can take the job: its own verdict, or under ``gpus`` one of
+    its GPUs' (the runner asks Kubernetes for the opt-out annotations only then)."""
+    wanted = policy.spec.verdicts
+    if not wanted:
+        return True
+    if summary.verdict.value in wanted:
+        return True
+    return policy.spec.gpus is not None and any(g.verdict.value in wanted for g in summary.per_gpu)
+
+
+class _NoJudgement(Exception):
+    """A field a condition needs is missing: the job is not judged (never "0, so below")."""
+
+
+def _check(c: Condition, v: object, misses: list[Miss], held: list[str]) -> None:
+    """Test condition ``c`` on value ``v``: a held one joins ``held``, a failed one ``misses``."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise _NoJudgement(f"{c.field} is missing: no judgement")
+    if c.holds(float(v)):
+        held.append(f"{c.field}={v:.3f} {c.op} {c.value:g}")
+    else:
+        misses.append(Miss(c.describe(), v, c.value, f"{c.field}={v:.3f} does not meet {c.describe()}"))
+
+
+def _gpu_value(row: GpuSummary | JobSummary, name: str) -> object:
+    if isinstance(row, JobSummary):
+        return row.value_of(name)
+    return getattr(row.means, name) if hasattr(row.means, name) else getattr(row, name, None)
+
+
+def _gpu_label(row: GpuSummary | JobSummary) -> str:
+    if isinstance(row, JobSummary):
+        return "the job"
+    idx = f"gpu{row.gpu}" if row.gpu else row.uuid
+    if row.mig_instance:
+        idx += f"/mig{row.mig_instance}"
+    return f"{row.pod} {row.hostname + ':' if row.hostname else ''}{idx}"
+
+
+def _buckets_by_gpu(buckets: Sequence[Bucket]) -> dict[tuple[str, str, str, str], list[Bucket]]:
+    out: dict[tuple[str, str, str, str], list[Bucket]] = defaultdict(list)
+    for b in buckets:
+        out[(b.pod.namespace, b.pod.pod, b.gpu.uuid, b.gpu.instance)].append(b)
+    return out
+
+
+def _judge_gpus(
+    policy: Policy, summary: JobSummary, *, now: datetime, buckets: Sequence[Bucket] | None, all_misses: bool
+) -> tuple[list[str], list[Miss], dict[str, Any]]:
+    """``gpus``: each GPU is judged on its own verdict, the per-GPU conditions and ``sustained``
+    over its own buckets; then the quorum. A summary without per-GPU rows (an older stored one, a
+    suite's example) is one GPU: the job. Returns what held, the misses and the evidence."""
+    spec = policy.spec
+    quorum = spec.gpus
+    assert quorum is not None
+    rows: Sequence[GpuSummary | JobSummary] = summary.per_gpu or (summary,)
+    conds = [c for c in spec.conditions if c.field in PER_GPU_FIELDS]
+    by_gpu = _buckets_by_gpu(buckets) if buckets is not None and summary.per_gpu else None
+    met, judged, first_miss = [], 0, None
+    sustained_evidence: dict[str, Any] | None = None
+    table = []
+    for row in rows:
+        misses: list[Miss] = []
+        why = ""
+        if spec.verdicts and row.verdict.value not in spec.verdicts:
+            text = f"verdict {row.verdict.value} not in {spec.verdicts}"
+            misses.append(Miss("verdict", row.verdict.value, spec.verdicts, text, near=False))
+        try:
+            for c in conds:
+                _check(c, _gpu_value(row, c.field), misses, [])
+        except _NoJudgement as exc:
+            why = str(exc)
+        if not why and spec.sustained is not None and (all_misses or not misses):
+            if buckets is None:
+                why = "no stored buckets for the sustained condition"
+            else:
+                mine = (
+                    buckets
+                    if by_gpu is None or isinstance(row, JobSummary)
+                    else by_gpu.get((row.namespace, row.pod, row.uuid, row.mig_instance or ""), [])
+                )
+                sr = evaluate_sustained(spec.sustained, mine, now, job_start=row.start)
+                sustained_evidence = sr.evidence
+                if not sr.holds:
+                    misses.append(_sustained_miss(sr))
+        judged += not why
+        if not why and not misses:
+            met.append(row)
+        elif first_miss is None and misses:
+            first_miss = misses[0]
+        if len(rows) == 1:  # one GPU: judged as a whole job is, with the same reasons and evidence
+            if why:
+                raise _NoJudgement(why)
+            evidence = {} if sustained_evidence is None else {"sustained": sustained_evidence}
+            return _held(spec, conds, met, "") if met else [], misses, evidence
+        table.append({"gpu": _gpu_label(row), "meets": not why and not misses, "why": why or _reasons(misses)})
+    if not judged:
+        raise _NoJudgement(f"no GPU of the job could be judged ({table[0]['why']})")
+    hours = [r.gpu_hours if r.gpu_hours is not None else 1.0 for r in rows]
+    share = sum(h for r, h in zip(rows, hours) if r in met) / (sum(hours) or 1.0)
+    evidence = {
+        "gpus_judged": {
+            "met": len(met),
+            "of": len(rows),
+            "gpu_hours_share": round(share, 4),
+            "quorum": quorum.describe(),
+            "per_gpu": table,
+        }
+    }
+    got = f"{len(met)} of {len(rows)} GPUs ({share:.0%} of its GPU-hours) meet it"
+    if spec.verdicts and not any(r.verdict.value in spec.verdicts for r in rows):
+        why = f"no GPU's verdict in {spec.verdicts}"
+        return [], [Miss("verdict", sorted({r.verdict.value for r in rows}), spec.verdicts, why, near=False)], evidence
+    if len(met) >= quorum.at_least and share >= quorum.share - 1e-9:
+        return _held(spec, conds, met, got), [], evidence
+    reason = f"{got}; needs {quorum.describe()}" + (f" (the others: {first_miss.reason})" if first_miss else "")
+    enough = len(met) >= quorum.at_least
+    miss = Miss(
+        f"gpus: {quorum.describe()}",
+        round(share, 4) if enough else len(met),
+        quorum.share if enough else quorum.at_least,
+        reason,
+    )
+    return [], [miss], evidence
+
+
+def _reasons(misses: Sequence[Miss]) -> str:
+    return "; ".join(m.reason for m in misses)
+
+
+def _held(spec: Spec, conds: Sequence[Condition], met: Sequence[GpuSummary | JobSummary], got: str) -> list[str]:
+    """What held, worded as for a job judged whole, at the met GPU nearest each threshold."""
+    held = [got + (f", each {' or '.join(spec.verdicts)}" if spec.verdicts else "")] if got else []
+    for c in conds:
+        values = [float(v) for r in met if isinstance(v := _gpu_value(r, c.field), (int, float))]
+        v = (max if c.op in ("<", "<=") else min)(values)
+        held.append(f"{c.field}={v:.3f} {c.op} {c.value:g}")
+    if spec.sustained is not None:
+        held.append(_sustained_text(spec.sustained))
+    return held
 
 
 def evaluate(
@@ -208,10 +384,13 @@ def evaluate(
     facts: JobFacts = JobFacts(),
     buckets: Sequence[Bucket] | None = None,
     lineage_best: float | None = None,
+    all_misses: bool = False,
 ) -> Evaluation:
     """Decide whether ``policy`` fires on the job of ``summary`` (pure). ``lineage_best``: the
     best MFU estimate of the earlier runs of the job's lineage (the ``lineage`` condition), None
-    when it has none."""
+    when it has none. ``all_misses``: judge every condition, not only up to the first that fails,
+    so that :attr:`Evaluation.misses` lists them all (a backtest's near misses; the operator's
+    cycle stops at the first)."""
     name = policy.name
     verdict = summary.verdict.value
     m = summary.means
@@ -237,40 +416,74 @@ def evaluate(
     if why_not:
         return Evaluation(name, False, why_not, figures)
     spec = policy.spec
-    if spec.verdicts and verdict not in spec.verdicts:
-        return Evaluation(name, False, f"verdict {verdict} not in {spec.verdicts}", figures)
-    held = []
-    for c in spec.conditions:
-        v = summary.value_of(c.field)
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            return Evaluation(name, False, f"{c.field} is missing: no judgement", figures, judged=False)
-        if not c.holds(float(v)):
-            return Evaluation(name, False, f"{c.field}={v:.3f} does not meet {c.describe()}", figures)
-        held.append(f"{c.field}={v:.3f} {c.op} {c.value:g}")
+    per_gpu = spec.gpus is not None
+    misses: list[Miss] = []
+    held: list[str] = []
     evidence: dict[str, Any] = dict(figures)
-    if spec.lineage is not None:
-        mfu = summary.mfu_estimate
-        if mfu is None:
-            return Evaluation(name, False, "mfu_estimate is missing: no judgement", figures, judged=False)
-        if lineage_best is None:
-            return Evaluation(name, False, "no earlier run of its lineage with an MFU estimate", figures)
-        bar = spec.lineage.below_best * lineage_best
-        evidence["lineage_best_mfu"] = round(lineage_best, 4)
-        if not mfu < bar:
-            return Evaluation(
-                name, False, f"mfu_estimate={mfu:.3f} is not below {spec.lineage.describe()} ({bar:.3f})", evidence
+
+    def done() -> bool:
+        return bool(misses) and not all_misses
+
+    def missed() -> Evaluation:
+        return Evaluation(name, False, misses[0].reason, evidence, misses=tuple(misses))
+
+    try:
+        if not per_gpu and spec.verdicts and verdict not in spec.verdicts:
+            why = f"verdict {verdict} not in {spec.verdicts}"
+            misses.append(Miss("verdict", verdict, spec.verdicts, why, near=False))
+            if done():
+                return Evaluation(name, False, misses[0].reason, figures, misses=tuple(misses))
+        for c in spec.conditions:
+            if per_gpu and c.field in PER_GPU_FIELDS:
+                continue
+            _check(c, summary.value_of(c.field), misses, held)
+            if done():
+                return Evaluation(name, False, misses[0].reason, figures, misses=tuple(misses))
+        if spec.lineage is not None:
+            mfu = summary.mfu_estimate
+            if mfu is None:
+                raise _NoJudgement("mfu_estimate is missing: no judgement")
+            if lineage_best is None:
+                why = "no earlier run of its lineage with an MFU estimate"
+                misses.append(Miss(spec.lineage.describe(), mfu, None, why, near=False))
+            else:
+                bar = spec.lineage.below_best * lineage_best
+                evidence["lineage_best_mfu"] = round(lineage_best, 4)
+                if not mfu < bar:
+                    misses.append(
+                        Miss(
+                            spec.lineage.describe(),
+                            mfu,
+                            round(bar, 4),
+                            f"mfu_estimate={mfu:.3f} is not below {spec.lineage.describe()} ({bar:.3f})",
+                        )
+                    )
+                else:
+                    held.append(
+                        f"mfu_estimate={mfu:.3f} < {spec.lineage.below_best:g} x its lineage's best {lineage_best:.3f}"
+                    )
+            if done():
+                return missed()
+        if per_gpu:
+            got, gpu_misses, gpu_evidence = _judge_gpus(
+                policy, summary, now=now, buckets=buckets, all_misses=all_misses
             )
-        held.append(f"mfu_estimate={mfu:.3f} < {spec.lineage.below_best:g} x its lineage's best {lineage_best:.3f}")
-    if spec.sustained is not None:
-        if buckets is None:
-            return Evaluation(name, False, "no stored buckets for the sustained condition", figures, judged=False)
-        sr = evaluate_sustained(spec.sustained, buckets, now, job_start=summary.start)
-        evidence["sustained"] = sr.evidence
-        if not sr.holds:
-            return Evaluation(name, False, "sustained: " + str(sr.evidence.get("reason")), evidence)
-        held.append(
-            f"{' and '.join(c.describe() for c in spec.sustained.conditions)} for {_human(spec.sustained.duration)}"
-        )
+            held += got
+            misses += gpu_misses
+            evidence.update(gpu_evidence)
+        elif spec.sustained is not None:
+            if buckets is None:
+                raise _NoJudgement("no stored buckets for the sustained condition")
+            sr = evaluate_sustained(spec.sustained, buckets, now, job_start=summary.start)
+            evidence["sustained"] = sr.evidence
+            if not sr.holds:
+                misses.append(_sustained_miss(sr))
+            else:
+                held.append(_sustained_text(spec.sustained))
+    except _NoJudgement as exc:
+        return Evaluation(name, False, str(exc), figures, judged=False)
+    if misses:
+        return missed()
     reason = f"{verdict}: " + ("; ".join(held) if held else f"verdict is {verdict}")
     blocked = exemption(policy, summary, facts, now)
     if blocked is None:
@@ -278,6 +491,18 @@ def evaluate(
         if until is not None:
             blocked = f"snoozed until {until.isoformat()}"
     return Evaluation(name, True, reason, evidence, blocked=blocked)
+
+
+def _sustained_miss(sr: SustainedResult) -> Miss:
+    """The failed sustained condition: the bucket's value and the threshold it broke, or the
+    coverage short of ``minCoverage`` (null both when the job is too young or has no buckets)."""
+    broken = sr.evidence.get("breaks") or {}
+    what = f"sustained: {broken['condition']}" if broken else "sustained"
+    return Miss(what, broken.get("value"), broken.get("threshold"), "sustained: " + str(sr.evidence.get("reason")))
+
+
+def _sustained_text(rule: Sustained) -> str:
+    return f"{' and '.join(c.describe() for c in rule.conditions)} for {_human(rule.duration)}"
 
 
 def _human(d: timedelta) -> str:

@@ -31,7 +31,7 @@ from auditor.policy.decision import Decision
 from auditor.policy.dispatch import NO_DESTINATION as NO_DESTINATION  # re-exported
 from auditor.policy.dispatch import StepActions, maybe_delivered
 from auditor.policy.escalation import ViolationState, action_key, decision_key, due_step, job_key
-from auditor.policy.evaluate import Evaluation, JobFacts, evaluate
+from auditor.policy.evaluate import Evaluation, JobFacts, evaluate, verdict_may_match
 from auditor.policy.loader import PolicyRegistry
 from auditor.policy.record import EscalationRecord, LineageMfu, lineage_best
 from auditor.policy.recovery import Recovery
@@ -156,12 +156,11 @@ class PolicyRunner:
     def _job(
         self, s: JobSummary, summary: dict, policies: list[Policy], *, now: datetime, act: bool, best: float | None
     ) -> list[Decision]:
-        verdict = s.verdict.value
         if s.verdict is Verdict.INSUFFICIENT_DATA or not policies:
             return []  # nothing happens on insufficient data: not even closing a violation
         facts = JobFacts()
         # Kubernetes is asked only when some policy can fire on this verdict (two GETs per job)
-        if self.kube is not None and any(not p.spec.verdicts or verdict in p.spec.verdicts for p in policies):
+        if self.kube is not None and any(verdict_may_match(p, s) for p in policies):  # its GPUs' too
             facts = self.kube.facts(ActionTarget.of_summary(s))
         buckets = None
         if any(p.spec.sustained for p in policies):

@@ -10,6 +10,7 @@ A policy file holds one or more documents::
       verdicts: [low_sm_efficiency]    # fire only on these summary verdicts (optional)
       selector: {...}                  # which jobs (namespaces, teams, queues, labels, GPU models)
       conditions: [...]                # on the job summary: {field, op, value}
+      gpus: {atLeast: 1, share: 0.5}   # judge a multi-GPU job GPU by GPU: enough of its GPUs must meet them
       sustained: {...}                 # on the stored buckets: held for a duration after a warm-up
       lineage: {belowBest: 0.8}        # on the lineage's history: MFU below 0.8 x its best earlier run
       exemptions: {...}
@@ -32,7 +33,7 @@ from typing import Annotated, Any, Literal, Mapping
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from auditor.core.gate import GateAction, GateRule
-from auditor.core.job_summary import policy_fields
+from auditor.core.job_summary import MEAN_FIELDS, policy_fields
 from auditor.core.ranges import RATIO, Range
 from auditor.timeparse import parse_duration
 
@@ -60,6 +61,9 @@ SUSTAINED_FIELDS = frozenset(
         "power_w",
     }
 )
+#: Summary fields each GPU of a job has too (its row of ``per_gpu``): under ``gpus`` a condition on
+#: one of them is tested on every GPU; the others (GPU-hours, waste, MFU gap, ...) are the job's.
+PER_GPU_FIELDS = frozenset({name for name, _ in MEAN_FIELDS} | {"coverage", "mfu_estimate"}) & SUMMARY_FIELDS.keys()
 VERDICTS = frozenset(
     {"idle", "underutilized", "low_sm_efficiency", "memory_bound", "no_tensor_cores", "low_mfu", "healthy"}
 )
@@ -195,6 +199,25 @@ class LineageCondition(_Strict):
         return f"mfu_estimate < {self.below_best:g} x its lineage's best earlier run"
 
 
+class GpuQuorum(_Strict):
+    """``gpus``: judge a job GPU by GPU, as its GPUs are (issue 30). The job's average hides a
+    rank that differs: three GPUs at 100 % utilization and 3 % SM activity beside a straggler
+    at 12 % average 78 %, under an 0.8 floor. With ``gpus``, ``verdicts``, the conditions on
+    :data:`PER_GPU_FIELDS` and ``sustained`` are tested on each GPU (its own verdict, figures
+    and buckets), and the policy fires when at least ``atLeast`` GPUs meet them all and they
+    hold at least ``share`` of the job's GPU-hours (a GPU-hour weighting, so that a GPU that
+    joined late or a small MIG slice weighs what it cost)."""
+
+    at_least: int = Field(1, alias="atLeast", ge=1, le=4096)
+    share: float = Field(0.0, ge=0.0, le=1.0)
+
+    def describe(self) -> str:
+        parts = [f"at least {self.at_least} GPU{'' if self.at_least == 1 else 's'}"]
+        if self.share:
+            parts.append(f"{self.share:.0%} of its GPU-hours")
+        return " and ".join(parts)
+
+
 class Selector(_Strict):
     """Which jobs a policy looks at. Empty lists mean "any". Names allow shell globs (``ml-*``).
     Every listed criterion must match; an unknown value (e.g. labels without Kubernetes) never matches."""
@@ -254,6 +277,8 @@ class Spec(_Strict):
     conditions: list[SummaryCondition] = []
     sustained: Sustained | None = None
     lineage: LineageCondition | None = None
+    #: after what it judges per GPU, so that its check reads them (and its error names its line)
+    gpus: GpuQuorum | None = None
     exemptions: Exemptions = Exemptions()
     escalation: list[Step] = Field(min_length=1)
     requeue: Requeue = Requeue()
@@ -266,6 +291,20 @@ class Spec(_Strict):
             if x not in VERDICTS:
                 raise ValueError(
                     f"unknown verdict {x!r} (one of {', '.join(sorted(VERDICTS))}; insufficient_data never fires)"
+                )
+        return v
+
+    @field_validator("gpus")
+    @classmethod
+    def _per_gpu(cls, v: GpuQuorum | None, info: ValidationInfo) -> GpuQuorum | None:
+        d = info.data
+        if v is None or not {"verdicts", "conditions", "sustained"} <= d.keys():
+            return v  # one of them is refused already: that error is the one to read
+        if not d["verdicts"] and d["sustained"] is None:
+            if not any(c.field in PER_GPU_FIELDS for c in d["conditions"]):
+                raise ValueError(
+                    "gpus judges each GPU by verdicts, sustained or conditions on "
+                    f"{', '.join(sorted(PER_GPU_FIELDS))}: this policy has none of them"
                 )
         return v
 

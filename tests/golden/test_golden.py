@@ -239,7 +239,9 @@ def test_policy_alert_payloads(demo: Demo) -> None:
         hook.close()
     text = json.dumps([d.as_dict() for d in decisions], indent=2, default=str) + "\n"
     check("policy/decisions.json", _SLACK_ID.sub('"slack": {\\1"delivery_id": "<random>"', text))
-    assert len(slack.requests) == len(hook.requests) == 4
+    # the one-GPU jobs of high-util-low-sm and idle-gpus, and the 4-GPU llm-finetune that
+    # high-util-low-sm judges GPU by GPU (issue 30)
+    assert len(slack.requests) == len(hook.requests) == 5
     for r in sorted(slack.requests, key=lambda r: r.body):
         job = re.search(r"gpu-auditor: (\S+) breaks", r.json()["text"])
         assert job
@@ -248,3 +250,18 @@ def test_policy_alert_payloads(demo: Demo) -> None:
         data = r.json()["data"]
         name = f"{data['job']['namespace']}_{data['job']['job'].replace('/', '_')}"
         check(f"policy/webhook-{name}.json", _SENT_AT.sub(b'"sent_at": "<sent_at>"', r.body))
+
+
+def test_policy_simulate_json(demo: Demo) -> None:
+    """``policy simulate -o json``'s backtest of the bundled policies over the demo store: hits,
+    actions, per-day counts and near misses (issue 30); the CLI adds the store's URL in front."""
+    from auditor.policy.backtest import simulate
+
+    store = Store.open(demo.db)
+    try:
+        result = simulate(
+            store, load_dir(Path(__file__).parents[2] / "policies"), since=NOW - timedelta(days=7), until=NOW
+        )
+    finally:
+        store.close()
+    check("policy/simulate.json", json.dumps(result, indent=2, default=str) + "\n")
