@@ -74,9 +74,12 @@ def test_no_fence_when_off_or_nothing_to_fence(chart: Chart, sets):
 
 
 def test_fence_on_a_cluster_without_the_v1_api_fails_naming_the_switch(chart: Chart):
-    res = chart.helm("template", "ga", str(CHART), "--kube-version", "1.29.4", check=False)
-    assert res.rc != 0 and "rbac.writeFence.enabled=false" in res.err and "1.29.4" in res.err, res.err
-    off = chart.helm("template", "ga", str(CHART), "--kube-version", "1.29.4", "--set", "rbac.writeFence.enabled=false")
+    # Chart.yaml's floor (1.30) is the fence's: a cluster that lacks the API is one that switched it
+    # off, seen in discovery (--api-versions stands in for it; tests/chart/test_version_floors.py)
+    discovered = ["--kube-version", "1.30.4", "--api-versions", "v1/Pod"]
+    res = chart.helm("template", "ga", str(CHART), *discovered, check=False)
+    assert res.rc != 0 and "rbac.writeFence.enabled=false" in res.err and "1.30.4" in res.err, res.err
+    off = chart.helm("template", "ga", str(CHART), *discovered, "--set", "rbac.writeFence.enabled=false")
     assert "ValidatingAdmissionPolicy" not in off.out
 
 
