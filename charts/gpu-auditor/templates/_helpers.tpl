@@ -245,3 +245,16 @@ look the same.
 {{- end }}
 {{- $expr }}
 {{- end }}
+
+{{- /* The extra labels of one Prometheus Operator object (ServiceMonitor, PrometheusRule): its own
+  `labels` value plus `release: <kubePrometheusStack.release>` unless they set release themselves.
+  kube-prometheus-stack's Prometheus selects these objects by that label and silently ignores the
+  rest. Args: labels (a map or nil), root (the chart's top context). */}}
+{{- define "gpu-auditor.monitorLabels" -}}
+{{- $labels := deepCopy (.labels | default dict) }}
+{{- $release := .root.Values.kubePrometheusStack.release }}
+{{- if and $release (not (hasKey $labels "release")) }}
+{{- $_ := set $labels "release" $release }}
+{{- end }}
+{{- with $labels }}{{ toYaml . }}{{ end }}
+{{- end }}
