@@ -322,6 +322,9 @@ class GateSettings(_Section):
     #: how long an acknowledgement made through a link lasts (null: no end; new flagged runs
     #: after it count again either way)
     ack_link_until: Duration | None = timedelta(days=30)
+    #: how long an alert's "Snooze this job's escalation" link pauses the job's policy ladder, from
+    #: the click (issue 30); at most 7 days: a longer pause is an exemption, the admin's call
+    ack_link_snooze: Duration = Field(default=timedelta(hours=24), gt=timedelta(0), le=timedelta(days=7))
 
 
 class HttpSettings(_Section):

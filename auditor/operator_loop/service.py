@@ -194,7 +194,13 @@ class Operator:
         except BadInput as exc:  # an optional feature: the operator runs on without it
             log.error("signed acknowledgement links are off: %s", exc)
             return {PATH: without_key(str(exc))}
-        endpoint = AckEndpoint(AckLog(self.store), key, cluster=self.settings.cluster, clock=self.clock)
+        endpoint = AckEndpoint(
+            AckLog(self.store),
+            key,
+            cluster=self.settings.cluster,
+            clock=self.clock,
+            snoozes=self.store.job_snoozes(),  # issue 30: the alert's snooze link, same path
+        )
         return {PATH: endpoint.handle}
 
     def _gate_stage(self) -> Any:

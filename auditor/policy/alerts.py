@@ -3,14 +3,46 @@ annotations and Event note. Pure: every user-controlled string in Slack goes thr
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
+from auditor.core.acklink import ACK_LABEL, hours_text, snooze_label
 from auditor.core.action_target import ActionTarget
 from auditor.core.job_summary import JobSummary
 from auditor.core.mfu import LINEAGE_BEST
 from auditor.policy.schema import Policy
 from auditor.render.slack_blocks import context, fields, header, section, slack_escape
+
+
+@dataclass(frozen=True, slots=True)
+class AlertLinks:
+    """The signed links one alert carries (issue 30): ``snooze_url`` pauses the running job's
+    escalation for ``snooze_for``; ``ack_url`` acknowledges its ``lineage`` for the gate."""
+
+    lineage: str
+    ack_url: str
+    snooze_url: str
+    snooze_for: timedelta
+
+    def buttons(self) -> list[dict[str, str]]:
+        """Each link with its words and what it does: the webhook's ``buttons``, the Slack buttons."""
+        return [
+            {
+                "action": "snooze",
+                "label": snooze_label(self.snooze_for),
+                "url": self.snooze_url,
+                "does": f"pauses this job's escalation (no alert again, no annotation, Event or requeue) for "
+                f"{hours_text(self.snooze_for)} from the click; then it goes on where it was",
+            },
+            {
+                "action": "ack",
+                "label": ACK_LABEL,
+                "url": self.ack_url,
+                "does": f"acknowledges lineage {self.lineage} for the efficiency gate: its next submissions are "
+                "not held for these runs; the running job's escalation goes on",
+            },
+        ]
 
 
 def mfu_text(summary: JobSummary | None) -> str:
@@ -65,11 +97,13 @@ def webhook_payload(
     now: datetime,
     *,
     lineage: str,
-    ack_url: str | None,
+    links: AlertLinks | None,
 ) -> dict:
-    """The signed webhook's ``policy.violation`` payload (DESIGN's webhook contract); with a
-    signed acknowledgement link, also the job's ``lineage`` and the link (``ack_url``)."""
-    payload = {
+    """The signed webhook's ``policy.violation`` payload (DESIGN's webhook contract); with
+    signed links, also the job's ``lineage``, the gate's link (``ack_url``), the snooze link
+    (``snooze_url``, ``snooze_for_s``) and ``buttons``: each link with its words and what it does,
+    so a receiver renders the same two choices the Slack alert offers."""
+    payload: dict[str, Any] = {
         "policy": policy.name,
         "mode": policy.spec.mode.value,
         "job": target.to_ref(),
@@ -79,8 +113,14 @@ def webhook_payload(
         "decided_at": now.isoformat().replace("+00:00", "Z"),
         "dedup_key": key,
     }
-    if ack_url:
-        payload.update(lineage=lineage, ack_url=ack_url)
+    if links is not None:
+        payload.update(
+            lineage=lineage,
+            ack_url=links.ack_url,
+            snooze_url=links.snooze_url,
+            snooze_for_s=int(links.snooze_for.total_seconds()),
+            buttons=links.buttons(),
+        )
     return payload
 
 
@@ -92,10 +132,12 @@ def event_note(policy: Policy, reason: str) -> str:
 
 
 def slack_message(
-    policy: Policy, summary: JobSummary, reason: str, *, ack_url: str | None = None, lineage: str | None = None
+    policy: Policy, summary: JobSummary, reason: str, *, links: AlertLinks | None = None
 ) -> tuple[str, list[dict]]:
     """The Slack alert for a violation; every user-controlled string goes through slack_escape.
-    With ``ack_url`` (a signed link) it ends with a button that acknowledges the job's lineage."""
+    With ``links`` (signed) it ends with what each button does and the two buttons: snooze this
+    job's escalation, acknowledge its lineage for the gate (issue 30: the one pauses what happens
+    to the running job, the other does not)."""
 
     def pct(v: float | None) -> str:
         return f"{v * 100:.0f}%" if v is not None else "n/a"
@@ -125,27 +167,32 @@ def slack_message(
     ]
     if policy.spec.advice:
         blocks.append(section(f"*Advice:* {slack_escape(policy.spec.advice)}"))
-    blocks.append(
-        context(
-            f"Mode {policy.spec.mode.value}. Silence with the annotation `gpu-auditor.io/snooze-until: <RFC 3339 time>` on the job."
+    mode = f"Mode {policy.spec.mode.value}."
+    if links is None:
+        blocks.append(
+            context(
+                f"{mode} Pause this job's escalation with the annotation "
+                "`gpu-auditor.io/snooze-until: <RFC 3339 time>` on the job."
+            )
         )
-    )
-    if ack_url and lineage:
-        blocks.append(ack_button(ack_url, lineage))
+        return text, blocks
+    said = " ".join(f"*{slack_escape(b['label'])}* {slack_escape(b['does'])}." for b in links.buttons())
+    blocks.append(context(f"{mode} {said}"))
+    blocks.append(alert_buttons(links))
     return text, blocks
 
 
-def ack_button(url: str, lineage: str) -> dict:
-    """A Block Kit button opening the signed acknowledgement link (a JSON field: no mrkdwn escaping)."""
-    label = f"Acknowledge {lineage}"
+def alert_buttons(links: AlertLinks) -> dict:
+    """The Block Kit buttons opening the signed links (JSON fields: no mrkdwn escaping)."""
     return {
         "type": "actions",
         "elements": [
             {
                 "type": "button",
-                "text": {"type": "plain_text", "text": label[:75]},
-                "url": url,
-                "action_id": "gpu-auditor-ack",
+                "text": {"type": "plain_text", "text": b["label"][:75]},
+                "url": b["url"],
+                "action_id": f"gpu-auditor-{b['action']}",
             }
+            for b in links.buttons()
         ],
     }

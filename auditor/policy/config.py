@@ -105,7 +105,7 @@ def link_issuer(settings: Settings) -> LinkIssuer | None:
     except BadInput as exc:  # links are optional: alerts go out without one, and say nothing false
         log.error("alerts carry no acknowledgement link: %s", exc)
         return None
-    return LinkIssuer(key, g.ack_link_base_url, g.ack_link_ttl, g.ack_link_until)
+    return LinkIssuer(key, g.ack_link_base_url, g.ack_link_ttl, g.ack_link_until, g.ack_link_snooze)
 
 
 def read_link_key(path: str) -> bytes:

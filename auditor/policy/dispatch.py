@@ -18,7 +18,7 @@ from auditor.core.lineage import lineage_of_summary
 from auditor.core.violations import DONE, FAILED, QUEUED, SKIPPED, WAITING
 from auditor.errors import AuditorError, RequeueRefused
 from auditor.notify import Delivery, RetryPolicy, SlackNotifier, WebhookNotifier
-from auditor.policy.alerts import event_note, job_annotations, slack_message, webhook_payload
+from auditor.policy.alerts import AlertLinks, event_note, job_annotations, slack_message, webhook_payload
 from auditor.policy.record import EscalationRecord
 from auditor.policy.runner_config import Route, RunnerConfig
 from auditor.policy.schema import ActionKind, Mode, Policy
@@ -196,13 +196,13 @@ class StepActions:
         if not route.slack_url and not route.webhook_url:
             return self._unrouted_alert(summary.team, policy)
         prev = before or {}
-        lineage, ack_url = self._ack_link(summary, now)
+        lineage, links = self._links(summary, now)
         messages: dict[str, dict] = {}
         if route.slack_url:
-            text, blocks = slack_message(policy, summary, reason, ack_url=ack_url, lineage=lineage)
+            text, blocks = slack_message(policy, summary, reason, links=links)
             messages["slack"] = {"text": text, "blocks": blocks}
         if route.webhook_url:
-            payload = webhook_payload(policy, target, reason, evidence, key, now, lineage=lineage, ack_url=ack_url)
+            payload = webhook_payload(policy, target, reason, evidence, key, now, lineage=lineage, links=links)
             messages["webhook"] = {"kind": "policy.violation", "payload": payload, "delivery_id": delivery_id(key)}
         out: dict[str, Any] = {"team": summary.team}
         for channel, message in messages.items():
@@ -244,16 +244,23 @@ class StepActions:
         waiting = self._record.count_actions("notify", since=_EPOCH, states=(QUEUED,), cluster=self.config.cluster)
         return waiting >= self.config.queue_limit
 
-    def _ack_link(self, summary: JobSummary, now: datetime) -> tuple[str, str | None]:
-        """The job's lineage (``namespace/lineage``) and, with a link key configured, a fresh
-        single-use link acknowledging it (sent to the job's team)."""
+    def _links(self, summary: JobSummary, now: datetime) -> tuple[str, AlertLinks | None]:
+        """The job's lineage (``namespace/lineage``) and, with a link key configured, two fresh
+        single-use links sent to the job's team: one snoozing the job's escalation, one
+        acknowledging its lineage for the gate (each with its own nonce)."""
         key = lineage_of_summary(summary.to_json())
-        if self.config.ack_links is None:
+        issuer = self.config.ack_links
+        if issuer is None:
             return str(key), None
         import secrets
 
         to = f"team:{summary.team or key.namespace}"
-        return str(key), self.config.ack_links.issue(key, to, now, secrets.token_hex(12))
+        return str(key), AlertLinks(
+            lineage=str(key),
+            ack_url=issuer.issue(key, to, now, secrets.token_hex(12)),
+            snooze_url=issuer.issue_snooze(summary.key, to, now, secrets.token_hex(12)),
+            snooze_for=issuer.snooze,
+        )
 
     def _unrouted_alert(self, team: str, policy: Policy) -> dict:
         """The result of an alert that has nowhere to go: recorded as skipped (``reason``

@@ -10,15 +10,30 @@ and at most one step runs per cycle, so the ladder is climbed in order, never sk
 is persisted in the store together with the decision (one transaction), and each decision and
 action carries a unique dedup key derived from the violation and the step, so a second leader or
 a restarted process that replays a cycle finds the key taken and does nothing.
+
+A job's owner may *snooze* its ladder (issue 30: the alert's link, the console, the CLI): while
+a snooze is in force no step is taken on the job, for any policy; the ladder's state is left as
+it was, so when the snooze ends the next step is due by the same rules as before.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Protocol
 
 from auditor.core.identity import JobKey
+from auditor.core.job_snooze import JobSnooze
 from auditor.core.violations import ViolationState as ViolationState  # re-exported
 from auditor.policy.schema import Policy, Step
+
+
+class LadderSnoozes(Protocol):
+    """The snoozed jobs the runner honours: the store implements it
+    (:class:`auditor.store.job_snoozes.JobSnoozeLog`); the fast tests a fake."""
+
+    def in_force(self, now: datetime, *, cluster: str | None = None) -> dict[JobKey, JobSnooze]:
+        """By job, the snooze in force at ``now`` (one read a cycle)."""
+        ...
 
 
 def due_step(policy: Policy, state: ViolationState, now: datetime) -> tuple[int, Step] | None:

@@ -21,16 +21,24 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from auditor.core.action_target import ActionTarget
 from auditor.core.identity import JobKey
+from auditor.core.job_snooze import JobSnooze
 from auditor.core.job_summary import JobSummary
 from auditor.core.model import Verdict, Window
 from auditor.core.violations import CLAIMED, DONE, QUEUED, SKIPPED
 from auditor.errors import AuditorError, BadInput
-from auditor.policy.alerts import ack_button as ack_button  # re-exported
+from auditor.policy.alerts import alert_buttons as alert_buttons  # re-exported
 from auditor.policy.alerts import slack_message as slack_message  # re-exported
 from auditor.policy.decision import Decision
 from auditor.policy.dispatch import NO_DESTINATION as NO_DESTINATION  # re-exported
 from auditor.policy.dispatch import StepActions, maybe_delivered
-from auditor.policy.escalation import ViolationState, action_key, decision_key, due_step, job_key
+from auditor.policy.escalation import (
+    LadderSnoozes,
+    ViolationState,
+    action_key,
+    decision_key,
+    due_step,
+    job_key,
+)
 from auditor.policy.evaluate import Evaluation, JobFacts, evaluate, verdict_may_match
 from auditor.policy.loader import PolicyRegistry
 from auditor.policy.record import EscalationRecord, LineageMfu, lineage_best
@@ -71,6 +79,8 @@ class PolicyRunner:
         lineage: the lineages' history for a ``lineage`` condition
             (:class:`~auditor.policy.record.LineageMfu`); by default the store (None without one:
             a lineage condition then never fires).
+        snoozes: the jobs whose ladder their owner paused (:class:`~auditor.policy.escalation.LadderSnoozes`,
+            issue 30); by default the store's. No step is taken on a snoozed job.
     """
 
     def __init__(
@@ -84,6 +94,7 @@ class PolicyRunner:
         record: EscalationRecord | None = None,
         check_requeue: "CheckRequeue | None" = None,
         lineage: LineageMfu | None = None,
+        snoozes: LadderSnoozes | None = None,
     ) -> None:
         self._policies = policies
         self.store = store
@@ -91,6 +102,10 @@ class PolicyRunner:
         self.lineage: LineageMfu | None = lineage or (store if hasattr(store, "lineage_best_mfu") else None)
         self.kube = kube
         self.config = config or RunnerConfig()
+        if snoozes is None and hasattr(store, "job_snoozes"):
+            snoozes = store.job_snoozes()  # type: ignore[union-attr]
+        #: the paused ladders (read once a cycle); None: nothing is ever paused
+        self.snoozes: LadderSnoozes | None = snoozes
         if record is None and store is not None:
             record = store.decision_log()
         self._repo = record
@@ -135,9 +150,14 @@ class PolicyRunner:
             jobs.append((s, s.to_json()))  # the document: what the actions, alerts and the record are given
         # one read of the lineages' best MFU for the whole cycle, only when a policy needs it
         best = lineage_best(self.lineage, [d for _, d in jobs]) if any(p.spec.lineage for p in policies) else {}
+        # one read of the paused ladders for the whole cycle (every cluster's: a summary may name
+        # another cluster than the runner's, and the keys are whole identities)
+        paused = self.snoozes.in_force(now) if self.snoozes is not None and jobs else {}
         for s, summary in jobs:
             try:
-                out += self._job(s, summary, policies, now=now, act=act, best=best.get(str(s.key)))
+                out += self._job(
+                    s, summary, policies, now=now, act=act, best=best.get(str(s.key)), paused=paused.get(s.key)
+                )
             except AuditorError as exc:
                 log.warning("policies on %s: %s", job_key(summary), exc)
                 out.append(
@@ -154,7 +174,15 @@ class PolicyRunner:
         return out
 
     def _job(
-        self, s: JobSummary, summary: dict, policies: list[Policy], *, now: datetime, act: bool, best: float | None
+        self,
+        s: JobSummary,
+        summary: dict,
+        policies: list[Policy],
+        *,
+        now: datetime,
+        act: bool,
+        best: float | None,
+        paused: JobSnooze | None = None,
     ) -> list[Decision]:
         if s.verdict is Verdict.INSUFFICIENT_DATA or not policies:
             return []  # nothing happens on insufficient data: not even closing a violation
@@ -176,7 +204,7 @@ class PolicyRunner:
                     if self._repo.close_violation(job, policy.name, now):
                         log.info("%s: %s no longer fires; violation closed", job_key(summary), policy.name)
                 continue
-            decisions.append(self._step(policy, s, summary, ev, job, now=now, act=act))
+            decisions.append(self._step(policy, s, summary, ev, job, now=now, act=act, paused=paused))
         return decisions
 
     def _buckets(self, s: JobSummary, policies: list[Policy], now: datetime) -> list | None:
@@ -193,7 +221,16 @@ class PolicyRunner:
         return self.store.buckets(found[0], Window(last - longest - _READ_MARGIN, now + timedelta(seconds=1)))
 
     def _step(
-        self, policy: Policy, s: JobSummary, summary: dict, ev: Evaluation, job: Any, *, now: datetime, act: bool
+        self,
+        policy: Policy,
+        s: JobSummary,
+        summary: dict,
+        ev: Evaluation,
+        job: Any,
+        *,
+        now: datetime,
+        act: bool,
+        paused: JobSnooze | None = None,
     ) -> Decision:
         mode = policy.spec.mode
         target = ActionTarget.of_summary(s)
@@ -213,6 +250,11 @@ class PolicyRunner:
         else:
             state = None
         if ev.snoozed:
+            return d
+        if paused is not None:
+            # the owner paused this job's ladder (issue 30): no step, no alert again, no requeue;
+            # the violation stays as it is, so the ladder goes on from here when the snooze ends
+            d.blocked = paused.text()
             return d
         if state is None:
             if not act:

@@ -242,6 +242,13 @@ class Store:
 
         return DecisionStore(self)
 
+    def job_snoozes(self) -> Any:
+        """The paused escalation ladders on this store (:class:`auditor.store.job_snoozes.JobSnoozeLog`,
+        issue 30): how the policy runner reads them without importing the store."""
+        from auditor.store.job_snoozes import JobSnoozeLog  # job_snoozes imports this module
+
+        return JobSnoozeLog(self)
+
     def apply_retention(
         self, now: datetime, *, bucket_retention: timedelta, summary_retention: timedelta, cluster: str | None = None
     ) -> int:

@@ -44,7 +44,6 @@ def test_a_link_round_trips() -> None:
         ("exp", str(int((NOW + timedelta(days=70)).timestamp()))),
         ("to", "team:other"),
         ("nonce", "n1"),
-        ("action", "snooze"),
         ("sig", "0" * 64),
     ],
 )
@@ -52,6 +51,15 @@ def test_changing_any_field_breaks_the_signature(field: str, value: str) -> None
     p = params() | {field: value}
     with pytest.raises(LinkRefused, match="signature does not match"):
         verify(p, KEY, NOW)
+
+
+def test_an_acknowledgement_relabelled_as_a_snooze_is_refused() -> None:
+    """A snooze link has other signed fields (tests/gate/test_snooze_link.py): relabelled, an
+    acknowledgement link lacks them, and with them added its signature does not match."""
+    with pytest.raises(LinkRefused, match="missing job, for"):
+        verify(params() | {"action": "snooze"}, KEY, NOW)
+    with pytest.raises(LinkRefused, match="signature does not match"):
+        verify(params() | {"action": "snooze", "job": "Job/train", "for": "3600"}, KEY, NOW)
 
 
 def test_another_key_expired_missing_or_no_key_is_refused() -> None:

@@ -73,11 +73,15 @@ def test_the_alerts_link_acknowledges_the_jobs_lineage_once(db: str) -> None:
             [JobSummary.example(**SUMMARY)], now=T0, act=True
         )
         [s], [h] = slack.accepted, hook.accepted
-        button = s.json()["blocks"][-1]
-        assert button["type"] == "actions" and button["elements"][0]["text"]["text"] == "Acknowledge ml/train"
-        url = button["elements"][0]["url"]
+        buttons = s.json()["blocks"][-1]
+        assert buttons["type"] == "actions"
+        snooze, button = buttons["elements"]  # issue 30: the job's snooze first, then the gate's acknowledgement
+        assert snooze["text"]["text"] == "Snooze this job's escalation for 24 h"
+        assert button["text"]["text"] == "Acknowledge for re-submission (gate)"
+        url = button["url"]
         data = h.json()["data"]
         assert data["lineage"] == "ml/train" and data["ack_url"].startswith(f"http://127.0.0.1:{server.port}/gate/ack?")
+        assert data["snooze_url"] == snooze["url"] and data["snooze_for_s"] == 86400
         link = verify(dict(parse_qsl(urlsplit(url).query)), SECRET, T0)
         assert (link.key, link.to, link.until, link.expires) == (
             LineageKey("c1", "ml", "train"),
@@ -123,6 +127,7 @@ def test_without_a_key_alerts_carry_no_link_and_the_settings_build_the_issuer(tm
     assert link_issuer(Settings()) is None
     gate = {"ack_link_key_file": str(key), "ack_link_base_url": "https://auditor.example.com"}
     assert link_issuer(Settings(gate={**gate})) == LinkIssuer(
-        SECRET, "https://auditor.example.com", timedelta(days=7), timedelta(days=30)
+        SECRET, "https://auditor.example.com", timedelta(days=7), timedelta(days=30), timedelta(hours=24)
     )
+    assert link_issuer(Settings(gate={**gate, "ack_link_snooze": "2h"})).snooze == timedelta(hours=2)  # type: ignore[union-attr]
     assert link_issuer(Settings(gate={**gate, "ack_link_until": None})).until is None  # type: ignore[union-attr]
