@@ -46,20 +46,34 @@ def _t(t: datetime | None) -> str | None:
 
 
 def as_dict(st: Any, now: datetime, since: datetime) -> dict:
-    """The status as JSON-ready data (the ``-o json`` document)."""
-    from auditor.store.status_queries import FLAGGED
+    """The status as JSON-ready data (the ``-o json`` document). A team's figures follow
+    auditor/core/figures.py (docs/figures.md): waste counts flagged jobs only, a healthy job's
+    idle-SM share is headroom, efficiency is the SM activity of the jobs with SM data."""
+    from auditor.core.figures import Figures
 
     run = st.last_run
-    teams: dict[str, dict[str, Any]] = {}
-    for (team, verdict), (n, hours, waste, _) in sorted(st.jobs.items()):
-        t = teams.setdefault(team, {"jobs": 0, "flagged": 0, "gpu_hours": 0.0, "waste_gpu_hours": None, "verdicts": {}})
-        t["jobs"] += n
-        t["verdicts"][verdict] = n
-        t["gpu_hours"] = round(t["gpu_hours"] + hours, 2)
-        if verdict in FLAGGED:
-            t["flagged"] += n
-        if waste is not None:
-            t["waste_gpu_hours"] = round((t["waste_gpu_hours"] or 0.0) + waste, 2)
+    sums: dict[str, Figures] = {}
+    verdicts: dict[str, dict[str, int]] = {}
+    measured_any: dict[str, bool] = {}
+    for (team, verdict), (n, hours, waste, with_sm) in sorted(st.jobs.items()):
+        sums.setdefault(team, Figures()).add(
+            verdict, jobs=n, gpu_hours=hours, measured_gpu_hours=with_sm, idle_gpu_hours=waste
+        )
+        verdicts.setdefault(team, {})[verdict] = n
+        measured_any[team] = measured_any.get(team, False) or waste is not None
+    teams = {
+        team: {
+            "jobs": f.jobs,
+            "flagged": f.flagged,
+            "gpu_hours": round(f.gpu_hours, 2),
+            # missing is never 0: no job of the team with SM data, no waste figure
+            "waste_gpu_hours": round(f.waste_gpu_hours, 2) if measured_any[team] else None,
+            "headroom_gpu_hours": round(f.headroom_gpu_hours, 2) if measured_any[team] else None,
+            "efficiency": None if f.efficiency is None else round(f.efficiency, 4),
+            "verdicts": verdicts[team],
+        }
+        for team, f in sums.items()
+    }
     return {
         "now": _t(now),
         "since": _t(since),
@@ -73,6 +87,7 @@ def as_dict(st: Any, now: datetime, since: datetime) -> dict:
             "jobs": run["jobs"],
             "error": (run.get("detail") or {}).get("error"),
         },
+        "window": {"seen_since": _t(now - RECENT), "until": _t(now)},
         "flagged_now": st.flagged_jobs,
         "teams": teams,
         "open_violations": [
@@ -142,14 +157,23 @@ def text(doc: dict) -> str:
             f"last cycle: {run['finished']} ({run['seconds']} s, {run['status']}, {run['jobs']} jobs)"
             + (f": {safe(run['error'], 60)}" if run["error"] else "")
         )
-    out.append(f"jobs flagged now: {doc['flagged_now']} (seen in the last hour with a wasteful verdict)")
+    w = doc["window"]
+    out.append(
+        f"jobs flagged now: {doc['flagged_now']} (seen since {w['seen_since']}, the last hour, with a wasteful verdict)"
+    )
     if doc["teams"]:
-        out.append(f"  {'TEAM':<24} {'JOBS':>5} {'FLAGGED':>7} {'GPU-H':>9} {'WASTE-H':>9}")
+        out.append(
+            f"  {'TEAM':<24} {'JOBS':>5} {'FLAGGED':>7} {'GPU-H':>9} {'WASTE-H':>9} {'HEADROOM-H':>10} {'EFFIC':>6}"
+        )
         for team, t in sorted(doc["teams"].items(), key=lambda kv: -(kv[1]["waste_gpu_hours"] or 0.0)):
             waste = "-" if t["waste_gpu_hours"] is None else f"{t['waste_gpu_hours']:.2f}"
+            room = "-" if t["headroom_gpu_hours"] is None else f"{t['headroom_gpu_hours']:.2f}"
+            eff = "-" if t["efficiency"] is None else f"{100 * t['efficiency']:.1f}%"
             out.append(
                 f"  {safe(team or '-', 24):<24} {t['jobs']:>5} {t['flagged']:>7} {t['gpu_hours']:>9.2f} {waste:>9}"
+                f" {room:>10} {eff:>6}"
             )
+        out.append("  (waste: flagged jobs' idle-SM GPU-hours; headroom: healthy jobs'; efficiency: SM activity)")
     n = sum(v["count"] for v in doc["open_violations"])
     out.append(f"open violations: {n}")
     for v in doc["open_violations"]:

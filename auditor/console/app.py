@@ -20,7 +20,7 @@ import hmac
 import logging
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from importlib import resources
 from urllib.parse import parse_qs
@@ -192,7 +192,7 @@ class ConsoleApp:
             body_html = pages.teams(self.config.base, rows, [w[0] for w in weeks], self.config.currency)
             return self._page(200, "Teams", body_html, "teams")
         if path == "jobs":
-            f = job_filter(query)
+            f = replace(job_filter(query), running_since=now - self.config.running_within)
             return self._page(200, "Jobs", pages.jobs(self.config.base, self.reader.jobs(f), f), "jobs")
         if path.startswith("jobs/"):
             return self._job(path.removeprefix("jobs/"), headers, now)

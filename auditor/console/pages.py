@@ -139,12 +139,12 @@ def gap_sentence(gap: MfuSums, waste: float) -> str:
     if not referenced:
         return (
             "No job had a reference MFU (no workload class with a reference, no lineage history): "
-            f"no recoverable GPU-hours are claimed. Waste (SMs idle): {hours(waste)} GPU-h."
+            f"no recoverable GPU-hours are claimed. Waste (flagged jobs' SMs idle): {hours(waste)} GPU-h."
         )
     jobs = "this job" if referenced == 1 else f"these {referenced:,} jobs"
     return (
         f"At their class's reference MFU {jobs} would have needed {hours(gap.recoverable_gpu_hours)} fewer GPU-hours "
-        f"(the MFU gap). Waste (SMs idle, {hours(waste)} GPU-h) is counted apart and never added to it: "
+        f"(the MFU gap). Waste (flagged jobs' SMs idle, {hours(waste)} GPU-h) is counted apart and never added to it: "
         "the gap also holds a job's idle time."
     )
 
@@ -157,7 +157,9 @@ def cluster(base: str, c: ClusterNow, teams: Sequence[TeamWeek], week: str) -> s
         ("GPUs reporting now", f"{c.gpus_seen:,}"),
         ("GPUs idle (seen today, no job now)", f"{c.gpus_idle_seen:,}"),
         (f"GPU-hours since {t(c.since)}", hours(total)),
-        ("waste GPU-hours (SMs idle)", hours(c.waste_gpu_hours)),
+        (f"jobs to look at (flagged, since {t(c.since)})", f"{c.flagged_jobs:,}"),
+        ("waste GPU-hours (flagged jobs' idle SMs)", hours(c.waste_gpu_hours)),
+        ("headroom GPU-hours (healthy jobs' idle SMs)", hours(c.headroom_gpu_hours)),
         ("MFU (GPU-hour-weighted)", pct(c.gap.mfu) or "n/a"),
         ("recoverable GPU-hours (MFU gap)", hours(c.gap.recoverable) or "n/a"),
         ("last audit cycle", t(c.last_cycle) or "never"),
@@ -176,7 +178,7 @@ def cluster(base: str, c: ClusterNow, teams: Sequence[TeamWeek], week: str) -> s
         ),
     )
     why = table(
-        ("team", "waste GPU-hours", "efficiency", "most waste from"),
+        ("team", "waste GPU-hours", "efficiency (SM activity)", "most waste from"),
         ((esc(x.team), hours(x.waste_gpu_hours), pct(x.efficiency), _why(base, x)) for x in this_week),
         cls="why",
         empty="no data this week",
@@ -230,7 +232,8 @@ def teams(base: str, rows: Sequence[TeamWeek], weeks: Sequence[str], currency: s
     mfu_pct = {n: [None if v is None else 100 * v for v in vs] for n, vs in mfu.items()}
     gap = {n: [cell[(n, w)].gap.recoverable if (n, w) in cell else None for w in weeks] for n in names}
     priced = any(r.cost is not None for r in rows)
-    headers = ["team", "week", "jobs", "GPU-hours", "waste GPU-hours", "efficiency", "most waste from"]
+    headers = ["team", "week", "jobs", "GPU-hours", "waste GPU-hours", "headroom GPU-hours", "efficiency"]
+    headers += ["most waste from"]
     headers += ["MFU", "recoverable GPU-hours"]
     headers += [currency] if priced else []
     body = []
@@ -241,6 +244,7 @@ def teams(base: str, rows: Sequence[TeamWeek], weeks: Sequence[str], currency: s
             f"{r.jobs:,}",
             hours(r.gpu_hours),
             hours(r.waste_gpu_hours),
+            hours(r.headroom_gpu_hours),
             pct(r.efficiency),
             _why(base, r),
             pct(r.gap.mfu) or "n/a",
@@ -252,13 +256,15 @@ def teams(base: str, rows: Sequence[TeamWeek], weeks: Sequence[str], currency: s
     return (
         '<section class="grid2">'
         f"<div>{svg.lines(weeks, waste, title='Waste GPU-hours per week', unit=' h')}</div>"
-        f"<div>{svg.lines(weeks, eff_pct, title='Efficiency per week (SM-active share of GPU-hours)', unit='%')}</div>"
+        f"<div>{svg.lines(weeks, eff_pct, title='Efficiency per week (SM activity, jobs with SM data)', unit='%')}</div>"
         "</section>"
         '<section class="grid2">'
         f"<div>{svg.lines(weeks, mfu_pct, title='MFU per week (GPU-hour-weighted, jobs with an estimate)', unit='%')}</div>"
         f"<div>{svg.lines(weeks, gap, title='Recoverable GPU-hours per week (MFU gap)', unit=' h')}</div>"
         "</section>"
-        '<p class="hint">Weeks without a team\'s jobs are left out (no data), never shown as zero. MFU: model FLOPs '
+        '<p class="hint">Weeks without a team\'s jobs are left out (no data), never shown as zero. Waste: the idle-SM '
+        "GPU-hours of flagged jobs (a wasteful verdict); headroom: those of healthy jobs, never added to waste; "
+        "efficiency: the SM activity of the jobs with SM data, weighted by GPU-hours (docs/figures.md). MFU: model FLOPs "
         "over the precision's dense tensor peak; recoverable GPU-hours: what the same work would not have needed at "
         "the job's class reference MFU (n/a: no job with a reference), a separate loss from waste.</p>"
         '<input class="filter" data-table="teams" placeholder="filter teams">'

@@ -42,6 +42,9 @@ class JobFilter:
     descending: bool = True
     offset: int = 0
     limit: int = 100
+    #: a job is running when it has not ended and was seen since this time (the cluster page's
+    #: definition, so its count and the list's agree); None: not ended is enough
+    running_since: datetime | None = None
 
 
 class JobRow(NamedTuple):
@@ -112,12 +115,17 @@ class ClusterNow:
     #: GPUs that reported samples in the last day but have none in the recent window
     gpus_idle_seen: int
     gpu_hours_by_verdict: dict[str, float]
+    #: the flagged jobs' idle-SM GPU-hours (auditor/core/figures.py)
     waste_gpu_hours: float
     jobs_by_verdict: dict[str, int]
     last_cycle: datetime | None
     since: datetime
     #: the MFU and its gap over the same jobs
     gap: "MfuSums" = field(default_factory=lambda: MfuSums())
+    #: the healthy jobs' idle-SM GPU-hours: headroom, never added to waste
+    headroom_gpu_hours: float = 0.0
+    #: jobs with a wasteful verdict among them
+    flagged_jobs: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +142,11 @@ class TeamWeek:
     waste_by_verdict: dict[str, float] = field(default_factory=dict)
     #: the MFU and its gap over the team's week
     gap: "MfuSums" = field(default_factory=lambda: MfuSums())
+    #: efficiency's terms (auditor/core/figures.py): GPU-hours of the jobs with SM data, and
+    #: their idle-SM share, healthy jobs' included; the healthy jobs' part (headroom, not waste)
+    measured_gpu_hours: float = 0.0
+    idle_gpu_hours: float = 0.0
+    headroom_gpu_hours: float = 0.0
 
     @property
     def main_waste(self) -> str:
@@ -143,7 +156,9 @@ class TeamWeek:
 
     @property
     def efficiency(self) -> float | None:
-        return 1.0 - self.waste_gpu_hours / self.gpu_hours if self.gpu_hours > 0 else None
+        """The GPU-hour-weighted SM activity of the jobs with SM data, as the report's."""
+        m = self.measured_gpu_hours
+        return max(0.0, m - self.idle_gpu_hours) / m if m > 0 else None
 
 
 @dataclass(frozen=True, slots=True)

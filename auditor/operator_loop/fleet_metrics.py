@@ -38,6 +38,9 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from auditor.core.figures import Figures
+from auditor.core.job_summary import JobSummary
+
 log = logging.getLogger(__name__)
 
 #: the most teams exported by name; the others are summed as ``_other``
@@ -107,7 +110,8 @@ class FleetMetrics:
         )
         self.waste_hours = Counter(
             "gpu_auditor_waste_gpu_hours",
-            "GPU-hours without SM activity (jobs with SM data), by team and verdict",
+            "GPU-hours with idle SMs (jobs with SM data), by team and verdict: waste is the flagged verdicts' "
+            '(verdict!~"healthy|insufficient_data"), the healthy ones\' is headroom (docs/figures.md)',
             labels,
             registry=registry,
         )
@@ -173,9 +177,9 @@ class FleetMetrics:
                 if action in d.results:
                     self.actions.labels(cluster, action, _outcome(d.results[action])).inc()
 
-    def _observe_mfu(self, cluster: str, team: str, verdict: str, hours: float, s: Any) -> None:
+    def _observe_mfu(self, cluster: str, team: str, verdict: str, hours: float, s: JobSummary) -> None:
         """Accrue the cycle's MFU sums and MFU gap of one job (``hours``: its GPU-hours in the window)."""
-        mfu, ref = getattr(s, "mfu_estimate", None), getattr(s, "mfu_reference", None)
+        mfu, ref = s.mfu_estimate, s.mfu_reference
         if mfu is None:
             return
         mfu = min(max(float(mfu), 0.0), 1.0)
@@ -207,23 +211,22 @@ def families(st: Any, cluster: str, team_of: Callable[[str], str]) -> list[Gauge
     )
     eff = GaugeMetricFamily(
         "gpu_auditor_team_efficiency",
-        "SM activity of the team's jobs seen in the last hour, weighted by GPU-hours (1 - waste / GPU-hours of jobs with SM data)",
+        "SM activity of the team's jobs seen in the last hour, weighted by GPU-hours (jobs with SM data; docs/figures.md)",
         labels=["cluster", "team"],
     )
     per_team: dict[tuple[str, str], int] = {}
-    hours: dict[str, list[float]] = {}
-    for (team, verdict), (n, _, waste, with_sm) in st.jobs.items():
+    sums: dict[str, Figures] = {}
+    for (team, verdict), (n, hours, waste, with_sm) in st.jobs.items():
         key = (team_of(team), verdict)
         per_team[key] = per_team.get(key, 0) + n
-        if waste is not None:
-            acc = hours.setdefault(key[0], [0.0, 0.0])
-            acc[0] += with_sm
-            acc[1] += waste
+        sums.setdefault(key[0], Figures()).add(
+            verdict, jobs=n, gpu_hours=hours, measured_gpu_hours=with_sm, idle_gpu_hours=waste
+        )
     for (team, verdict), n in sorted(per_team.items()):
         jobs.add_metric([cluster, team, verdict], n)
-    for team, (h, waste) in sorted(hours.items()):
-        if h > 0:
-            eff.add_metric([cluster, team], max(0.0, 1.0 - waste / h))
+    for team, f in sorted(sums.items()):
+        if f.efficiency is not None:  # the same figure as status, the report and the console
+            eff.add_metric([cluster, team], f.efficiency)
     out = [jobs, eff]
     for name, doc, labels, values in (
         ("gpu_auditor_open_violations", "Open policy violations, by policy", ["policy"], _by(st.open_violations, 1)),

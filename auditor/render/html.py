@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import jinja2
 
+from auditor.core.figures import is_flagged, of_jobs
 from auditor.core.job_summary import JobSummary
 from auditor.core.model import Verdict
 from auditor.render import VERDICT_COLORS
@@ -43,9 +44,9 @@ img{max-width:100%}
 <div class="kpis">
 <div class="kpi"><b>{{ summaries|length }}</b>jobs</div>
 <div class="kpi"><b>{{ "%.1f"|format(total_hours) }}</b>GPU-hours</div>
-<div class="kpi"><b>{{ "%.1f"|format(waste_hours) }}</b>GPU-hours without SM activity</div>
+<div class="kpi"><b>{{ "%.1f"|format(waste_hours) }}</b>waste GPU-hours (flagged jobs' idle SMs)</div>
 {% if referenced %}<div class="kpi"><b>{{ "%.1f"|format(recoverable_hours) }}</b>GPU-hours recoverable at the reference MFU</div>{% endif %}
-<div class="kpi"><b>{{ flagged }}</b>jobs to look at</div>
+<div class="kpi"><b>{{ flagged }}</b>jobs to look at (flagged: a wasteful verdict, in this window)</div>
 </div>
 <p>“GPU utilization” only says that <i>some</i> kernel was running; <b>SM activity</b> says how much of the GPU
 did work. Jobs are sorted by wasted GPU-hours (allocated GPU-hours × (1 − SM activity)).</p>
@@ -163,7 +164,7 @@ def charts(summaries: Sequence[JobSummary]) -> list[dict[str, str]]:
 
     by_team: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for s in summaries:
-        if s.waste_gpu_hours is not None:
+        if s.waste_gpu_hours is not None and is_flagged(s.verdict.value):
             by_team[s.team or s.namespace][s.verdict.value] += s.waste_gpu_hours
     if by_team:
         teams = sorted(by_team, key=lambda t: -sum(by_team[t].values()))
@@ -176,7 +177,7 @@ def charts(summaries: Sequence[JobSummary]) -> list[dict[str, str]]:
                 left = [a + b for a, b in zip(left, vals)]
         ax.set_yticks(range(len(teams)), teams)
         ax.invert_yaxis()
-        ax.set_xlabel("GPU-hours without SM activity")
+        ax.set_xlabel("waste GPU-hours (flagged jobs' idle SMs)")
         ax.legend(fontsize=8, loc="lower right")
         ax.set_title("Wasted GPU-hours per team, by verdict")
         fig.tight_layout()
@@ -184,7 +185,8 @@ def charts(summaries: Sequence[JobSummary]) -> list[dict[str, str]]:
             {
                 "png": _png(fig),
                 "alt": "bar chart: wasted GPU-hours per team",
-                "caption": "Waste = allocated GPU-hours × (1 − SM activity); jobs without SM data are left out.",
+                "caption": "Waste = allocated GPU-hours × (1 − SM activity) of the flagged jobs; healthy jobs and jobs "
+                "without SM data are left out.",
             }
         )
         plt.close(fig)
@@ -244,8 +246,8 @@ def render_html(
     env.globals.update(pct=_pct, num=_num, ev=_ev, note=_notes, mfu=_mfu, color=lambda v: VERDICT_COLORS.get(v, "#999"))
     tpl = env.from_string(_TEMPLATE)
     total = sum(s.gpu_hours or 0.0 for s in summaries)
-    waste = sum(s.waste_gpu_hours for s in summaries if s.waste_gpu_hours is not None)
-    flagged = sum(1 for s in summaries if s.verdict not in (Verdict.HEALTHY, Verdict.INSUFFICIENT_DATA))
+    fig = of_jobs(summaries)
+    waste, flagged = fig.waste_gpu_hours, fig.flagged
     gaps = [s.recoverable_gpu_hours for s in summaries if s.recoverable_gpu_hours is not None]
     return tpl.render(
         title=title,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from auditor.core.figures import of_jobs
 from auditor.core.job_summary import JobSummary
 from auditor.core.model import Verdict
 from auditor.render.safe_text import ELLIPSIS, terminal_safe
@@ -167,10 +168,11 @@ def format_table(summaries: Sequence[JobSummary], *, wide: bool = False, width: 
 
     out = [line(columns)] + [line(r) for r in rows]
     total_h = sum(s.gpu_hours or 0.0 for s in summaries)
-    wastes = [s.waste_gpu_hours for s in summaries if s.waste_gpu_hours is not None]
-    footer = f"{len(summaries)} jobs, {total_h:.2f} GPU-hours"
-    if wastes:
-        footer += f", {sum(wastes):.2f} GPU-hours without SM activity (jobs with SM data)"
+    fig = of_jobs(summaries)
+    footer = f"{len(summaries)} jobs ({fig.flagged} flagged), {total_h:.2f} GPU-hours"
+    if fig.measured_gpu_hours > 0:
+        room = f"; healthy jobs' {fig.headroom_gpu_hours:.2f} are headroom" if fig.headroom_gpu_hours > 0 else ""
+        footer += f", {fig.waste_gpu_hours:.2f} waste GPU-hours (flagged jobs' idle SMs{room})"
     out.append(footer)
     gaps = [s.recoverable_gpu_hours for s in summaries if s.recoverable_gpu_hours is not None]
     if gaps:

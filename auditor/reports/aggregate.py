@@ -11,8 +11,12 @@ reads the same in every format. Definitions (docs/reports.md has the user-facing
 - ``sm_active_gpu_hours``: measured GPU-hours × SM activity (per GPU); ``efficiency`` is
   ``sm_active_gpu_hours / measured_gpu_hours`` (the GPU-hour-weighted SM activity), null when
   nothing was measured.
-- ``waste_gpu_hours``: measured GPU-hours × (1 − SM activity); ``waste_cost`` prices them, and
-  ``cost`` prices all allocated GPU-hours, at the GPU model's price per GPU-hour.
+- ``waste_gpu_hours``: the flagged jobs' (auditor/core/figures.py: a wasteful verdict) measured
+  GPU-hours × (1 − SM activity); ``headroom_gpu_hours`` the same for ``healthy`` jobs, never
+  called waste; ``flagged_jobs`` counts the flagged jobs. ``waste_cost`` prices the waste, and
+  ``cost`` prices all allocated GPU-hours, at the GPU model's price per GPU-hour. The per-job
+  ``waste_gpu_hours`` of a top-list entry is that job's idle-SM share; the "most wasteful" list
+  holds flagged jobs only.
 - ``tensor_active_gpu_hours``: GPU-hours × tensor-pipe activity, over jobs that report it.
 - ``mfu``: the GPU-hour-weighted MFU estimate of the jobs that have one (``mfu_gpu_hours`` over
   ``mfu_measured_gpu_hours``), relative to each precision's dense tensor peak (a MIG slice: the
@@ -36,6 +40,7 @@ from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
 from auditor.core.admission import format_wait, quantile
+from auditor.core.figures import Figures, counted_waste, is_flagged
 from auditor.core.job_summary import rfc3339
 from auditor.core.model import Verdict
 from auditor.errors import BadInput
@@ -85,43 +90,49 @@ def _round(v: float | None, nd: int) -> float | None:
 
 @dataclass
 class Totals:
-    """Running sums for one team (or the cluster) in one week."""
+    """Running sums for one team (or the cluster) in one week: :class:`~auditor.core.figures.Figures`
+    (the one definition of waste, headroom, efficiency, MFU and the gap) plus the report's costs,
+    tensor hours, verdict counts and MFU bins."""
 
-    jobs: int = 0
-    gpu_hours: float = 0.0
-    measured_gpu_hours: float = 0.0
-    unmeasured_gpu_hours: float = 0.0
-    waste_gpu_hours: float = 0.0
+    figures: Figures = field(default_factory=Figures)
     tensor_active_gpu_hours: float = 0.0
     cost: float = 0.0
     waste_cost: float = 0.0
-    mfu_gpu_hours: float = 0.0
-    mfu_measured_gpu_hours: float = 0.0
-    recoverable_gpu_hours: float = 0.0
     recoverable_cost: float = 0.0
     referenced_gpu_hours: float = 0.0
-    referenced_jobs: int = 0
     verdicts: dict[str, int] = field(default_factory=dict)
     #: MFU bin → [jobs, GPU-hours]
     mfu_bins: dict[int, list[float]] = field(default_factory=dict)
 
+    @property
+    def jobs(self) -> int:
+        return self.figures.jobs
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.figures.gpu_hours
+
+    @property
+    def waste_gpu_hours(self) -> float:
+        return self.figures.waste_gpu_hours
+
+    @property
+    def recoverable_gpu_hours(self) -> float:
+        return self.figures.recoverable_gpu_hours
+
+    @property
+    def referenced_jobs(self) -> int:
+        return self.figures.referenced_jobs
+
     def add(self, g: Any, prices: Prices) -> None:
         """Add one :class:`auditor.store.reports.Group` (or anything with its fields)."""
         price = prices.of(g.gpu_model)
-        self.jobs += g.jobs
-        self.gpu_hours += g.gpu_hours
-        self.measured_gpu_hours += g.measured_gpu_hours
-        self.unmeasured_gpu_hours += g.unmeasured_gpu_hours
-        self.waste_gpu_hours += g.waste_gpu_hours
+        self.figures.add_group(g)
         self.tensor_active_gpu_hours += g.tensor_active_gpu_hours
         self.cost += g.gpu_hours * price
-        self.waste_cost += g.waste_gpu_hours * price
-        self.mfu_gpu_hours += g.mfu_gpu_hours
-        self.mfu_measured_gpu_hours += g.mfu_measured_gpu_hours
-        self.recoverable_gpu_hours += g.recoverable_gpu_hours
+        self.waste_cost += counted_waste(g.verdict, g.waste_gpu_hours) * price
         self.recoverable_cost += g.recoverable_gpu_hours * price
         self.referenced_gpu_hours += g.referenced_gpu_hours
-        self.referenced_jobs += g.referenced_jobs
         self.verdicts[g.verdict] = self.verdicts.get(g.verdict, 0) + g.jobs
 
     def add_bin(self, b: Any) -> None:
@@ -131,22 +142,22 @@ class Totals:
         cell[1] += b.gpu_hours
 
     def as_json(self) -> dict[str, Any]:
-        sm_hours = max(0.0, self.measured_gpu_hours - self.waste_gpu_hours)
-        eff = sm_hours / self.measured_gpu_hours if self.measured_gpu_hours > 0 else None
-        mfu = self.mfu_gpu_hours / self.mfu_measured_gpu_hours if self.mfu_measured_gpu_hours > 0 else None
+        f = self.figures
         return {
-            "jobs": self.jobs,
-            "gpu_hours": _round(self.gpu_hours, HOURS_DIGITS),
-            "measured_gpu_hours": _round(self.measured_gpu_hours, HOURS_DIGITS),
-            "unmeasured_gpu_hours": _round(self.unmeasured_gpu_hours, HOURS_DIGITS),
-            "sm_active_gpu_hours": _round(sm_hours, HOURS_DIGITS),
+            "jobs": f.jobs,
+            "flagged_jobs": f.flagged,
+            "gpu_hours": _round(f.gpu_hours, HOURS_DIGITS),
+            "measured_gpu_hours": _round(f.measured_gpu_hours, HOURS_DIGITS),
+            "unmeasured_gpu_hours": _round(f.unmeasured_gpu_hours, HOURS_DIGITS),
+            "sm_active_gpu_hours": _round(f.sm_active_gpu_hours, HOURS_DIGITS),
             "tensor_active_gpu_hours": _round(self.tensor_active_gpu_hours, HOURS_DIGITS),
-            "efficiency": _round(eff, RATIO_DIGITS),
-            "waste_gpu_hours": _round(self.waste_gpu_hours, HOURS_DIGITS),
+            "efficiency": _round(f.efficiency, RATIO_DIGITS),
+            "waste_gpu_hours": _round(f.waste_gpu_hours, HOURS_DIGITS),
+            "headroom_gpu_hours": _round(f.headroom_gpu_hours, HOURS_DIGITS),
             "cost": _round(self.cost, MONEY_DIGITS),
             "waste_cost": _round(self.waste_cost, MONEY_DIGITS),
-            "mfu": _round(mfu, RATIO_DIGITS),
-            "mfu_measured_gpu_hours": _round(self.mfu_measured_gpu_hours, HOURS_DIGITS),
+            "mfu": _round(f.mfu, RATIO_DIGITS),
+            "mfu_measured_gpu_hours": _round(f.mfu_measured_gpu_hours, HOURS_DIGITS),
             # no job with a reference: the gap is not known, not 0
             "recoverable_gpu_hours": _round(self.recoverable_gpu_hours, HOURS_DIGITS) if self.referenced_jobs else None,
             "recoverable_cost": _round(self.recoverable_cost, MONEY_DIGITS) if self.referenced_jobs else None,
@@ -179,6 +190,7 @@ FIGURES: tuple[tuple[str, str, str], ...] = (
     ("queue_wait_median_s", "queue wait median", "wait"),
     ("queue_wait_p90_s", "queue wait p90", "wait"),
     ("waste_gpu_hours", "waste GPU-h", "hours"),
+    ("headroom_gpu_hours", "healthy jobs' headroom GPU-h", "hours"),
     ("waste_cost", "waste cost", "money"),
     ("mfu", "MFU", "ratio"),
     ("recoverable_gpu_hours", "recoverable GPU-h", "hours"),
@@ -305,8 +317,12 @@ def top_json(j: Any, prices: Prices, data: WeekData) -> dict[str, Any]:
 
 
 def _top(jobs: Iterable[Any], n: int, by: str = "waste_gpu_hours") -> list[Any]:
-    """The ``n`` jobs with the most ``by`` (waste, or recoverable GPU-hours: only jobs with some)."""
-    ranked = [j for j in jobs if getattr(j, by) is not None and (by == "waste_gpu_hours" or getattr(j, by) > 0)]
+    """The ``n`` jobs with the most ``by``: waste (flagged jobs only: a healthy job's idle-SM share
+    is headroom, not waste, auditor/core/figures.py), or recoverable GPU-hours (jobs with some)."""
+    if by == "waste_gpu_hours":
+        ranked = [j for j in jobs if j.waste_gpu_hours is not None and is_flagged(j.verdict)]
+    else:
+        ranked = [j for j in jobs if getattr(j, by) is not None and getattr(j, by) > 0]
     ranked.sort(key=lambda j: (-getattr(j, by), j.job_id))
     return ranked[:n]
 
@@ -442,13 +458,13 @@ def mfu_headline(t: Mapping[str, Any]) -> str:
     if not n:
         return (
             "No job had a reference MFU (no workload class with a reference, no lineage history): "
-            f"no recoverable GPU-hours are claimed. Waste (SMs idle): {waste} GPU-h."
+            f"no recoverable GPU-hours are claimed. Waste (flagged jobs' SMs idle): {waste} GPU-h."
         )
     jobs = "this job" if n == 1 else f"these {n} jobs"
     return (
         f"At their class's reference MFU {jobs} would have needed {fmt_hours(t.get('recoverable_gpu_hours'))} fewer "
         f"GPU-hours (the MFU gap, of {fmt_hours(t.get('referenced_gpu_hours'))} GPU-h with a reference). "
-        f"Waste (SMs idle, {waste} GPU-h) is counted apart and never added to it: the gap also holds a job's idle time."
+        f"Waste (flagged jobs' SMs idle, {waste} GPU-h) is counted apart and never added to it: the gap also holds a job's idle time."
     )
 
 

@@ -28,6 +28,7 @@ TEAM_COLUMNS: tuple[str, ...] = (
     "tensor_active_gpu_hours",
     "efficiency",
     "waste_gpu_hours",
+    "headroom_gpu_hours",
     "cost",
     "waste_cost",
     "mfu",

@@ -30,6 +30,7 @@ from auditor.console.ports import (
     TeamWeek,
     ViolationRow,
 )
+from auditor.core.figures import Figures
 from auditor.core.gate import LineageHistory
 from auditor.core.identity import JobKey
 from auditor.core.metrics import Metric
@@ -69,11 +70,13 @@ def _like(text: str) -> str:
     return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
-def _job_row(r: Any, when: Any = lambda v: v) -> JobRow:
+def _job_row(r: Any, when: Any = lambda v: v, fresh: datetime | None = None) -> JobRow:
     """A row of :data:`_ROW_COLUMNS` (unpacked by position: a page may hold 10,000, and a Row's
-    attribute lookups cost more than the rest of the conversion)."""
+    attribute lookups cost more than the rest of the conversion). Running: not ended and, with
+    ``fresh``, seen since then (as :meth:`ConsoleQueries.cluster_now` counts running jobs)."""
     jid, cluster, namespace, kind, name, ended_at, team, verdict, gh, waste, sm, tensor, start, end = tuple(r)[:14]
-    mfu, ref, cls, rec = tuple(r)[14:18]
+    mfu, ref, cls, rec, seen = tuple(r)[14:19]
+    running = ended_at is None and (fresh is None or (seen is not None and when(seen) >= fresh))
     return JobRow(
         jid,
         cluster,
@@ -88,7 +91,7 @@ def _job_row(r: Any, when: Any = lambda v: v) -> JobRow:
         tensor,
         when(start),
         when(end),
-        ended_at is None,
+        running,
         mfu,
         ref,
         cls,
@@ -106,7 +109,7 @@ def _list_columns(sqlite: bool) -> list[Any]:
     """The job list's columns; on SQLite its times come as text for :func:`_sqlite_time`."""
     if not sqlite:
         return list(_ROW_COLUMNS)
-    raw = {"ended_at", "start", "end"}
+    raw = {"ended_at", "start", "end", "last_seen"}
     return [sa.type_coerce(c, sa.String).label(c.name) if c.name in raw else c for c in _ROW_COLUMNS]
 
 
@@ -129,6 +132,7 @@ _ROW_COLUMNS = (
     _s.mfu_reference,
     _s.mfu_class,
     _s.recoverable_gpu_hours,
+    _j.last_seen,
 )
 
 
@@ -198,25 +202,32 @@ class ConsoleQueries:
             }
             by_verdict: dict[str, float] = {}
             jobs_by_verdict: dict[str, int] = {}
-            waste = 0.0
-            sums = [0.0] * 5
+            fig = Figures()
             q = (
                 sa.select(
                     _s.verdict,
                     sa.func.count(),
                     sa.func.coalesce(sa.func.sum(_s.gpu_hours), 0.0),
-                    sa.func.coalesce(sa.func.sum(_s.waste_gpu_hours), 0.0),
+                    sa.func.sum(_s.waste_gpu_hours),
                     *mfu_sums(sa.func.coalesce(_s.gpu_hours, 0.0)),
                 )
                 .where(sa.or_(_s.end >= since, _s.end.is_(None)))
                 .group_by(_s.verdict)
             )
-            for verdict, n, hours, w, *m in conn.execute(q):
+            for verdict, n, hours, w, mh, mm, rec, _, refs in conn.execute(q):
                 by_verdict[str(verdict)] = float(hours)
                 jobs_by_verdict[str(verdict)] = int(n)
-                waste += float(w)
-                for i, x in enumerate(m):
-                    sums[i] += float(x or 0)
+                fig.add(
+                    verdict,
+                    jobs=int(n),
+                    gpu_hours=float(hours),
+                    measured_gpu_hours=0.0,
+                    idle_gpu_hours=None if w is None else float(w),
+                    mfu_gpu_hours=float(mh or 0),
+                    mfu_measured_gpu_hours=float(mm or 0),
+                    recoverable_gpu_hours=float(rec or 0),
+                    referenced_jobs=int(refs or 0),
+                )
             last = conn.execute(sa.select(sa.func.max(AUDIT_RUNS.c.finished))).scalar()
         return ClusterNow(
             running_jobs=int(n_running),
@@ -224,11 +235,13 @@ class ConsoleQueries:
             gpus_seen=len(recent_gpus),
             gpus_idle_seen=len(day_gpus - recent_gpus),
             gpu_hours_by_verdict=by_verdict,
-            waste_gpu_hours=waste,
+            waste_gpu_hours=fig.waste_gpu_hours,
             jobs_by_verdict=jobs_by_verdict,
             last_cycle=last,
             since=since,
-            gap=MfuSums(sums[0], sums[1], sums[2], int(sums[4])),
+            gap=MfuSums(fig.mfu_gpu_hours, fig.mfu_measured_gpu_hours, fig.recoverable_gpu_hours, fig.referenced_jobs),
+            headroom_gpu_hours=fig.headroom_gpu_hours,
+            flagged_jobs=fig.flagged,
         )
 
     # ------------------------------------------------------------------ teams over weeks
@@ -238,32 +251,26 @@ class ConsoleQueries:
         reports = ReportStore(self.store)
         out: list[TeamWeek] = []
         for label, start, end in weeks:
-            sums: dict[str, list[float]] = {}
-            why: dict[str, dict[str, float]] = {}
+            sums: dict[str, Figures] = {}
+            cost: dict[str, float] = {}
             for g in reports.week_groups(start, end):
-                acc = sums.setdefault(g.team, [0.0] * 8)
-                acc[0] += g.gpu_hours
-                acc[1] += g.waste_gpu_hours
-                acc[2] += g.jobs
+                sums.setdefault(g.team, Figures()).add_group(g)
                 price = prices.get(g.gpu_model, prices.get("default"))
-                acc[3] += g.gpu_hours * price if price is not None else 0.0
-                acc[4] += g.mfu_gpu_hours
-                acc[5] += g.mfu_measured_gpu_hours
-                acc[6] += g.recoverable_gpu_hours
-                acc[7] += g.referenced_jobs
-                by = why.setdefault(g.team, {})
-                by[g.verdict] = by.get(g.verdict, 0.0) + g.waste_gpu_hours
-            for team, (hours, waste, jobs, cost, mh, mm, rec, refs) in sorted(sums.items()):
+                cost[g.team] = cost.get(g.team, 0.0) + (g.gpu_hours * price if price is not None else 0.0)
+            for team, f in sorted(sums.items()):
                 out.append(
                     TeamWeek(
                         team,
                         label,
-                        hours,
-                        waste,
-                        int(jobs),
-                        cost if prices else None,
-                        why[team],
-                        MfuSums(mh, mm, rec, int(refs)),
+                        f.gpu_hours,
+                        f.waste_gpu_hours,
+                        f.jobs,
+                        cost[team] if prices else None,
+                        dict(f.waste_by_verdict),
+                        MfuSums(f.mfu_gpu_hours, f.mfu_measured_gpu_hours, f.recoverable_gpu_hours, f.referenced_jobs),
+                        measured_gpu_hours=f.measured_gpu_hours,
+                        idle_gpu_hours=f.idle_gpu_hours,
+                        headroom_gpu_hours=f.headroom_gpu_hours,
                     )
                 )
         return out
@@ -288,10 +295,13 @@ class ConsoleQueries:
             where.append(_s.verdict == f.verdict)
         if f.text:
             where.append(_j.name.like(_like(f.text), escape="\\"))
+        running: Any = _j.ended_at.is_(None)
+        if f.running_since is not None:
+            running = sa.and_(running, _j.last_seen >= f.running_since)
         if f.state == "running":
-            where.append(_j.ended_at.is_(None))
+            where.append(running)
         elif f.state == "ended":
-            where.append(_j.ended_at.is_not(None))
+            where.append(sa.not_(running))
         source = SUMMARIES.join(JOBS, _j.id == _s.job_id) if joined else SUMMARIES
         col = _SORT_COLUMNS[f.sort]
         order = [col.desc().nulls_last() if f.descending else col.asc().nulls_last(), _s.job_id]
@@ -306,7 +316,7 @@ class ConsoleQueries:
             found: dict[int, JobRow] = {}
             for k in range(0, len(ids), 500):
                 for r in conn.execute(rows_q.where(_s.job_id.in_(ids[k : k + 500]))):
-                    row = _job_row(r, when)
+                    row = _job_row(r, when, f.running_since)
                     found[row.id] = row
             teams = conn.execute(sa.select(_s.team).distinct().order_by(_s.team)).scalars().all()
             namespaces = conn.execute(sa.select(_s.namespace).distinct().order_by(_s.namespace)).scalars().all()

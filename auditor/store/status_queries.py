@@ -14,14 +14,15 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from auditor.core import figures
 from auditor.store.lineage_tables import lineage_acks, lineages
 from auditor.store.policy_tables import actions, violations
 from auditor.store.reports import deliveries
 from auditor.store.store import Store
 from auditor.store.tables import SUMMARIES
 
-#: verdicts that say a job wastes its GPUs (``insufficient_data`` is no judgement, ``healthy`` is fine)
-FLAGGED = ("idle", "underutilized", "low_sm_efficiency", "memory_bound", "no_tensor_cores")
+#: verdicts that say a job wastes its GPUs: one definition for every surface (auditor/core/figures.py)
+FLAGGED = figures.FLAGGED
 
 
 @dataclass

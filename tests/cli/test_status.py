@@ -67,9 +67,10 @@ def test_status_says_what_the_operator_did(db: str, capsys: pytest.CaptureFixtur
     doc = json.loads(capsys.readouterr().out)
     assert doc["last_cycle"]["status"] == "ok" and doc["last_cycle"]["seconds"] == 3.0
     assert doc["flagged_now"] == 2
+    # waste: the flagged job's idle SMs; the healthy one's are headroom (docs/figures.md)
     assert doc["teams"]["a"] == {
-        "jobs": 2, "flagged": 1, "gpu_hours": 8.0, "waste_gpu_hours": 7.68,
-        "verdicts": {"healthy": 1, "low_sm_efficiency": 1},
+        "jobs": 2, "flagged": 1, "gpu_hours": 8.0, "waste_gpu_hours": 3.84, "headroom_gpu_hours": 3.84,
+        "efficiency": 0.04, "verdicts": {"healthy": 1, "low_sm_efficiency": 1},
     }  # fmt: skip
     assert sum(v["count"] for v in doc["open_violations"]) == 2
     # the alerts that went nowhere (gpu_auditor_policy_alerts_undelivered_total's cases), with why

@@ -57,7 +57,8 @@ def test_table_columns_and_missing_values():
     assert lines[0].split()[:3] == ["NAMESPACE", "JOB", "GPUS"] and "VERDICT" in lines[0]
     assert "low_sm_efficiency" in lines[1] and "3.0%" in lines[1] and "100%" in lines[1]
     assert " - " in lines[2] and "no FP32 series" in lines[2]  # missing is '-', never 0
-    assert lines[-1].startswith("2 jobs, 4.00 GPU-hours")
+    # 1 flagged job; waste counts flagged jobs' idle SMs (docs/figures.md)
+    assert lines[-1].startswith("2 jobs (1 flagged), 4.00 GPU-hours, 1.94 waste GPU-hours")
 
 
 def test_mig_util_from_gr_engine_is_marked():
