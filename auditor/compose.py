@@ -188,6 +188,33 @@ def kueue_priority_boost(settings: "Settings") -> tuple[str, str]:
     return probe.state, probe.detail
 
 
+def kueue_findings(settings: "Settings", api: "ApiClient | None" = None) -> list[Any]:
+    """The cluster's Kueue version and the feature gates the configured options rest on
+    (demotion, ``requeue.lowerPriorityBy`` of any policy: PriorityBoost; hold-before-quota, the
+    chart's ``gate.holdBeforeQuota``: AdmissionGatedBy), one
+    :class:`~auditor.kube.kueue_features.FeatureLine` each, for ``doctor`` and the operator's start
+    (issue 29). A stock Kueue leaves both gates off before v0.19, and PriorityBoost off in v0.19."""
+    from auditor.kube.kueue_features import kueue_findings as findings
+    from auditor.kube.kueue_features import needed_gates
+    from auditor.operator_loop.policies import policy_files
+    from auditor.policy.loader import parse_policies
+
+    lower = False
+    for name, text in policy_files(settings).items():
+        try:
+            lower = lower or any(p.spec.requeue.lower_priority_by for p in parse_policies(text, name))
+        except BadInput:  # a bad file is the policy stage's to report (PolicyError)
+            continue
+    hold = settings.gate.enabled and settings.gate.holds_namespace is not None
+    own = api is None
+    api = api or kube_api(settings)
+    try:
+        return findings(api, needs=needed_gates(lower_priority=lower, hold_before_quota=hold))
+    finally:
+        if own:
+            api.close()
+
+
 def kueue_gate_objects(settings: "Settings") -> tuple[list[dict], list[dict], str]:
     """The gate's AdmissionChecks and every ClusterQueue, for ``doctor``: (checks, queues, error)."""
     from auditor.gate.kueue import CONTROLLER_NAME

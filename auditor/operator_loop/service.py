@@ -249,10 +249,25 @@ class Operator:
 
     # ------------------------------------------------------------------ start / stop
 
+    def _log_kueue(self) -> None:
+        """Which Kueue runs and whether the gates the chosen options rest on are on, once at start
+        (issue 29): demotion and hold-before-quota need alpha/beta Kueue gates a stock install may
+        leave off, and nothing else would say so. Never stops the start."""
+        if not self.settings.features.kueue:
+            return
+        from auditor import compose
+
+        try:
+            for line in compose.kueue_findings(self.settings, self.api):
+                (log.warning if line.level == "warn" else log.info)("%s: %s", line.subject, line.text)
+        except Exception as exc:  # noqa: BLE001 - a report only; the operator runs without it
+            log.info("Kueue version and feature gates not read: %s", exc)
+
     def start(self, *, http: bool = True, sync_timeout: float = 120.0) -> None:
         from auditor.settings import log_effective
 
         log_effective(self.settings)
+        self._log_kueue()
         if http:
             self.health = HealthServer(
                 self.settings.http.host,

@@ -153,12 +153,21 @@ def attach(state_dir: Path | None = None) -> Testbed | None:
     """The running test bed in ``state_dir`` if every component runs and answers, else None."""
     state_dir = state_dir or config.default_state_dir()
     state = State.load(state_dir)
-    if state is None or not state.values.get("complete"):
+    if state is None or not state.values.get("complete") or _other_kueue(state):
         return None
     report = health(state_dir)
     if set(report) != set(components(state)) or not all(r["healthy"] for r in report.values()):
         return None
     return _testbed_from(state)
+
+
+def _other_kueue(state: State) -> str | None:
+    """The Kueue version a bed runs when it is not the one asked for (``config.KUEUE_VERSION``):
+    such a bed is not reused, and not replaced either (others may be testing on it)."""
+    running = (state.values.get("versions") or {}).get("kueue")
+    if running and config.kueue_enabled() and running != config.KUEUE_VERSION:
+        return str(running)
+    return None
 
 
 def _safe_to_wipe(state_dir: Path) -> bool:
@@ -203,6 +212,15 @@ def _up(state_dir: Path, build_log: Path | None, owner_pid: int | None = None) -
     if existing is not None:
         _say(f"reusing the healthy test bed in {state_dir}")
         return existing
+    previous = State.load(state_dir)
+    running = _other_kueue(previous) if previous and previous.values.get("complete") else None
+    if running and previous and all(process.alive(p.pid, p.marker) for p in previous.procs.values()):
+        raise TestbedError(
+            "kueue version",
+            f"the bed in {state_dir} runs Kueue {running}, {config.KUEUE_VERSION} was asked for "
+            f"({config.KUEUE_VERSION_SWITCH}); not replacing a running bed: stop it first or give "
+            "GPU_AUDITOR_TESTBED_DIR another directory",
+        )
     _down(state_dir, quiet=True)
     if not _safe_to_wipe(state_dir):
         raise TestbedError("state directory", f"{state_dir} exists and does not look like a test bed's; not wiping it")

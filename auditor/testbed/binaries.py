@@ -187,13 +187,16 @@ def module_files(src: config.CrdSource) -> list[Path]:
     return [dest / name for name in src.files or ()]
 
 
-def _fetch(src: config.CrdSource, dest: Path) -> None:
-    component = f"CRDs from {src.module}@{src.version}"
+def module_dir(module: str, version: str, component: str | None = None) -> Path:
+    """A Go module's source tree at a version, read-only in the Go module cache (downloaded on
+    first use): e.g. Kueue's own Helm chart, which tests render to read what an install looks like."""
+    component = component or f"{module}@{version}"
     if shutil.which("go") is None:
         raise TestbedError(component, "'go' not found on PATH (needed once to download the module)")
+    config.cache_dir().mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, GOFLAGS="-mod=mod", GOTOOLCHAIN=os.environ.get("GOTOOLCHAIN", "local"))
     proc = subprocess.run(
-        ["go", "mod", "download", "-json", f"{src.module}@{src.version}"],
+        ["go", "mod", "download", "-json", f"{module}@{version}"],
         capture_output=True,
         text=True,
         env=env,
@@ -205,7 +208,12 @@ def _fetch(src: config.CrdSource, dest: Path) -> None:
         info = {}
     if proc.returncode != 0 or "Dir" not in info:
         raise TestbedError(component, f"go mod download failed: {info.get('Error') or proc.stderr.strip()}")
-    source = Path(info["Dir"]) / src.subdir
+    return Path(info["Dir"])
+
+
+def _fetch(src: config.CrdSource, dest: Path) -> None:
+    component = f"CRDs from {src.module}@{src.version}"
+    source = module_dir(src.module, src.version, component) / src.subdir
     names = src.files or tuple(p.name for p in sorted(source.glob("*.yaml")) if p.name != "kustomization.yaml")
     if dest.exists():
         shutil.rmtree(dest)

@@ -10,10 +10,32 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from auditor.testbed.errors import TestbedError
+
 K8S_VERSION = "1.36.3"
 ETCD_VERSION = "3.6.16"
 HELM_VERSION = "3.21.4"
-KUEUE_VERSION = "v0.17.0"
+#: The Kueue versions the bed can run: the floor the product is built on, and the newest the Go
+#: module proxy serves (v0.19.3, v0.20.x and v0.21.x are refused: ``go list -m
+#: sigs.k8s.io/kueue@v0.20.0`` says "server response: This module version is not available.").
+KUEUE_FLOOR = "v0.17.0"
+KUEUE_NEWEST = "v0.19.2"
+KUEUE_VERSIONS = (KUEUE_FLOOR, KUEUE_NEWEST)
+#: ``GPU_AUDITOR_TESTBED_KUEUE_VERSION`` picks one of :data:`KUEUE_VERSIONS` (default the floor).
+#: A version other than the floor gets a state directory of its own (:func:`default_state_dir`):
+#: the shared bed keeps running the floor while the newest is tested beside it.
+KUEUE_VERSION_SWITCH = "GPU_AUDITOR_TESTBED_KUEUE_VERSION"
+
+
+def _kueue_version() -> str:
+    wanted = os.environ.get(KUEUE_VERSION_SWITCH, "").strip() or KUEUE_FLOOR
+    if wanted not in KUEUE_VERSIONS:
+        raise TestbedError("kueue", f"{KUEUE_VERSION_SWITCH}={wanted}: the bed runs one of {', '.join(KUEUE_VERSIONS)}")
+    return wanted
+
+
+#: Read once at import: the build script, the CRDs and the manager's manifests all follow it.
+KUEUE_VERSION = _kueue_version()
 #: ``GPU_AUDITOR_TESTBED_KUEUE=0`` starts the bed without the Kueue controller (CRDs only).
 KUEUE_SWITCH = "GPU_AUDITOR_TESTBED_KUEUE"
 KUEUE_DEFAULT = True
@@ -100,6 +122,15 @@ def crd_dir() -> Path:
 
 
 def default_state_dir() -> Path:
-    """``<repo>/.testbed`` (git-ignored); ``GPU_AUDITOR_TESTBED_DIR`` overrides."""
+    """``<repo>/.testbed`` (git-ignored); ``GPU_AUDITOR_TESTBED_DIR`` overrides.
+
+    With a Kueue other than the floor, ``<repo>/.testbed-kueue-<version>``: a bed is reused only
+    when it runs the Kueue asked for, so the newest must not find (and replace) the shared bed.
+    Without the node (``node.enabled`` gives it to ``.testbed`` only): one kubelet per machine.
+    """
     env = os.environ.get("GPU_AUDITOR_TESTBED_DIR")
-    return Path(env).resolve() if env else REPO_ROOT / ".testbed"
+    if env:
+        return Path(env).resolve()
+    if KUEUE_VERSION != KUEUE_FLOOR:
+        return REPO_ROOT / f".testbed-kueue-{KUEUE_VERSION}"
+    return REPO_ROOT / ".testbed"
