@@ -13,6 +13,17 @@ from auditor.core.model import JobRef, PodRef
 
 
 class JobResolver(Protocol):
+    @property
+    def rejected(self) -> Quarantine:
+        """The last :meth:`resolve`'s pods or jobs refused for an identity no object could have."""
+        ...
+
+    @property
+    def cluster(self) -> str:
+        """The cluster its jobs belong to, "" where it has none of its own (the run's record
+        carries it: retention prunes runs by cluster)."""
+        ...
+
     def resolve(self, pods: Iterable[PodRef]) -> dict[PodRef, JobRef]:
         """The job of each pod it can attribute; pods left out are reported as unattributed."""
         ...
@@ -51,6 +62,8 @@ class StaticResolver:
     ) -> None:
         self.table = dict(table)
         self.fallback = fallback
+        #: the table's jobs carry their own cluster; the run's record names the fallback's, if any
+        self.cluster = fallback.cluster if fallback is not None else ""
         #: the last :meth:`resolve`'s jobs whose identity no job key can hold (left out)
         self.rejected = Quarantine()
 
@@ -67,5 +80,5 @@ class StaticResolver:
                 rest.append(p)
         if rest and self.fallback is not None:
             out.update(self.fallback.resolve(rest))
-            self.rejected.update(getattr(self.fallback, "rejected", Quarantine()))
+            self.rejected.update(self.fallback.rejected)
         return out

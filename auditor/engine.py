@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from itertools import groupby
 from operator import attrgetter
-from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, cast
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from auditor.clock import SYSTEM_CLOCK
 from auditor.core.accumulate import JobAggregate, ShareMap, StaleFold
@@ -109,18 +109,17 @@ def _mfu_contexts(
 
     The lineage lookup is one read for all jobs that can take it (a serving class or kind takes
     none: a server's MFU follows its traffic), batched in the store."""
-    lookup: Callable[[Sequence[JobRef]], dict[str, float]] | None = (
-        getattr(store, "lineage_best_mfu", None) if plan.lineage_best else None
-    )
     best: dict[str, float] = {}
-    if lookup is not None:
-        wanted = [
-            j
-            for j in jobs.values()
-            if j.kind not in SERVING_KINDS and not getattr(select_class(j, plan.classes), "serving", False)
-        ]
-        best = plan.lineage_bests(lookup, wanted, now) if wanted else {}
+    if store is not None and plan.lineage_best:
+        wanted = [j for j in jobs.values() if not _serves(j, plan.classes)]
+        best = plan.lineage_bests(store.lineage_best_mfu, wanted, now) if wanted else {}
     return {key: reference_for(job, plan.classes, best.get(key)) for key, job in jobs.items()}
+
+
+def _serves(job: JobRef, classes: Sequence[WorkloadClass]) -> bool:
+    """A serving kind or class: its MFU follows its traffic, so it has no lineage best."""
+    cls = select_class(job, classes)
+    return job.kind in SERVING_KINDS or (cls is not None and cls.serving)
 
 
 def _kept_context(previous: dict, job: JobRef, plan: MfuPlan) -> MfuContext:
@@ -296,7 +295,7 @@ def _written(
     """Each job's buckets (in job key order) once the store holds them: its id and what its
     write displaced (no store: id None).
 
-    ``bulk`` (a store that can, in the operator's cycle): the jobs are upserted and their buckets
+    ``bulk`` (the operator's cycle): the jobs are upserted and their buckets
     written a group at a time (one statement each for up to :data:`_WRITE_GROUP` buckets instead
     of several per job); the rows are the same as one write per job in order. Otherwise one
     job at a time, so only one job's buckets are objects at once.
@@ -312,7 +311,6 @@ def _written(
             job_id = store.upsert_job(jobs[key], first, last)
             yield key, job_id, buckets, store.replace_buckets(job_id, buckets)
         return
-    bulk_store = cast(_BulkWrites, store)
     group: list[tuple[str, list[Bucket]]] = []
     size = 0
     for n, key in enumerate(keys, 1):
@@ -321,20 +319,10 @@ def _written(
         size += len(buckets)
         if size < _WRITE_GROUP and n < len(keys):
             continue
-        ids = bulk_store.upsert_jobs([(jobs[k], *_span(b, window)) for k, b in group])
-        moved = bulk_store.replace_buckets_many(list(zip(ids, (b for _k, b in group))))
+        ids = store.upsert_jobs([(jobs[k], *_span(b, window)) for k, b in group])
+        moved = store.replace_buckets_many(list(zip(ids, (b for _k, b in group))))
         yield from ((k, job_id, b, d) for (k, b), job_id, d in zip(group, ids, moved))
         group, size = [], 0
-
-
-class _BulkWrites(Protocol):
-    """The group writes of a store that has them (:class:`auditor.store.Store`)."""
-
-    def upsert_jobs(self, items: Sequence[tuple[JobRef, datetime, datetime]]) -> list[int]: ...
-
-    def replace_buckets_many(
-        self, items: Sequence[tuple[int, Sequence[Bucket]]]
-    ) -> "Sequence[Sequence[Displacement]]": ...
 
 
 def _span(buckets: list[Bucket], window: Window) -> tuple[datetime, datetime]:
@@ -344,8 +332,7 @@ def _span(buckets: list[Bucket], window: Window) -> tuple[datetime, datetime]:
 
 def _cluster_of(resolver: JobResolver) -> dict[str, str]:
     """The run's cluster, for its record: retention prunes runs by cluster (several may share a store)."""
-    cluster = getattr(resolver, "cluster", None)
-    return {"cluster": cluster} if isinstance(cluster, str) and cluster else {}
+    return {"cluster": resolver.cluster} if resolver.cluster else {}
 
 
 def run_audit(
@@ -406,10 +393,9 @@ def _run_audit(
     th = thresholds or Thresholds()
     try:
         say(f"reading {window.start.isoformat()} .. {window.end.isoformat()} ({width.total_seconds():.0f} s buckets)")
-        # A source that can hand its buckets over lazily (the Prometheus source) keeps them as
-        # compact arrays; each job's buckets become objects only while that job is handled.
-        read_lazy = getattr(source, "read_lazy", None)
-        result = read_lazy(window, width) if read_lazy is not None else source.read(window, width)
+        # a source that can hand its buckets over lazily (the Prometheus source) keeps them as
+        # compact arrays; each job's buckets become objects only while that job is handled
+        result = source.read_lazy(window, width)
         report = result.report
         all_buckets = result.buckets
         del result
@@ -451,11 +437,7 @@ def _run_audit(
         contexts = _mfu_contexts(store, plan, jobs, now)
         summaries: list[JobSummary] = []
         freeze_to = align_down(window.end, width)
-        # a store that keeps the engine's summary objects (the operator's cycle) gets them whole
-        save_made: Callable[[int, JobSummary], None] | None = getattr(store, "save_job_summary", None)
-        for key, job_id, buckets, displaced in _written(
-            store, by_job, jobs, materialize, window, bulk=cumulative and hasattr(store, "replace_buckets_many")
-        ):
+        for key, job_id, buckets, displaced in _written(store, by_job, jobs, materialize, window, bulk=cumulative):
             job, ctx = jobs[key], contexts[key]
             if store is None or job_id is None:
                 summary = summarize_job(
@@ -490,10 +472,7 @@ def _run_audit(
                 summary = summarize_job(
                     job, buckets, window=window, now=now, interval=interval, thresholds=th, shares=shares, mfu=ctx
                 )
-            if save_made is not None:
-                save_made(job_id, summary)
-            else:
-                store.save_summary(job_id, summary.to_json())
+            store.save_job_summary(job_id, summary)
             summaries.append(summary)
         summaries = sorted_summaries(summaries)
         run_id = None

@@ -11,14 +11,18 @@ few lines and the type checker names every use-case a new call would touch.
 from __future__ import annotations
 
 import threading
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from auditor.core.accumulate import JobAggregate
 from auditor.core.action_target import ActionTarget
 from auditor.core.model import Bucket, JobRef, Window
 from auditor.core.readings import SourceResult
 from auditor.correlate import JobResolver
+
+if TYPE_CHECKING:
+    from auditor.core.job_summary import JobSummary
 
 __all__ = [
     "ChatNotifier",
@@ -31,6 +35,7 @@ __all__ = [
     "JobResolver",
     "LeaderElection",
     "MetricSource",
+    "OperatorStore",
     "SourceResult",
     "SummaryStore",
 ]
@@ -44,6 +49,13 @@ class MetricSource(Protocol):
 
     def read(self, window: Window, width: timedelta) -> SourceResult:
         """Return the ``width``-aligned buckets that overlap ``window`` (half-open)."""
+        ...
+
+    def read_lazy(self, window: Window, width: timedelta) -> SourceResult:
+        """The same read, its buckets possibly handed over as
+        :class:`~auditor.core.rollup.LazyBuckets` (compact arrays; a job's buckets become objects
+        only while the engine handles that job). The engine always reads this way; a source with
+        no compact form returns :meth:`read`'s result."""
         ...
 
 
@@ -88,9 +100,17 @@ class SummaryStore(Protocol):
 
     def upsert_job(self, job: JobRef, first_seen: datetime, last_seen: datetime) -> int: ...
 
+    def upsert_jobs(self, items: Sequence[tuple[JobRef, datetime, datetime]]) -> list[int]:
+        """:meth:`upsert_job` of many jobs in one statement (the ids in ``items``' order)."""
+        ...
+
     def job(self, job_id: int) -> JobRef | None: ...
 
     def replace_buckets(self, job_id: int, buckets: Sequence[Bucket]) -> Sequence[Displacement]: ...
+
+    def replace_buckets_many(self, items: Sequence[tuple[int, Sequence[Bucket]]]) -> Sequence[Sequence[Displacement]]:
+        """:meth:`replace_buckets` of many jobs at once: the same rows, in ``items``' order."""
+        ...
 
     def buckets(self, job_id: int, window: Window | None = None) -> list[Bucket]: ...
 
@@ -102,7 +122,17 @@ class SummaryStore(Protocol):
 
     def save_summary(self, job_id: int, summary: dict) -> None: ...
 
+    def save_job_summary(self, job_id: int, summary: "JobSummary") -> None:
+        """Save the engine's own summary (its audit JSON document): a store may keep the object
+        too (the operator's cycle does, so that its result need not read the document back)."""
+        ...
+
     def delete_summary(self, job_id: int) -> bool: ...
+
+    def lineage_best_mfu(self, jobs: Sequence[JobRef]) -> dict[str, float]:
+        """By job key: the best MFU of the earlier runs of each job's lineage (jobs without one
+        left out): the lineage-best MFU reference (issue 28), one read for all ``jobs``."""
+        ...
 
     def record_run(
         self,
@@ -115,6 +145,35 @@ class SummaryStore(Protocol):
         status: str,
         detail: dict,
     ) -> int: ...
+
+
+class OperatorStore(SummaryStore, Protocol):
+    """What the operator's cycle (:class:`auditor.operator_loop.cycle.CycleRunner`) asks of the
+    store beyond one audit's calls: its cursor (the runs), the open jobs it ends, one transaction
+    per chunk, and the grouped writes its write-behind store (``_CycleStore``) makes."""
+
+    def runs(self, *, limit: int = 100) -> list[dict]: ...
+
+    def open_jobs(self, cluster: str) -> list[tuple[int, JobRef, datetime, datetime]]: ...
+
+    def set_job_ended(self, job_id: int, ended_at: datetime | None) -> None: ...
+
+    def batch(self) -> AbstractContextManager[Any]: ...
+
+    def save_summaries(self, items: Sequence[tuple[int, dict]]) -> None: ...
+
+    def save_aggregates(self, items: Sequence[tuple[int, JobAggregate]], now: datetime) -> None: ...
+
+    def advance_aggregates(self, items: Sequence[tuple[int, datetime]], now: datetime) -> int:
+        """Move the stored ``through`` (and stamp) of aggregates whose state is not rewritten."""
+        ...
+
+    def aggregate_stamps(self, cluster: str) -> dict[int, tuple[datetime, datetime]]: ...
+
+    def record_admission_facts(self, readings: Sequence[tuple[int, Any]], now: datetime) -> int:
+        """Fold each ``(job_id, facts)`` Kueue admission reading into the job's stored facts;
+        returns the rows written (:class:`auditor.store.admissions.AdmissionStore`)."""
+        ...
 
 
 class DecisionLog(Protocol):

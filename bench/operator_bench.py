@@ -128,11 +128,11 @@ def child(settings_path: str, t_end: float) -> None:
     url = settings.prometheus.url
     t0 = time.perf_counter()
     op.start(http=False)
-    sync = {"seconds": time.perf_counter() - t0, "kube_requests": op.resolver.api_requests}
+    sync = {"seconds": time.perf_counter() - t0, "kube_requests": op.kube.api_requests}
     cycles = []
     end = datetime.fromtimestamp(t_end, timezone.utc)
     for label, now in (("first sighting", end - timedelta(minutes=5)), ("steady state", end)):
-        q0, k0, p0 = query_requests(url), op.resolver.api_requests, prometheus_cpu(url)
+        q0, k0, p0 = query_requests(url), op.kube.api_requests, prometheus_cpu(url)
         c0, w0 = time.process_time(), time.perf_counter()
         profile = os.environ.get("BENCH_PROFILE")  # a file: cProfile of the steady-state cycle
         if profile and label == "steady state":
@@ -150,7 +150,7 @@ def child(settings_path: str, t_end: float) -> None:
                 "cpu_s": time.process_time() - c0,
                 "queries": query_requests(url) - q0,
                 "prometheus_cpu_s": prometheus_cpu(url) - p0,
-                "kube_requests": op.resolver.api_requests - k0,
+                "kube_requests": op.kube.api_requests - k0,
                 "window_s": result.window.seconds if result.window else 0,
                 "jobs": len(result.summaries),
             }

@@ -45,10 +45,14 @@ class SimResolver:
     one pod ``job-NNNNN-0`` (what tsdbgen names), every pod running since ``started``."""
 
     def __init__(self, jobs: int, namespaces: int, started: datetime, cluster: str) -> None:
+        from auditor.core.identity import Quarantine
         from auditor.core.model import JobRef
         from auditor.kube.jobview import JobInfo, PodInfo
 
         self.cluster = cluster
+        #: no owner is refused, and there is no Kueue (:class:`auditor.operator_loop.cycle.ClusterJobs`)
+        self.rejected = Quarantine()
+        self.workloads = None
         self.view: dict[str, Any] = {}
         self.refs: dict[tuple[str, str], Any] = {}
         for j in range(jobs):
@@ -92,7 +96,7 @@ def child(args: argparse.Namespace) -> None:
     source = ShardSource(PrometheusSource(args.prometheus, timeout=300), resolver)
     cycles = []
     with Store.open(args.db) as store:
-        runner = CycleRunner(store=store, source=source, resolver=resolver, cluster="bench", shard=shard)  # type: ignore[arg-type]
+        runner = CycleRunner(store=store, source=source, resolver=resolver, cluster="bench", shard=shard)
         for label, now in (("first sighting", end - timedelta(minutes=5)), ("steady state", end)):
             q0, p0 = query_requests(args.prometheus), prometheus_cpu(args.prometheus)
             c0, w0 = time.process_time(), time.perf_counter()

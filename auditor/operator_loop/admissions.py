@@ -8,37 +8,39 @@ jobs with a Kueue Workload gets its reading folded into its stored facts.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from auditor.core.identity import JobKey
 from auditor.kube.kueue_facts import facts_by_job
-from auditor.store.admissions import AdmissionStore
-from auditor.store.store import Store
+from auditor.ports import OperatorStore
+
+if TYPE_CHECKING:
+    from auditor.store.store import Store
 
 
 def record_admissions(
-    store: Store, resolver: Any, view: Mapping[str, Any], job_ids: Mapping[str, int], now: datetime
+    store: OperatorStore, resolver: Any, view: Mapping[str, Any], job_ids: Mapping[str, int], now: datetime
 ) -> int:
     """Store the admission facts of the jobs ``job_ids`` (job key → store id) found in ``view``.
 
-    ``resolver`` is a :class:`~auditor.kube.resolver.KubeResolver` (anything else, e.g. the
-    label-only resolver of ``audit --no-kube``, has no Workloads: nothing is recorded).
-    Returns the number of jobs whose stored facts changed.
+    ``resolver`` is a :class:`~auditor.kube.resolver.KubeResolver` or a shard's view of one
+    (:class:`~auditor.operator_loop.shards.ShardResolver`); without Kueue's Workloads nothing is
+    recorded. Returns the number of jobs whose stored facts changed.
     """
-    if getattr(resolver, "workloads", None) is None:
-        return 0
     facts = facts_by_job(resolver, view)
     readings = [(job_ids[k], f) for k, f in facts.items() if k in job_ids]
-    return AdmissionStore(store).record(readings, now)
+    return store.record_admission_facts(readings, now)
 
 
-def record_audit_admissions(store: Store, resolver: Any, summaries: Iterable[Mapping[str, Any]], now: datetime) -> int:
+def record_audit_admissions(
+    store: "Store", resolver: Any, summaries: Iterable[Mapping[str, Any]], now: datetime
+) -> int:
     """``audit`` with the Kubernetes API: the admission facts of the jobs it summarized.
 
     The job ids come from the store (the audit just wrote those jobs); the Workloads from the
     resolver's informer, as in the operator's cycle.
     """
-    if getattr(resolver, "workloads", None) is None:
+    if resolver.workloads is None:  # Kueue is off or not installed
         return 0
     view = resolver.jobs(now)
     ids: dict[str, int] = {}

@@ -26,20 +26,20 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from auditor.clock import SYSTEM_CLOCK
 from auditor.core.accumulate import JobAggregate
 from auditor.core.identity import JobKey, Quarantine
 from auditor.core.job_summary import JobSummary, sorted_summaries
-from auditor.core.model import Window
+from auditor.core.model import Bucket, JobRef, PodRef, Window
 from auditor.core.rfc3339 import format_rfc3339, parse_rfc3339
 from auditor.core.shards import WHOLE, Shard
 from auditor.engine import MfuPlan, align_down, run_audit
 from auditor.errors import AuditorError
-from auditor.kube.resolver import JobInfo, KubeResolver
+from auditor.kube.resolver import JobInfo
 from auditor.operator_loop.admissions import record_admissions
-from auditor.ports import Clock, MetricSource
+from auditor.ports import Clock, Displacement, MetricSource, OperatorStore
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,34 @@ _SUMMARY_GROUP = 250
 
 class LostLeadership(AuditorError):
     """The lease lapsed during a cycle: its writes are rolled back."""
+
+
+class ClusterJobs(Protocol):
+    """What a cycle asks of the cluster's job view (:class:`auditor.kube.resolver.KubeResolver`,
+    or one shard's part of it, :class:`auditor.operator_loop.shards.ShardResolver`): the jobs
+    with GPU pods now, which job each read pod belongs to, and the Kueue Workloads its admission
+    facts come from."""
+
+    @property
+    def cluster(self) -> str:
+        """The cluster its jobs belong to."""
+        ...
+
+    @property
+    def rejected(self) -> Quarantine:
+        """The last :meth:`resolve`'s pods whose owner no job key can hold."""
+        ...
+
+    @property
+    def workloads(self) -> Any:
+        """The Kueue Workloads informer; None where Kueue is off or not installed."""
+        ...
+
+    def jobs(self, now: datetime | None = None) -> dict[str, JobInfo]: ...
+
+    def resolve(self, pods: Iterable[PodRef]) -> dict[PodRef, JobRef]: ...
+
+    def forget(self, job: JobInfo) -> None: ...
 
 
 def _job_key_of(summary: dict) -> str:
@@ -91,7 +119,7 @@ class _CycleStore:
 
     def __init__(
         self,
-        store: Any,
+        store: OperatorStore,
         view: dict[str, JobInfo],
         *,
         cycle_end: datetime,
@@ -112,8 +140,24 @@ class _CycleStore:
         self._aggregates: dict[int, JobAggregate] = {}
         self._aggregates_now: datetime | None = None
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
+    # what the engine reads, and the job rows it writes, are the store's own
+
+    def upsert_job(self, job: JobRef, first_seen: datetime, last_seen: datetime) -> int:
+        return self._store.upsert_job(job, first_seen, last_seen)
+
+    def upsert_jobs(self, items: Sequence[tuple[JobRef, datetime, datetime]]) -> list[int]:
+        return self._store.upsert_jobs(items)
+
+    def job(self, job_id: int) -> JobRef | None:
+        return self._store.job(job_id)
+
+    def buckets(self, job_id: int, window: Window | None = None) -> list[Bucket]:
+        return self._store.buckets(job_id, window)
+
+    def lineage_best_mfu(self, jobs: Sequence[JobRef]) -> dict[str, float]:
+        return self._store.lineage_best_mfu(jobs)
+
+    # what it writes of summaries and aggregates waits for the chunk's group writes
 
     def save_summary(self, job_id: int, summary: dict) -> None:
         self._save(job_id, summary, None)
@@ -154,18 +198,18 @@ class _CycleStore:
         self.flush()
         return bool(self._store.delete_summary(job_id))
 
-    def replace_buckets(self, job_id: int, buckets: Any) -> Any:
+    def replace_buckets(self, job_id: int, buckets: Sequence[Bucket]) -> Sequence[Displacement]:
         displaced = self._store.replace_buckets(job_id, buckets)
         self._displaced(job_id, displaced)
         return displaced
 
-    def replace_buckets_many(self, items: Any) -> Any:
+    def replace_buckets_many(self, items: Sequence[tuple[int, Sequence[Bucket]]]) -> Sequence[Sequence[Displacement]]:
         moved = self._store.replace_buckets_many(items)
         for (job_id, _buckets), displaced in zip(items, moved):
             self._displaced(job_id, displaced)
         return moved
 
-    def _displaced(self, job_id: int, displaced: Any) -> None:
+    def _displaced(self, job_id: int, displaced: Sequence[Displacement]) -> None:
         """The store deleted the losers' aggregates with their buckets: neither a pending nor a
         kept copy may bring one back."""
         if displaced:
@@ -182,11 +226,13 @@ class _CycleStore:
             self._aggregates.clear()
             now = self._aggregates_now
             assert now is not None
-            write, advance = self._kept.split(items, can_advance=hasattr(self._store, "advance_aggregates"))
+            write, advance = self._kept.split(items)
             if write:
                 self._store.save_aggregates(write, now)
             if advance:
-                self._store.advance_aggregates([(job_id, agg.through) for job_id, agg in advance], now)
+                self._store.advance_aggregates(
+                    [(job_id, agg.through) for job_id, agg in advance if agg.through is not None], now
+                )
             self._kept.saved(write, advance, now)
         self._flush_summaries()
 
@@ -204,14 +250,25 @@ class _CycleStore:
             if made is not None and not made.extra and self.saved[key][1] is doc:
                 self.saved[key] = (job_id, {k: doc[k] for k in _STORED_FIELDS if k in doc})
 
-    def record_run(self, window: Window, started: datetime, finished: datetime, **kw: Any) -> int:
-        if kw.get("status") == "failed":  # the chunk's transaction is rolled back: nothing to add
+    def record_run(
+        self,
+        window: Window,
+        started: datetime,
+        finished: datetime,
+        *,
+        jobs: int,
+        queries: int,
+        status: str,
+        detail: dict,
+    ) -> int:
+        if status == "failed":  # the chunk's transaction is rolled back: nothing to add
             self._summaries.clear()
             self._aggregates.clear()
         else:
             self.flush()
-        kw["detail"] = {**kw.get("detail", {}), **self._detail}
-        return self._store.record_run(window, started, finished, **kw)
+        return self._store.record_run(
+            window, started, finished, jobs=jobs, queries=queries, status=status, detail={**detail, **self._detail}
+        )
 
 
 class _KeptAggregates:
@@ -240,7 +297,7 @@ class _KeptAggregates:
         #: the kept copies handed out this chunk (a saved aggregate that is one of them continues it)
         self._taken: dict[int, JobAggregate] = {}
 
-    def check(self, store: Any, cluster: str) -> None:
+    def check(self, store: OperatorStore, cluster: str) -> None:
         """Read the store's stamps (inside the chunk's transaction, before its writes)."""
         self._stamps = store.aggregate_stamps(cluster) if self._kept else {}
         self._taken.clear()
@@ -261,7 +318,7 @@ class _KeptAggregates:
         self._taken.pop(job_id, None)
 
     def split(
-        self, items: list[tuple[int, JobAggregate]], *, can_advance: bool
+        self, items: list[tuple[int, JobAggregate]]
     ) -> tuple[list[tuple[int, JobAggregate]], list[tuple[int, JobAggregate]]]:
         """The aggregates to write whole, and those whose stored ``through`` only moves."""
         write: list[tuple[int, JobAggregate]] = []
@@ -269,8 +326,7 @@ class _KeptAggregates:
         for job_id, agg in items:
             state = self._state.get(job_id)
             if (
-                can_advance
-                and state is not None
+                state is not None
                 and agg.through is not None
                 and self._taken.get(job_id) is agg
                 and agg.through - state < STATE_EVERY
@@ -341,9 +397,9 @@ class CycleRunner:
     def __init__(
         self,
         *,
-        store: Any,
+        store: OperatorStore,
         source: MetricSource,
-        resolver: KubeResolver,
+        resolver: ClusterJobs,
         cluster: str,
         width: timedelta = timedelta(minutes=5),
         max_lookback: timedelta = timedelta(days=7),
@@ -482,7 +538,7 @@ class CycleRunner:
             result.queries += audit.report.queries
             result.warnings.extend(audit.report.warnings)
             result.rejected.most(audit.report.rejected)  # one hostile series is in every chunk's read
-            owners.most(getattr(self.resolver, "rejected", Quarantine()))  # pods of refused owners
+            owners.most(self.resolver.rejected)  # pods of refused owners
             touched.update(proxy.saved)
         if owners:
             result.rejected.most(owners)

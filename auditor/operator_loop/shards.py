@@ -10,10 +10,15 @@ is the wrapped object's.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
-from auditor.core.model import Window
+from auditor.core.identity import Quarantine
+from auditor.core.model import JobRef, PodRef, Window
+from auditor.core.readings import SourceResult
 from auditor.core.shards import Shard
+
+if TYPE_CHECKING:
+    from auditor.operator_loop.cycle import ClusterJobs
 
 #: a namespace name Kubernetes never allows (a DNS label starts with a letter or digit): what a
 #: shard with no namespaces selects, so its queries match nothing instead of everything
@@ -26,13 +31,26 @@ def _alternation(values: list[str]) -> str:
 
 
 class ShardResolver:
-    """A job resolver that sees only the jobs of ``shard``'s namespaces."""
+    """A job view (:class:`~auditor.operator_loop.cycle.ClusterJobs`) that sees only the jobs of
+    ``shard``'s namespaces; every other call is the wrapped view's."""
 
-    def __init__(self, resolver: Any, shard: Shard) -> None:
+    def __init__(self, resolver: "ClusterJobs", shard: Shard) -> None:
         self._resolver = resolver
         self.shard = shard
         #: the shard's namespaces with GPU jobs in the latest view
         self.namespaces: set[str] = set()
+
+    @property
+    def cluster(self) -> str:
+        return self._resolver.cluster
+
+    @property
+    def rejected(self) -> Quarantine:
+        return self._resolver.rejected
+
+    @property
+    def workloads(self) -> Any:
+        return self._resolver.workloads
 
     def jobs(self, now: datetime | None = None) -> dict[str, Any]:
         view = self._resolver.jobs(now)
@@ -40,14 +58,29 @@ class ShardResolver:
         self.namespaces = {job.ref.namespace for job in mine.values()}
         return mine
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._resolver, name)
+    def resolve(self, pods: Iterable[PodRef]) -> dict[PodRef, JobRef]:
+        return self._resolver.resolve(pods)
+
+    def forget(self, job: Any) -> None:
+        self._resolver.forget(job)
+
+
+class SelectableSource(Protocol):
+    """A metric source whose queries can be narrowed by label regexes (the Prometheus source)."""
+
+    regex_matchers: dict[str, str]
+
+    def read(self, window: Window, width: timedelta) -> SourceResult: ...
+
+    def read_lazy(self, window: Window, width: timedelta) -> SourceResult: ...
+
+    def close(self) -> None: ...
 
 
 class ShardSource:
     """A metric source whose every query selects only the shard's namespaces."""
 
-    def __init__(self, source: Any, resolver: ShardResolver, label: str = "namespace") -> None:
+    def __init__(self, source: SelectableSource, resolver: ShardResolver, label: str = "namespace") -> None:
         self._source = source
         self._resolver = resolver
         self.label = label
@@ -56,13 +89,13 @@ class ShardSource:
         names = sorted(self._resolver.namespaces) or [NO_NAMESPACE]
         self._source.regex_matchers = {self.label: _alternation(names)}
 
-    def read(self, window: Window, width: timedelta) -> Any:
+    def read(self, window: Window, width: timedelta) -> SourceResult:
         self._select()
         return self._source.read(window, width)
 
-    def read_lazy(self, window: Window, width: timedelta) -> Any:
+    def read_lazy(self, window: Window, width: timedelta) -> SourceResult:
         self._select()
         return self._source.read_lazy(window, width)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._source, name)
+    def close(self) -> None:
+        self._source.close()

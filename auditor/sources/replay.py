@@ -57,3 +57,7 @@ class ReplaySource:
             if b.dropped:
                 report.dropped[b.metric] = report.dropped.get(b.metric, 0) + b.dropped
         return SourceResult(buckets=buckets, report=report)
+
+    def read_lazy(self, window: Window, width: timedelta) -> SourceResult:
+        """:meth:`read`: a replay's buckets are objects from the start (:class:`~auditor.ports.MetricSource`)."""
+        return self.read(window, width)

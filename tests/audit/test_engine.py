@@ -82,6 +82,8 @@ class Boom:
     def read(self, window, width):
         raise RuntimeError("source down")
 
+    read_lazy = read
+
 
 def test_failed_run_is_recorded_and_raised(tmp_path):
     store_mod = pytest.importorskip("auditor.store")

@@ -53,7 +53,7 @@ def _runner(store: Store, resolver: KubeResolver, url: str, case: str, shard: Sh
     return CycleRunner(
         store=store,
         source=ShardSource(PrometheusSource(url, matchers={"case": case}), mine),
-        resolver=mine,  # type: ignore[arg-type]  # a KubeResolver by delegation
+        resolver=mine,
         cluster=case,
         shard=shard,
     )
