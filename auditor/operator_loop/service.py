@@ -24,7 +24,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from auditor.clock import SYSTEM_CLOCK, NowOnly
 from auditor.errors import AuditorError, BadInput, LeaseUnavailable, SourceUnavailable
-from auditor.operator_loop.cycle import ORIGIN, CycleResult, CycleRunner, LostLeadership
+from auditor.operator_loop.cycle import ORIGIN, ClusterJobs, CycleResult, CycleRunner, LostLeadership
 from auditor.operator_loop.health import HealthServer, OperatorMetrics
 from auditor.operator_loop.policies import PolicyStage
 from auditor.operator_loop.reports import ReportStage
@@ -77,18 +77,21 @@ class Operator:
         self.api = api
         self.store = store or compose.store(settings)
         self.source = source or compose.prometheus_source(settings)
-        self.resolver = compose.kube_resolver(settings, self.api)
+        #: the informers' owner: started, synced and stopped with the replica
+        self.kube = compose.kube_resolver(settings, self.api)
+        #: the job view the cycles read: the whole cluster's, or this shard's part of it
+        self.resolver: ClusterJobs = self.kube
         try:
             #: this operator's share of the cluster (docs/scale.md, "Shards"); the whole one by default
             self.shard = settings.sharding.resolve(os.environ.get("POD_NAME") or self.identity)
         except ValueError as exc:
             raise BadInput(str(exc)) from None
         if self.shard.sharded:
-            mine = ShardResolver(self.resolver, self.shard)
+            mine = ShardResolver(self.kube, self.shard)
             conv = settings.prometheus.label_convention
             label = {"exported_pod": "exported_namespace", "pod_name": "pod_namespace"}.get(conv, "namespace")
             self.source = ShardSource(self.source, mine, label=label)
-            self.resolver = mine  # type: ignore[assignment]  # the same interface, by delegation
+            self.resolver = mine
         le = settings.leader_election
         self.elector: LeaderElection | None = None
         #: why the elector gave up (e.g. the Lease's namespace is missing): ``run_forever`` raises it
@@ -167,7 +170,7 @@ class Operator:
     def _ready(self) -> tuple[bool, str]:
         if not self._started:
             return False, "starting"
-        if not self.resolver.synced:
+        if not self.kube.synced:
             return False, "informers not synced"
         return True, "leader" if self.is_leader() else "standby"
 
@@ -279,8 +282,8 @@ class Operator:
                 mounts=self._console_mounts(),
             ).start()
             log.info("serving /healthz, /readyz, /metrics on port %d", self.health.port)
-        self.resolver.start()
-        if not self.resolver.wait_synced(sync_timeout):
+        self.kube.start()
+        if not self.kube.wait_synced(sync_timeout):
             log.warning("informers not synced after %.0f s; continuing", sync_timeout)
         self._started = True
 
@@ -294,7 +297,7 @@ class Operator:
         self.metrics.leader.set(0)
         if self.gate is not None:
             self.gate.close()
-        self.resolver.stop()
+        self.kube.stop()
         if self.health is not None:
             self.health.stop()
         try:
@@ -334,7 +337,7 @@ class Operator:
                 raise
             finally:
                 self._cycle_began = None
-                self.metrics.kube_requests.set(self.resolver.api_requests)
+                self.metrics.kube_requests.set(self.kube.api_requests)
         if self.policies is not None:
             result.decisions = self.policies.run(result.summaries, now=self.clock())
         # alerts and weekly reports go out from the delivery job (:meth:`deliver`), never here:

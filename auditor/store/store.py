@@ -33,6 +33,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 
 from auditor.core.accumulate import JobAggregate
+from auditor.core.job_summary import JobSummary
 from auditor.core.model import Bucket, JobRef, Window
 from auditor.errors import BadInput
 from auditor.store.aggregates import Aggregates
@@ -163,6 +164,17 @@ class Store:
         """Store the audit-JSON object of one job, replacing the previous one
         (:meth:`SummaryRecords.save_summary`)."""
         self._summaries.save_summary(job_id, summary)
+
+    def record_admission_facts(self, readings: Sequence[tuple[int, Any]], now: datetime) -> int:
+        """Fold Kueue admission readings into the jobs' stored facts (:meth:`AdmissionStore.record
+        <auditor.store.admissions.AdmissionStore.record>`)."""
+        from auditor.store.admissions import AdmissionStore
+
+        return AdmissionStore(self).record(readings, now)
+
+    def save_job_summary(self, job_id: int, summary: JobSummary) -> None:
+        """The engine's own summary, saved as its audit JSON document."""
+        self.save_summary(job_id, summary.to_json())
 
     def save_summaries(self, items: Sequence[tuple[int, dict]]) -> None:
         """:meth:`save_summary` of several jobs in one transaction (:meth:`SummaryRecords.save_summaries`)."""
