@@ -20,6 +20,7 @@ from auditor.cli.names import cluster_name
 from auditor.cli.output import add_output_flag
 from auditor.cli.storeopts import add_store_flags
 from auditor.core.admission import AdmissionFacts, format_wait
+from auditor.core.figures import gpu_name, gpus_text, natural_key
 from auditor.core.identity import JobKey
 from auditor.core.job_summary import JobSummary, rfc3339
 from auditor.core.metrics import SPECS, Metric
@@ -195,7 +196,7 @@ def render(summary: JobSummary, buckets: Sequence[Bucket], admission: AdmissionF
         f"   (audit window {rfc3339(s.window_start)} → {rfc3339(s.window_end)})"
     )
     out.append(
-        f"GPUs {_num(s.gpus, '{:g}')} {t(s.gpu_model or '', 40)}   "
+        f"GPUs {gpus_text(s.gpus)} {t(s.gpu_model or '', 40)}   "
         f"GPU-hours {_num(s.gpu_hours)}   waste {_num(s.waste_gpu_hours)}   "
         f"coverage {_pct(s.coverage)}   sample interval {_num(s.scrape_interval_s, '{:g}')} s"
     )
@@ -214,13 +215,13 @@ def render(summary: JobSummary, buckets: Sequence[Bucket], admission: AdmissionF
         out.append(kueue_line(admission))
     if s.stats:
         out.append("")
-        out.append(f"  {'metric':<18}{'mean':>9}{'p10':>9}{'p50':>9}{'p90':>9}{'samples':>9}{'dropped':>9}")
+        out.append(f"  {'metric':<18}{'mean':>11}{'p10':>11}{'p50':>11}{'p90':>11}{'samples':>9}{'dropped':>9}")
         for metric in sorted(s.stats, key=lambda m: m.value):
             st = s.stats[metric]
             unit = _stat_format(metric)
             out.append(
-                f"  {metric.value:<18}{unit(st.mean):>9}{unit(st.p10):>9}{unit(st.p50):>9}"
-                f"{unit(st.p90):>9}{st.samples:>9}{st.dropped:>9}"
+                f"  {metric.value:<18}{unit(st.mean):>11}{unit(st.p10):>11}{unit(st.p50):>11}"
+                f"{unit(st.p90):>11}{st.samples:>9}{st.dropped:>9}"
             )
     if s.findings:
         out.append("")
@@ -232,14 +233,12 @@ def render(summary: JobSummary, buckets: Sequence[Bucket], admission: AdmissionF
     if s.per_gpu:
         out.append("")
         out.append("per GPU:")
-        out.append(
-            f"  {'pod':<24}{'host':<14}{'gpu':<8}{'util':>8}{'SM':>8}{'tensor':>8}{'DRAM':>8}{'cov':>7}  verdict"
-        )
-        for g in s.per_gpu:
-            gpu = (g.gpu or "") + (f"/{g.mig_instance}" if g.mig_instance else "")
+        out.append(f"  {'pod':<24}{'gpu':<26}{'util':>8}{'SM':>8}{'tensor':>8}{'DRAM':>8}{'cov':>7}  verdict")
+        named = [(g, gpu_name(g.hostname or "", g.gpu or "", g.uuid, g.mig_instance or "")) for g in s.per_gpu]
+        for g, gpu in sorted(named, key=lambda x: (natural_key(x[0].pod), natural_key(x[1]))):
             util = g.means.gpu_util if g.means.gpu_util is not None else g.means.gr_engine_active
             out.append(
-                f"  {t(g.pod, 23):<24}{t(g.hostname or '-', 13):<14}{t(gpu, 7):<8}"
+                f"  {t(g.pod, 23):<24}{t(gpu, 25):<26}"
                 f"{_pct(util):>8}{_pct(g.means.sm_active):>8}{_pct(g.means.tensor_active):>8}"
                 f"{_pct(g.means.dram_active):>8}{_pct(g.coverage):>7}  {g.verdict.value}"
             )
@@ -314,13 +313,18 @@ def kueue_line(f: AdmissionFacts) -> str:
 
 def _stat_format(metric: Metric) -> Callable[[SupportsFloat | None], str]:
     """How the statistics table writes ``metric``, from its unit in :data:`SPECS`: activities in
-    percent, byte rates in GB/s (a PCIe rate in percent read 3857924932.3 %), the rest as numbers."""
+    percent, byte rates in GB/s (a PCIe rate in percent read 3857924932.3 %), memory in GiB (the
+    exporter's MiB), power in W, clocks in MHz: every value with its unit."""
     spec = SPECS[metric]
     if spec.unit == "ratio":
         return _pct
     if spec.unit == "B/s":
-        return lambda v: "-" if v is None else f"{float(v) / 1e9:.2f}GB/s"
-    return lambda v: _num(v, "{:.1f}")
+        return lambda v: "-" if v is None else f"{float(v) / 1e9:.2f} GB/s"
+    if spec.unit == "MiB":
+        return lambda v: "-" if v is None else f"{float(v) / 1024:.1f} GiB"
+    if spec.unit in ("W", "MHz"):
+        return lambda v: "-" if v is None else f"{float(v):.0f} {spec.unit}"
+    return lambda v: _num(v, "{:.1f}") + (f" {spec.unit}" if v is not None and spec.unit else "")
 
 
 def _short(v: object) -> str:
@@ -334,11 +338,12 @@ def _short(v: object) -> str:
 def _series(
     buckets: Sequence[Bucket],
 ) -> tuple[list[datetime], dict[tuple[str, str], dict[Metric, dict[datetime, tuple[float, int]]]]]:
-    """Bucket starts, and per (pod, GPU) per metric: start → (total, count)."""
+    """Bucket starts, and per (pod, GPU) per metric: start → (total, count); the GPU by its one
+    name (:func:`~auditor.core.figures.gpu_name`), so the pictures sort and read as the findings."""
     starts = sorted({b.start for b in buckets})
     per: dict[tuple[str, str], dict[Metric, dict[datetime, tuple[float, int]]]] = defaultdict(lambda: defaultdict(dict))
     for b in buckets:
-        key = (b.pod.pod, b.gpu.key)
+        key = (b.pod.pod, gpu_name(b.gpu.hostname, b.gpu.index, b.gpu.uuid, b.gpu.instance))
         t, c = per[key][b.metric].get(b.start, (0.0, 0))
         per[key][b.metric][b.start] = (t + b.total, c + b.count)
     return starts, per
@@ -393,8 +398,8 @@ def timeline(buckets: Sequence[Bucket]) -> list[str]:
         f"{(first + width * slots).isoformat().replace('+00:00', 'Z')}, one column per {_span(col_span)}, "
         f"bars 0–100 %, blank = no data"
     ]
-    for (pod, gpu_key), metrics in sorted(per.items()):
-        lines.append(f"  {terminal_safe(pod, SHOWN_CHARS)} on {terminal_safe(gpu_key, SHOWN_CHARS)}")
+    for (pod, gpu_key), metrics in sorted(per.items(), key=lambda kv: (natural_key(kv[0][0]), natural_key(kv[0][1]))):
+        lines.append(f"  {terminal_safe(pod, SHOWN_CHARS)} {terminal_safe(gpu_key, SHOWN_CHARS)}")
         for label, metric in SERIES:
             if metric not in metrics:
                 continue

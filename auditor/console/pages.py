@@ -27,9 +27,10 @@ from auditor.console.ports import (
     ViolationRow,
 )
 from auditor.console.svg import esc
+from auditor.core.figures import gpu_name, natural_key
 from auditor.core.gate import GateDecision, LineageHistory
 from auditor.core.model import Bucket
-from auditor.render import VERDICT_COLORS
+from auditor.render import METRIC_COLORS, VERDICT_COLORS
 
 NAV = (
     ("", "Cluster"),
@@ -169,7 +170,7 @@ def cluster(base: str, c: ClusterNow, teams: Sequence[TeamWeek], week: str) -> s
         (v, h, VERDICT_COLORS.get(v, "#999")) for v, h in sorted(c.gpu_hours_by_verdict.items(), key=lambda x: -x[1])
     ]
     this_week = sorted((x for x in teams if x.week == week), key=lambda x: -x.waste_gpu_hours)
-    waste_bars = [(x.team, x.waste_gpu_hours, "#c62828") for x in this_week]
+    waste_bars = [(x.team, x.waste_gpu_hours, METRIC_COLORS["waste"]) for x in this_week]
     jobs = table(
         ("verdict", "jobs", "GPU-hours"),
         (
@@ -360,8 +361,9 @@ def jobs(base: str, page: JobPage, f: JobFilter) -> str:
 
 
 def _gpu_label(b: Bucket) -> str:
-    pod, gpu = b.pod.pod, b.gpu
-    name = f"{pod} {gpu.hostname or gpu.uuid}:gpu{gpu.index}" if gpu.index else f"{pod} {gpu.uuid}"
+    """The pod and its GPU, named as the findings and ``explain`` name it (``host:gpuN``)."""
+    gpu = b.gpu
+    name = f"{b.pod.pod} {gpu_name(gpu.hostname, gpu.index, gpu.uuid, gpu.instance)}"
     return name + (f" ({gpu.mig_profile})" if gpu.mig_profile else "")
 
 
@@ -381,7 +383,7 @@ def timelines(d: JobDetail) -> str:
     if not per_gpu or lo is None or hi is None:
         return '<p class="empty">no buckets stored for this job (older than the bucket retention, or never sampled)</p>'
     charts = []
-    for label in sorted(per_gpu):
+    for label in sorted(per_gpu, key=natural_key):
         series = {m: sorted(v) for m, v in per_gpu[label].items()}
         charts.append(f'<div class="gpu">{svg.timeline(series, lo, hi, title=label)}</div>')
     return f'<div class="timelines">{"".join(charts)}</div>'

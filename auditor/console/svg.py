@@ -11,13 +11,11 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from html import escape
 
+from auditor.render import METRIC_COLORS as _METRIC_COLORS
+
 #: a colour per timeline metric (distinct from the verdict colours)
-METRIC_COLORS = {
-    "gpu_util": "#1565c0",
-    "sm_active": "#c62828",
-    "tensor_active": "#2e7d32",
-    "dram_active": "#ef6c00",
-}
+#: the timeline's metrics in the colours every chart uses (auditor/render: one colour per metric)
+METRIC_COLORS = {m: _METRIC_COLORS[m] for m in ("gpu_util", "sm_active", "tensor_active", "dram_active")}
 METRIC_LABELS = {"gpu_util": "util", "sm_active": "SM", "tensor_active": "tensor", "dram_active": "DRAM"}
 #: line colours for several series (teams)
 PALETTE = ("#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#5d4037", "#546e7a")

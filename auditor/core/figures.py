@@ -23,6 +23,7 @@ Pure: no I/O; the store sums in SQL by (team, verdict) and hands the sums to :cl
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -58,6 +59,21 @@ def gpus_text(gpus: float | None) -> str:
     if abs(gpus - round(gpus)) < 0.005:
         return f"{round(gpus):d}"
     return f"{gpus:.2f}"
+
+
+def gpu_name(hostname: str, index: str, uuid: str, instance: str = "") -> str:
+    """A GPU as every surface names it: ``host:gpuN`` (a MIG instance ``host:gpuN/migM``), the
+    parent UUID where the exporter gave no index, so a finding, ``explain`` and the console's
+    charts name the same device the same way (they printed ``0``, a UUID, ``node:gpu0``)."""
+    name = f"gpu{index}" if index else uuid
+    if instance:
+        name += f"/mig{instance}"
+    return f"{hostname}:{name}" if hostname else name
+
+
+def natural_key(text: str) -> tuple[tuple[int, str], ...]:
+    """Sort key that orders ``gpu2`` before ``gpu10`` (digits as numbers): GPUs listed in order."""
+    return tuple((0, f"{int(p):012d}") if p.isdigit() else (1, p) for p in re.split(r"(\d+)", text) if p)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from collections import defaultdict
 from typing import Sequence
 
 from auditor.core.accumulate import RowView
+from auditor.core.figures import gpu_name
 from auditor.core.job_summary import rounded as _r
 from auditor.core.metrics import Metric
 from auditor.core.model import Finding, Verdict
@@ -35,11 +36,9 @@ def silent_zero(row: RowView, th: Thresholds) -> dict[str, object] | None:
 
 
 def gpu_label(r: RowView) -> str:
-    idx = f"gpu{r.gpu.index}" if r.gpu.index else r.gpu.uuid
-    if r.gpu.instance:
-        idx += f"/mig{r.gpu.instance}"
-    host = f"{r.gpu.hostname}:" if r.gpu.hostname else ""
-    return f"{r.pod.pod} {host}{idx}"
+    """The pod and its GPU, named as every surface names a GPU (:func:`~auditor.core.figures.gpu_name`)."""
+    g = r.gpu
+    return f"{r.pod.pod} {gpu_name(g.hostname, g.index, g.uuid, g.instance)}"
 
 
 def straggler(rows: Sequence[RowView], th: Thresholds) -> Straggler | None:

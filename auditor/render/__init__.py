@@ -11,3 +11,14 @@ VERDICT_COLORS = {
     "low_mfu": "#00838f",
     "insufficient_data": "#9e9e9e",
 }
+
+#: one colour per metric, shared by every chart (console timelines, the demo page, the weekly
+#: report), so SM activity is the same blue everywhere and waste the same red
+METRIC_COLORS = {
+    "gpu_util": "#78909c",
+    "sm_active": "#1565c0",
+    "tensor_active": "#2e7d32",
+    "dram_active": "#ef6c00",
+    "waste": "#c62828",
+    "unmeasured": "#bdbdbd",
+}

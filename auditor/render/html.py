@@ -18,7 +18,7 @@ import jinja2
 from auditor.core.figures import is_flagged, of_jobs
 from auditor.core.job_summary import JobSummary
 from auditor.core.model import Verdict
-from auditor.render import VERDICT_COLORS
+from auditor.render import METRIC_COLORS, VERDICT_COLORS
 from auditor.render.table import MFU_NA, notes
 
 _TEMPLATE = """<!DOCTYPE html>
@@ -128,9 +128,9 @@ def charts(summaries: Sequence[JobSummary]) -> list[dict[str, str]]:
         return out
     labels = [f"{s.namespace}/{s.job}" for s in summaries]
     series = [
-        ("GPU utilization", [_busy(s) for s in summaries], "#90a4ae"),
-        ("SM activity", [s.means.sm_active for s in summaries], "#1565c0"),
-        ("tensor activity", [s.means.tensor_active for s in summaries], "#2e7d32"),
+        ("GPU utilization", [_busy(s) for s in summaries], METRIC_COLORS["gpu_util"]),
+        ("SM activity", [s.means.sm_active for s in summaries], METRIC_COLORS["sm_active"]),
+        ("tensor activity", [s.means.tensor_active for s in summaries], METRIC_COLORS["tensor_active"]),
     ]
     n = len(summaries)
     fig, ax = plt.subplots(figsize=(10, 0.45 * n + 1.2))
@@ -200,7 +200,13 @@ def _mfu_chart(plt: Any, summaries: Sequence[JobSummary]) -> dict[str, str]:
     fig, ax = plt.subplots(figsize=(10, 0.45 * n + 1.2))
     ys = list(range(n))
     ax.barh(ys, [(s.mfu_reference or 0.0) * 100 for s in summaries], height=0.6, color="#e0e0e0", label="reference")
-    ax.barh(ys, [(s.mfu_estimate or 0.0) * 100 for s in summaries], height=0.35, color="#2e7d32", label="MFU")
+    ax.barh(
+        ys,
+        [(s.mfu_estimate or 0.0) * 100 for s in summaries],
+        height=0.35,
+        color=METRIC_COLORS["tensor_active"],
+        label="MFU",
+    )
     for y, s in zip(ys, summaries):
         ax.text(
             max(s.mfu_reference or 0.0, s.mfu_estimate or 0.0) * 100 + 1,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from auditor.core.figures import of_jobs
+from auditor.core.figures import gpus_text, of_jobs
 from auditor.core.job_summary import JobSummary
 from auditor.core.model import Verdict
 from auditor.render.safe_text import ELLIPSIS, terminal_safe
@@ -95,8 +95,7 @@ def _cell(summary: JobSummary, key: str) -> str:
         pct = float(str(v)) * 100
         return f"{pct:.1f}%" if 0 < pct < 10 else f"{pct:.0f}%"
     if key == "gpus":
-        g = float(str(v))
-        return f"{g:g}" if g == int(g) else f"{g:.2f}"
+        return gpus_text(float(str(v)))
     if key in ("gpu_hours", "waste_gpu_hours", "recoverable_gpu_hours"):
         return f"{float(str(v)):.2f}"
     return terminal_safe(str(v))

@@ -11,10 +11,12 @@ import base64
 import io
 from typing import Any, Mapping, Sequence
 
-from auditor.render import VERDICT_COLORS
+from auditor.render import METRIC_COLORS, VERDICT_COLORS
 from auditor.reports.aggregate import VERDICTS
 
-SM_COLOR, WASTE_COLOR, UNMEASURED_COLOR, TENSOR_COLOR = "#1565c0", "#e53935", "#bdbdbd", "#2e7d32"
+#: the colours every chart uses for these metrics (auditor/render.METRIC_COLORS)
+SM_COLOR, WASTE_COLOR = METRIC_COLORS["sm_active"], METRIC_COLORS["waste"]
+UNMEASURED_COLOR, TENSOR_COLOR = METRIC_COLORS["unmeasured"], METRIC_COLORS["tensor_active"]
 
 
 def _plt() -> Any:
