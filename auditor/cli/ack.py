@@ -43,7 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--reason", default="", help="why (recorded and shown with the acknowledgement)")
     p.add_argument("--snooze", action="store_true", help="admit every submission until --until (needs --until)")
     p.add_argument(
-        "--cluster", type=cluster_name, help="the cluster the lineage runs in (default: the settings' cluster)"
+        "--cluster",
+        type=cluster_name,
+        help="the cluster the lineage runs in (default: the settings' cluster where they set one, "
+        "else the one cluster the store holds)",
     )
     p.add_argument("--by", help="record this name instead of the Kubernetes or OS user")
     kube = p.add_mutually_exclusive_group()
@@ -77,6 +80,7 @@ def who(args: argparse.Namespace, settings: "Settings") -> str:
 
 def ack(args: argparse.Namespace) -> int:
     from auditor import compose
+    from auditor.cli.store import store_cluster
     from auditor.cli.storeopts import command_settings, open_store
     from auditor.core.gate import AckKind
     from auditor.core.lineage import LineageKey
@@ -87,7 +91,8 @@ def ack(args: argparse.Namespace) -> int:
         overrides["kubernetes"] = {"kubeconfig": args.kubeconfig, "in_cluster": bool(args.in_cluster)}
     settings = command_settings(args, overrides)
     now = compose.clock().now()
-    key = LineageKey.parse(args.lineage, cluster=args.cluster or settings.cluster, what="NAMESPACE/LINEAGE")
+    # its spelling is checked before the store is opened: bad input is exit 2 whatever the store
+    LineageKey.parse(args.lineage, cluster=args.cluster or settings.cluster, what="NAMESPACE/LINEAGE")
     until = parse_until(args.until, now)
     if until is not None and until <= now:
         raise BadInput(f"--until {args.until}: {format_time(until)} is not in the future")
@@ -97,6 +102,13 @@ def ack(args: argparse.Namespace) -> int:
     store = open_store(settings, existing=True)
     try:
         reader = LineageHistoryReader(store)
+
+        def held() -> list[str]:  # by default the one cluster whose lineages the store holds (the demo's)
+            return sorted({s.key.cluster for s in reader.lineages()})
+
+        key = LineageKey.parse(
+            args.lineage, cluster=store_cluster(store, args.cluster, settings, held=held), what="NAMESPACE/LINEAGE"
+        )
         known = reader.lineages(cluster=key.cluster, namespace=key.namespace)
         if not any(s.key == key for s in known):
             names = ", ".join(s.key.lineage for s in known[:10]) or "none"

@@ -4,7 +4,9 @@ No cluster, no server: the bundled traces (``auditor/data``) are replayed as sev
 four teams through the same pipeline as a real audit (replay source → bucketing → store → summary →
 verdicts), stored in ``DIR/demo.sqlite`` (never the default store), printed as the verdict table
 and written as ``DIR/index.html`` (self-contained) plus ``DIR/summaries.json``; the weekly
-team report of the same store (:mod:`auditor.reports`) goes to ``DIR/weekly-report.html``.
+team report of the same store (:mod:`auditor.reports`) goes to ``DIR/weekly-report.html``. The
+shipped policies run over the jobs, each in mode ``audit`` (:func:`policy_cycle`: recorded,
+nothing sent), so that every page of the console has something to show.
 
 The cluster shows every verdict, among them the headline case twice: a single-GPU job spinning a
 few thread blocks (100 % "utilization", 3 % SM activity) and a 4-GPU fine-tune whose three ranks
@@ -35,6 +37,8 @@ from auditor.traces import Trace, TraceJob, fake_uuid, load_trace, make_gpus
 
 if TYPE_CHECKING:
     from auditor.engine import MfuPlan
+    from auditor.policy.decision import Decision
+    from auditor.store import Store
 
 CLUSTER = "demo"
 H200 = "NVIDIA H200"
@@ -217,8 +221,10 @@ def run_demo(
     progress=None,
     thresholds: "Thresholds | None" = None,
     mfu: "MfuPlan | None" = None,
+    policies: bool = True,
 ) -> list[JobSummary]:
-    """Replay, audit, store, and write the page; returns the summaries (most waste first).
+    """Replay, audit, store, run the shipped policies in mode ``audit`` (:func:`policy_cycle`;
+    ``policies=False`` skips them), and write the page; returns the summaries (most waste first).
 
     ``thresholds`` are the verdict thresholds and ``mfu`` the workload classes (default: the
     built-in ones), so that a tuning can be tried on the bundled traces before it reaches the
@@ -238,6 +244,9 @@ def run_demo(
     store = compose.store_at(f"sqlite:///{db.resolve()}")
     try:
         result = run_audit(source, sc.resolver, store, sc.window, now=now, progress=say, thresholds=thresholds, mfu=mfu)
+        if policies:
+            decisions = policy_cycle(store, result.summaries, now)
+            say(f"policies, each in mode audit (recorded, nothing sent): {describe_decisions(decisions)}")
     finally:
         store.close()
     docs = [s.to_json() for s in result.summaries]
@@ -271,6 +280,43 @@ def run_demo(
             store.close()
         (out_dir / "weekly-report.html").write_text(render_report(report), encoding="utf-8")
     return result.summaries
+
+
+def policy_cycle(store: "Store", summaries: list[JobSummary], now: datetime) -> list["Decision"]:
+    """The shipped policies over the demo's jobs, each in mode ``audit`` (issue 30): violations
+    open and every due step is recorded as a dry run, with its actions ``skipped``; nothing is
+    written to a job and nothing is sent, whatever the notification variables say. Two cycles, an
+    hour apart up to ``now``, so that the ladders reach their alert step: the console's Policy and
+    Deliveries pages, ``status`` and ``actions`` then show on the demo's store what the policies
+    would do."""
+    from auditor.operator_loop.policies import builtin_policy_dir
+    from auditor.policy.loader import load_dir
+    from auditor.policy.runner import PolicyRunner, RunnerConfig
+    from auditor.policy.schema import Mode
+    from auditor.settings import Settings
+
+    where = builtin_policy_dir(Settings())
+    if where is None:
+        return []
+    policies = [p.model_copy(update={"spec": p.spec.model_copy(update={"mode": Mode.AUDIT})}) for p in load_dir(where)]
+    runner = PolicyRunner(policies, store, None, RunnerConfig(cluster=CLUSTER))
+    decisions = []
+    for at in (now - timedelta(hours=1), now):
+        decisions += runner.run_cycle(summaries, now=at, act=True)
+    return decisions
+
+
+def describe_decisions(decisions: list["Decision"]) -> str:
+    """``12 steps on 11 jobs (high-util-low-sm 4, ...)``: what the demo's cycles recorded."""
+    due = [d for d in decisions if d.step is not None]
+    if not due:
+        return "no job breaks a policy"
+    per: dict[str, int] = {}
+    for d in due:
+        per[d.policy] = per.get(d.policy, 0) + 1
+    jobs = len({d.job for d in due})
+    listed = ", ".join(f"{name} {n}" for name, n in sorted(per.items()))
+    return f"{len(due)} step(s) on {jobs} job(s) ({listed})"
 
 
 def _handle(args: argparse.Namespace) -> int:
