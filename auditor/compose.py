@@ -384,4 +384,6 @@ def console(
         gate_mode=GateMode(settings.gate.mode),
         gate_enabled=settings.gate.enabled,
     )
-    return ConsoleApp(ConsoleQueries(store), clock, config, acks=AckLog(store) if writes else None)
+    return ConsoleApp(
+        ConsoleQueries(store), clock, config, acks=AckLog(store) if writes else None, snoozes=store.job_snoozes()
+    )

@@ -23,12 +23,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from importlib import resources
+from typing import Any
 from urllib.parse import parse_qs
 
 from auditor.console import pages
 from auditor.console.pages import Step, Writes
-from auditor.console.ports import SORT_KEYS, AckWriter, ConsoleReader, JobFilter
+from auditor.console.ports import SORT_KEYS, AckWriter, ConsoleReader, JobDetail, JobFilter
+from auditor.core.acklink import DEFAULT_SNOOZE
 from auditor.core.gate import AckKind, GateDecision, GateMode, GateRule, LineageHistory, decide
+from auditor.core.identity import JobKey
+from auditor.core.job_snooze import in_force
 from auditor.core.lineage import LineageKey
 from auditor.errors import AuditorError, BadInput
 from auditor.timeparse import parse_duration
@@ -140,6 +144,7 @@ class ConsoleApp:
         *,
         acks: AckWriter | None = None,
         secret: bytes | None = None,
+        snoozes: Any = None,
     ) -> None:
         self.reader = reader
         self.clock = clock
@@ -147,6 +152,9 @@ class ConsoleApp:
         if self.config.writes and acks is None:
             raise ValueError("console writes need an acknowledgement log")
         self.acks = acks
+        #: the paused escalation ladders (:class:`auditor.store.job_snoozes.JobSnoozeLog`, issue 30):
+        #: the job page shows a job's snooze, and with writes snoozes it; None: neither
+        self.snoozes = snoozes
         self._secret = secret or secrets.token_bytes(32)
 
     # ------------------------------------------------------------------ HTTP
@@ -245,7 +253,10 @@ class ConsoleApp:
             user = user_of(headers)
             writes = Writes(self.token(user), user)
         title = f"{d.row.namespace}/{d.row.kind}/{d.row.name}"
-        return self._page(200, title, pages.job(self.config.base, d, writes), "jobs")
+        paused = None
+        if self.snoozes is not None:
+            paused = in_force(self.snoozes.of_job(_job_key(d)), now).get(_job_key(d))
+        return self._page(200, title, pages.job(self.config.base, d, writes, paused=paused), "jobs")
 
     def token(self, user: str) -> str:
         """The form token of ``user`` (constant for the process's life)."""
@@ -261,6 +272,8 @@ class ConsoleApp:
                 403, "Forbidden", pages.error("the form token is missing or not this user's: reload the page"), ""
             )
         now = self.clock()
+        if _one(form, "kind") == "job-snooze":
+            return self._snooze_job(_one(form, "job"), user, _one(form, "reason")[:500], now)
         key = LineageKey.parse(_one(form, "lineage"), cluster=_one(form, "cluster") or "default", what="lineage")
         kind = AckKind.SNOOZE if _one(form, "kind") == "snooze" else AckKind.ACK
         until_text = _one(form, "until")
@@ -270,6 +283,20 @@ class ConsoleApp:
         job = _one(form, "job")
         where = f"{self.config.base}/jobs/{job}" if job.isdigit() else f"{self.config.base}/gate"
         return Response(303, "text/plain; charset=utf-8", b"recorded\n", {"Location": where})
+
+    def _snooze_job(self, ident: str, user: str, reason: str, now: datetime) -> Response:
+        """The job page's "Snooze this job's escalation" (issue 30): pauses the job's policy ladder
+        for :data:`~auditor.core.acklink.DEFAULT_SNOOZE`, recorded as the alert's link records it."""
+        if self.snoozes is None:
+            return self._page(403, "Read-only", pages.error("this console cannot record snoozes"), "")
+        d = self.reader.job(int(ident), now) if ident.isdigit() else None
+        if d is None:
+            raise BadInput(f"no job {ident!r} in the store")
+        self.snoozes.snooze(_job_key(d), user, now + DEFAULT_SNOOZE, reason, now, via="console")
+        log.info("console: %s snoozed the escalation of %s for %s", user, _job_key(d), DEFAULT_SNOOZE)
+        return Response(
+            303, "text/plain; charset=utf-8", b"recorded\n", {"Location": f"{self.config.base}/jobs/{ident}"}
+        )
 
     def _static(self, name: str) -> Response:
         ctype = _STATIC.get(name)
@@ -281,3 +308,7 @@ class ConsoleApp:
     def _page(self, status: int, title: str, body_html: str, active: str) -> Response:
         text = pages.layout(self.config.base, active, title, body_html, self.clock(), writes=self.config.writes)
         return Response(status, _HTML, text.encode("utf-8"))
+
+
+def _job_key(d: JobDetail) -> JobKey:
+    return JobKey(d.row.cluster, d.row.namespace, d.row.kind, d.row.name)

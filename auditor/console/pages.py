@@ -27,8 +27,10 @@ from auditor.console.ports import (
     ViolationRow,
 )
 from auditor.console.svg import esc
+from auditor.core.acklink import ACK_LABEL, DEFAULT_SNOOZE, snooze_label
 from auditor.core.figures import gpu_name, natural_key
 from auditor.core.gate import GateDecision, LineageHistory
+from auditor.core.job_snooze import JobSnooze
 from auditor.core.model import Bucket
 from auditor.render import METRIC_COLORS, VERDICT_COLORS
 
@@ -450,9 +452,25 @@ def _ack_form(base: str, d: JobDetail, w: Writes) -> str:
         f'<form class="ack" method="post" action="{base}/ack">{hidden}'
         f'<input name="reason" placeholder="why (recorded)" maxlength="500">'
         f'<select name="until" aria-label="until">{until}</select>'
-        '<button type="submit" name="kind" value="ack" id="ack-button">acknowledge</button>'
-        '<button type="submit" name="kind" value="snooze" id="snooze-button">snooze</button>'
+        f'<button type="submit" name="kind" value="ack" id="ack-button">{esc(ACK_LABEL)}</button>'
+        '<button type="submit" name="kind" value="snooze" id="snooze-button">admit every re-submission until then (gate)</button>'
         f'<span class="hint">recorded as {esc(w.user)}</span></form>'
+    )
+
+
+def _snooze_form(base: str, d: JobDetail, w: Writes | None, paused: JobSnooze | None) -> str:
+    """The running job's escalation (issue 30): its snooze in force, and with writes the alert's
+    other button, "Snooze this job's escalation for 24 h" (the ladder, not the gate)."""
+    state = f'<p class="snoozed">Escalation {esc(paused.text())}.</p>' if paused is not None else ""
+    if w is None:
+        return state
+    return state + (
+        f'<form class="snooze" method="post" action="{base}/ack">'
+        f'<input type="hidden" name="csrf" value="{esc(w.token)}">'
+        f'<input type="hidden" name="job" value="{d.row.id}">'
+        '<input name="reason" placeholder="why (recorded)" maxlength="500">'
+        f'<button type="submit" name="kind" value="job-snooze" id="job-snooze-button">{esc(snooze_label(DEFAULT_SNOOZE))}</button>'
+        f'<span class="hint">no alert, Event or requeue meanwhile; recorded as {esc(w.user)}</span></form>'
     )
 
 
@@ -507,7 +525,7 @@ def _decisions(d: JobDetail) -> str:
     )
 
 
-def job(base: str, d: JobDetail, writes: Writes | None) -> str:
+def job(base: str, d: JobDetail, writes: Writes | None, *, paused: JobSnooze | None = None) -> str:
     s, r = d.summary, d.row
     figures = [
         ("verdict", verdict(r.verdict)),
@@ -558,6 +576,7 @@ def job(base: str, d: JobDetail, writes: Writes | None) -> str:
         + "<h2>Lineage history</h2>"
         + _lineage(d.lineage)
         + (_ack_form(base, d, writes) if writes is not None else "")
+        + _snooze_form(base, d, writes, paused)
         + "<h2>Kueue admission</h2>"
         + _admission(d)
         + "<h2>Decisions and actions</h2>"
