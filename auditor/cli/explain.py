@@ -22,6 +22,7 @@ from auditor.cli.storeopts import add_store_flags
 from auditor.core.admission import AdmissionFacts, format_wait
 from auditor.core.figures import gpu_name, gpus_text, natural_key
 from auditor.core.identity import JobKey
+from auditor.core.job_snooze import snooze_lines
 from auditor.core.job_summary import JobSummary, rfc3339
 from auditor.core.metrics import SPECS, Metric
 from auditor.core.mfu import LINEAGE_BEST
@@ -138,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
 
         now = compose.clock().now()
         lineage = _lineage_history(store, job, now)
+        # issue 30: who paused this job's escalation ladder, until when
+        snoozes = store.job_snoozes().of_job(JobKey(job.cluster, job.namespace, job.kind, job.name))
     finally:
         store.close()
     if summary is None:
@@ -149,12 +152,16 @@ def run(args: argparse.Namespace) -> int:
             out["admission"] = admission.to_json()
         if lineage is not None:  # only a lineage with other runs or acknowledgements has a history
             out["lineage"] = lineage_json(lineage, now)
+        if snoozes:  # only a job whose escalation was snoozed
+            out["escalation_snoozes"] = [s.to_json() for s in snoozes]
         out["buckets"] = [_bucket_json(b) for b in buckets]
         print(json.dumps(out, indent=2, default=str))
     else:
         print(render(summary, buckets, admission))
         if lineage is not None:
             print("\n" + "\n".join(lineage_lines(lineage, job.job, now)))
+        if snoozes:
+            print("\n" + "\n".join(terminal_safe(line) for line in snooze_lines(snoozes, now)))
     if args.png:
         draw_png(summary, buckets, args.png)
         print(f"wrote {args.png}", file=sys.stderr)

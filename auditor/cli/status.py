@@ -194,6 +194,8 @@ def text(doc: dict) -> str:
         out.append("lineages held: none (no gate rules in the policy files)")
     acks = ", ".join(f"{k} {n}" for k, n in doc["acknowledgements_in_force"].items()) or "none"
     out.append(f"acknowledgements in force: {acks}")
+    for s in doc.get("escalations_snoozed") or ():  # issue 30: the ladders their owners paused
+        out.append(f"escalation snoozed: {safe(s['job'], 60)} until {s['until']} by {safe(s['by'], 40)}")
     dels = ", ".join(f"{d['channel']} {d['status']} {d['count']}" for d in doc["report_deliveries"]) or "none"
     out.append(f"report deliveries since {doc['since']}: {dels}")
     return "\n".join(out)
@@ -215,10 +217,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         st = operator_status(store, now=now, since=since, recent_since=now - RECENT, cluster=args.cluster)
         held = held_lineages(store, settings, now, cluster=args.cluster)
+        snoozed = store.job_snoozes().in_force(now, cluster=args.cluster)  # issue 30
     finally:
         store.close()
     doc = as_dict(st, now, since)
     doc["gate"] = held
+    doc["escalations_snoozed"] = [s.to_json() for _, s in sorted(snoozed.items())]
     if args.output == "json":
         print(json.dumps(doc, indent=2))
     elif args.output == "yaml":

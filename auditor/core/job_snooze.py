@@ -37,6 +37,18 @@ class JobSnooze:
         and the line ``explain``, ``status`` and the console print."""
         return f"snoozed until {_iso(self.until)} by {self.by}" + (f" ({self.reason})" if self.reason else "")
 
+    def to_json(self) -> dict[str, str]:
+        """The snooze in ``explain``'s and ``status``'s JSON."""
+        return {
+            "cluster": self.job.cluster,
+            "job": f"{self.job.namespace}/{self.job.kind}/{self.job.name}",
+            "by": self.by,
+            "at": _iso(self.at),
+            "until": _iso(self.until),
+            "reason": self.reason,
+            "via": self.via,
+        }
+
 
 def in_force(snoozes: Iterable[JobSnooze], now: datetime) -> dict[JobKey, JobSnooze]:
     """By job, the snooze in force at ``now`` that lasts longest (a later, shorter one does not
@@ -46,6 +58,16 @@ def in_force(snoozes: Iterable[JobSnooze], now: datetime) -> dict[JobKey, JobSno
         if s.active(now) and (s.job not in out or s.until > out[s.job].until):
             out[s.job] = s
     return out
+
+
+def snooze_lines(snoozes: Iterable[JobSnooze], now: datetime) -> list[str]:
+    """``explain``'s lines on a job's snoozes, newest first: the one in force says so, the rest
+    are history (who paused the ladder before)."""
+    out = []
+    for s in sorted(snoozes, key=lambda s: s.at, reverse=True):
+        state = "in force" if s.active(now) else ("not yet" if now < s.at else "over")
+        out.append(f"  {s.text()}, made {_iso(s.at)} via {s.via} ({state})")
+    return ["Escalation snoozes (the policy ladder takes no step while one is in force):", *out] if out else []
 
 
 def _iso(t: datetime) -> str:
