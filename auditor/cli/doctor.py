@@ -42,6 +42,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "AdmissionCheck (Active?) and the ClusterQueues that run it",
     )
     kube.add_argument("--in-cluster", action="store_true", help="as --kubeconfig, with the pod's service account")
+    p.add_argument(
+        "--kueue-only",
+        action="store_true",
+        help="with --kubeconfig/--in-cluster: check only Kueue and the efficiency gate, not Prometheus "
+        "(the gate runbook's check, docs/gate.md)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -49,7 +55,10 @@ def run(args: argparse.Namespace) -> int:
     from auditor import compose
     from auditor.cli.storeopts import command_settings
     from auditor.doctor import as_json, format_checks, run_checks
+    from auditor.errors import BadInput
 
+    if args.kueue_only and not (args.kubeconfig or args.in_cluster):
+        raise BadInput("--kueue-only needs --kubeconfig or --in-cluster (it checks the cluster's Kueue)")
     lookback = parse_duration(args.lookback, what="--lookback")
     overrides = prometheus_overrides(args)
     if args.kubeconfig or args.in_cluster:
@@ -59,11 +68,13 @@ def run(args: argparse.Namespace) -> int:
     check_range(
         now - lookback, now, max_range=settings.max_audit_range, width=DOCTOR_BUCKET, what=f"--lookback {args.lookback}"
     )
-    source = command_source(args, settings)
-    try:
-        checks = run_checks(source, now, lookback)
-    finally:
-        source.close()
+    checks: list[Check] = []
+    if not args.kueue_only:
+        source = command_source(args, settings)
+        try:
+            checks = run_checks(source, now, lookback)
+        finally:
+            source.close()
     if args.kubeconfig or args.in_cluster:
         checks.extend(_kueue_checks(settings))
     if settings.gate.ack_link_key_file:
