@@ -63,8 +63,12 @@ def parse_until(text: str | None, now: datetime) -> datetime | None:
         return None
     t = text.strip()
     if t and t[0].isdigit() and not any(c in t for c in "T:-"):
-        return now + parse_duration(t, what="--until")
-    return parse_time(t, now, what="--until")
+        until = now + parse_duration(t, what="--until")
+    else:
+        until = parse_time(t, now, what="--until")
+    # whole seconds: a relative --until (``2d``) would otherwise print and store now's milliseconds,
+    # and the same time read back elsewhere at seconds (issue 30: one precision)
+    return until.replace(microsecond=0)
 
 
 def who(args: argparse.Namespace, settings: "Settings") -> str:

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import jinja2
 
-from auditor.core.figures import is_flagged, of_jobs
+from auditor.core.figures import gpus_text, is_flagged, of_jobs
 from auditor.core.job_summary import JobSummary
 from auditor.core.model import Verdict
 from auditor.render import METRIC_COLORS, VERDICT_COLORS
@@ -62,7 +62,7 @@ GPU-hours{% endif %}.</p>
 <th>util</th><th>SM</th><th>tensor</th><th>DRAM</th><th>MFU≈</th><th>reference MFU</th><th>coverage</th><th>waste GPU-h</th>
 <th>recoverable GPU-h</th><th class="l">verdict</th><th class="l">notes</th></tr>
 {% for s in summaries %}<tr><td class="l">{{ s.namespace }}</td><td class="l">{{ s.job }}</td><td class="l">{{ s.team }}</td>
-<td>{{ num(s.gpus) }}</td><td>{{ num(s.gpu_hours) }}</td><td>{{ pct(s.gpu_util if s.gpu_util is not none else s.gr_engine_active) }}</td>
+<td>{{ gpus(s.gpus) }}</td><td>{{ num(s.gpu_hours) }}</td><td>{{ pct(s.gpu_util if s.gpu_util is not none else s.gr_engine_active) }}</td>
 <td>{{ pct(s.sm_active) }}</td><td>{{ pct(s.tensor_active) }}</td><td>{{ pct(s.dram_active) }}</td><td>{{ mfu(s) }}</td>
 <td>{{ pct(s.mfu_reference) }}{% if s.mfu_class %} ({{ s.mfu_class }}){% endif %}</td>
 <td>{{ pct(s.coverage) }}</td><td>{{ num(s.waste_gpu_hours) }}</td><td>{{ num(s.recoverable_gpu_hours) }}</td>
@@ -70,7 +70,7 @@ GPU-hours{% endif %}.</p>
 {% endfor %}</table>
 <h2>Findings</h2>
 {% for s in summaries %}<details{% if s.verdict not in ("healthy",) %} open{% endif %}><summary><b>{{ s.namespace }}/{{ s.job }}</b> —
-<span class="v" style="background:{{ color(s.verdict) }}">{{ s.verdict }}</span> ({{ s.per_gpu|length }} GPU{{ "s" if s.per_gpu|length != 1 }}, {{ s.start }} – {{ s.end }})</summary>
+<span class="v" style="background:{{ color(s.verdict) }}">{{ s.verdict }}</span> ({{ gpus(s.gpus) }} GPU{{ "s" if s.gpus != 1 }}, {{ s.start }} – {{ s.end }})</summary>
 {% for f in s.findings %}<div class="f"><span class="code">{{ f.code }}</span> {{ f.message }}<div class="ev">{{ ev(f.evidence) }}</div></div>{% endfor %}
 {% if s.per_gpu|length > 1 %}<table><tr><th class="l">pod</th><th class="l">GPU</th><th>util</th><th>SM</th><th>tensor</th><th>DRAM</th><th>coverage</th><th class="l">verdict</th></tr>
 {% for g in s.per_gpu %}<tr><td class="l">{{ g.pod }}</td><td class="l">{{ g.hostname }} #{{ g.gpu }}{% if g.mig_instance %} MIG {{ g.mig_profile }}{% endif %}</td>
@@ -249,7 +249,9 @@ def render_html(
     """The whole page as one string: the figures are read from the typed summaries, the
     tables render each summary's audit JSON (the documented shape the page shows)."""
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-    env.globals.update(pct=_pct, num=_num, ev=_ev, note=_notes, mfu=_mfu, color=lambda v: VERDICT_COLORS.get(v, "#999"))
+    env.globals.update(
+        gpus=gpus_text, pct=_pct, num=_num, ev=_ev, note=_notes, mfu=_mfu, color=lambda v: VERDICT_COLORS.get(v, "#999")
+    )
     tpl = env.from_string(_TEMPLATE)
     total = sum(s.gpu_hours or 0.0 for s in summaries)
     fig = of_jobs(summaries)

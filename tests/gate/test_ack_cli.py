@@ -111,6 +111,8 @@ def test_parse_until() -> None:
     assert parse_until("7d", now) == now + timedelta(days=7)
     assert parse_until("1h30m", now) == now + timedelta(minutes=90)
     assert parse_until("now+2h", now) == now + timedelta(hours=2)
+    # whole seconds, printed and stored at one precision (issue 30), whatever now's fraction
+    assert parse_until("2d", now.replace(microsecond=472_000)) == now + timedelta(days=2)
     assert parse_until("2026-12-01T00:00:00Z", now) == datetime(2026, 12, 1, tzinfo=timezone.utc)
     with pytest.raises(BadInput):
         parse_until("2026-12-01", now)
