@@ -6,7 +6,10 @@ controller_manager_config.yaml`` with the fields a loopback bed needs overridden
 configurations are the module's ``config/components/webhook/manifests.yaml`` with each
 ``clientConfig.service`` replaced by ``url: https://127.0.0.1:<port><path>`` and the bed's CA.
 
-Kueue v0.17.0 opens ``/etc/kueue/metrics/certs/tls.{crt,key}`` at start whenever its internal
+The Kueue version is ``config.KUEUE_VERSION`` (v0.17.0, or v0.19.2 with
+``GPU_AUDITOR_TESTBED_KUEUE_VERSION``): binary, CRDs and these two manifests from that module.
+
+Kueue (v0.17.0 and v0.19.2) opens ``/etc/kueue/metrics/certs/tls.{crt,key}`` at start whenever its internal
 certificate management is off, even with metrics off (``cmd/kueue/main.go``). The bed never writes
 there: Kueue runs in a private mount namespace (``unshare -m``) whose ``/etc`` is an overlay with a
 tmpfs upper layer holding a copy of the webhook certificate, so the host's ``/etc`` stays as it was
@@ -51,9 +54,10 @@ FRAMEWORKS = (
     "ray.io/rayjob",
     "ray.io/raycluster",
 )
-#: Alpha in v0.17.0 (pkg/features/kube_features.go): the admission gate and priority boost are
-#: what gpu-auditor's admission-time actions use. VisibilityOnDemand (beta, on by default) serves
-#: an aggregated API that needs an APIService and a Service: off.
+#: Alpha in v0.17.0 (pkg/features/kube_features.go; in v0.19 AdmissionGatedBy is beta and on by
+#: default, PriorityBoost still alpha and off): the admission gate and priority boost are what
+#: gpu-auditor's admission-time actions use, set on for both versions. VisibilityOnDemand (beta, on
+#: by default) serves an aggregated API that needs an APIService and a Service: off.
 FEATURE_GATES = {"AdmissionGatedBy": True, "PriorityBoost": True, "VisibilityOnDemand": False}
 WEBHOOK_PREFIX = "kueue-"
 

@@ -1,4 +1,5 @@
-"""The efficiency gate's AdmissionCheck controller on the test bed's real Kueue (v0.17.0).
+"""The efficiency gate's AdmissionCheck controller on the test bed's real Kueue (v0.17.0; ``make
+test-kueue-newest`` runs this file again on v0.19.2, the newest the Go module proxy serves).
 
 A ClusterQueue runs the gate's AdmissionCheck on its GPU flavor (``onFlavors``); the controller
 (auditor/gate) runs against a real store (SQLite file, PostgreSQL for the store-failure cases)
@@ -189,7 +190,7 @@ def test_enforce_rejects_with_quota_released_and_an_acknowledgement_readmits(kub
 
 
 def test_a_requeue_through_the_check_puts_a_running_job_behind_a_waiting_one(kube_admin, namespace, store):
-    """Issue 16 item 6 on Kueue v0.17.0: ``Retry`` evicts the running job, and the second ``Retry``
+    """Issue 16 item 6 on Kueue v0.17.0 and v0.19.2: ``Retry`` evicts the running job, and the second ``Retry``
     with ``requeueAfterSeconds`` written while Kueue evicts it keeps it out of the queue while the
     quota goes to the job that was waiting; after the backoff it waits behind that job, and is
     re-admitted (the gate answering again) once the quota is free. Without the backoff, Kueue

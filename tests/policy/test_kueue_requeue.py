@@ -1,4 +1,6 @@
-"""The operator's requeue on the real Kueue controller of the test bed (issue 14, item 3).
+"""The operator's requeue on the real Kueue controller of the test bed (issue 14, item 3), v0.17.0 and,
+by ``make test-kueue-newest`` (issue 29), v0.19.2: the demotion test below is the one that shows the
+``PriorityBoost`` gate at work.
 
 A Job is admitted through real quota (ResourceFlavor → ClusterQueue with one GPU → LocalQueue),
 flagged by an enforcing policy and requeued by the policy runner: Kueue evicts its Workload

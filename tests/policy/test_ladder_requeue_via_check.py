@@ -1,5 +1,5 @@
 """The policy ladder's requeue through the efficiency gate's AdmissionCheck (issue 16 item 6), on
-the test bed's real Kueue v0.17.0.
+the test bed's real Kueue v0.17.0 (and v0.19.2: ``make test-kueue-newest``, issue 29).
 
 The ladder (:class:`PolicyRunner`) is given the gate's requeue port as the operator wires it
 (:func:`auditor.compose.check_requeue` on a running controller). A running Workload it requeues
