@@ -9,7 +9,8 @@ from typing import Any
 
 from auditor.core.acklink import ACK_LABEL, hours_text, snooze_label
 from auditor.core.action_target import ActionTarget
-from auditor.core.job_summary import JobSummary
+from auditor.core.figures import gpus_text
+from auditor.core.job_summary import JobSummary, rfc3339
 from auditor.core.mfu import LINEAGE_BEST
 from auditor.policy.schema import Policy
 from auditor.render.slack_blocks import context, fields, header, section, slack_escape
@@ -148,14 +149,15 @@ def slack_message(
         header(f"GPU policy {policy.name}: {summary.verdict.value}"),
         section(
             f"*Job* `{slack_escape(job)}` (team {slack_escape(summary.team)}, "
-            f"{slack_escape(summary.gpus)} × {slack_escape(summary.gpu_model)})\n{slack_escape(reason)}"
+            f"{gpus_text(summary.gpus)} × {slack_escape(summary.gpu_model)}; "
+            f"observed {rfc3339(summary.start)} → {rfc3339(summary.end)})\n{slack_escape(reason)}"
         ),
         fields(
             [
                 ("GPU util", pct(summary.means.gpu_util)),
                 ("SM active", pct(summary.means.sm_active)),
                 ("Tensor active", pct(summary.means.tensor_active)),
-                ("Wasted GPU-h", summary.waste_gpu_hours if summary.waste_gpu_hours is not None else "n/a"),
+                ("Wasted GPU-h", f"{summary.waste_gpu_hours:.2f}" if summary.waste_gpu_hours is not None else "n/a"),
                 ("MFU", pct(summary.mfu_estimate)),
                 (
                     "Recoverable GPU-h (MFU gap)",
