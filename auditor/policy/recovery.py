@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Collection
 
 from auditor.core.action_target import ActionTarget
 from auditor.core.identity import JobKey
@@ -94,9 +94,12 @@ class Recovery:
                 exc,
             )
 
-    def resume(self, now: datetime, *, resume_steps: bool = True) -> list[Decision]:
+    def resume(self, now: datetime, *, resume_steps: bool = True, paused: Collection[JobKey] = ()) -> list[Decision]:
         """Reactivate requeued jobs whose backoff is over; finish steps a crash interrupted (unless
-        not ``resume_steps``: the installation's audit mode, which lets them wait for enforce)."""
+        not ``resume_steps``: the installation's audit mode, which lets them wait for enforce).
+        An interrupted step of a job in ``paused`` (its owner snoozed its escalation, issue 30)
+        waits for the snooze's end: it would otherwise requeue a snoozed job; a reactivation
+        still runs (it undoes our own write)."""
         repo = self._record
         out: list[Decision] = []
         for row in repo.actions_in([WAITING], cluster=self.config.cluster, action="requeue"):
@@ -140,6 +143,8 @@ class Recovery:
             return out
         policies = {p.name: p for p in self._policies()}
         for row in repo.stale_claims(now, self.config.stale_claim_after, cluster=self.config.cluster):
+            if row.job in paused:
+                continue  # snoozed: resumed in the first cycle after the snooze
             decision = next((x for x in repo.decisions(job=row.job) if x["id"] == row.decision_id), None)
             policy = policies.get(row.policy)
             if decision is None or policy is None:

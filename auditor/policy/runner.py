@@ -137,9 +137,12 @@ class PolicyRunner:
             raise BadInput("acting on policies needs a store (it keeps the dedup keys)")
         policies = self.policies
         out: list[Decision] = []
+        # one read of the paused ladders for the whole cycle (every cluster's: a summary may name
+        # another cluster than the runner's, and the keys are whole identities)
+        paused = self.snoozes.in_force(now) if self.snoozes is not None and (act or summaries) else {}
         if act:
             self._actions.new_cycle()
-            out += self._recovery.resume(now, resume_steps=not self.config.audit_only)
+            out += self._recovery.resume(now, resume_steps=not self.config.audit_only, paused=paused.keys())
         # the installation's audit mode: decide as a dry run does, the ladders stay where they are
         # (a step "taken" in audit would let enforce later skip the steps that tell the user)
         act = act and not self.config.audit_only
@@ -150,9 +153,6 @@ class PolicyRunner:
             jobs.append((s, s.to_json()))  # the document: what the actions, alerts and the record are given
         # one read of the lineages' best MFU for the whole cycle, only when a policy needs it
         best = lineage_best(self.lineage, [d for _, d in jobs]) if any(p.spec.lineage for p in policies) else {}
-        # one read of the paused ladders for the whole cycle (every cluster's: a summary may name
-        # another cluster than the runner's, and the keys are whole identities)
-        paused = self.snoozes.in_force(now) if self.snoozes is not None and jobs else {}
         for s, summary in jobs:
             try:
                 out += self._job(

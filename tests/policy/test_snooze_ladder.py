@@ -6,6 +6,7 @@ real SQLite store. The bed's requeue is tests/policy/test_snooze_requeue_testbed
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from test_policy_runner_fast import LADDER, NOW, FakeCluster, FakeRecord, summar
 
 from auditor.core.identity import JobKey
 from auditor.core.job_snooze import JobSnooze, in_force
+from auditor.core.violations import CLAIMED
 from auditor.policy.loader import parse_policies
 from auditor.policy.runner import PolicyRunner, RequeueSettings, RunnerConfig
 from auditor.store import Store
@@ -92,3 +94,21 @@ def test_the_runner_reads_the_stores_snoozes_by_default(tmp_path: Path) -> None:
         assert d.step == 0
     finally:
         store.close()
+
+
+def test_an_interrupted_step_of_a_snoozed_job_waits_for_the_snooze_to_end() -> None:
+    """A requeue claimed and never finished (a crash) would be resumed by the next cycle; while the
+    job's owner snoozed it, it waits, and is resumed in the first cycle after the snooze."""
+    record, kube, snoozes = FakeRecord(), FakeCluster(), FakeSnoozes()
+    r = runner(record, kube, snoozes)
+    for minute in (0, 10):
+        r.run_cycle([summary("a")], now=at(minute), act=True)
+    r.run_cycle([summary("a")], now=at(30), act=True)
+    (row,) = [x for x in record.rows.values() if x.action == "requeue"]
+    record.rows[row.dedup_key] = replace(row, state=CLAIMED, updated_at=at(30))  # the crash
+    kube.calls.clear()
+    snoozes.snoozes.append(JobSnooze(JOB_A, "os:alice", at(31), at(120)))
+    r.run_cycle([], now=at(60), act=True)  # stale (10 min) but snoozed
+    assert kube.calls == [] and record.rows[row.dedup_key].state == CLAIMED
+    r.run_cycle([], now=at(120), act=True)
+    assert ("deactivate", "job-a") in kube.calls
