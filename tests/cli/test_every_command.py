@@ -265,9 +265,10 @@ def test_the_demo_ends_with_three_commands_that_work_as_printed(demo_run: tuple[
 
 
 def test_ack_says_the_cluster_that_holds_the_lineage(db: str) -> None:
-    """The demo's store says cluster `demo`, the settings `default`: the error names the
-    --cluster to pass instead of "known: none"."""
-    p = run(["ack", "llm/llm-finetune", "--db", db])
+    """The demo's store says cluster `demo`; asked for another (`default`), the error names the
+    --cluster to pass instead of "known: none". (Without --cluster, ack takes the store's one
+    cluster: tests/cli/test_demo.py.)"""
+    p = run(["ack", "llm/llm-finetune", "--cluster", "default", "--db", db])
     assert_one_line_error(p, 2)
     assert "pass --cluster demo" in p.stderr
 
