@@ -637,6 +637,26 @@ def gate_queue_checks(check_names: list[str], queues: list[dict]) -> list[Check]
     return out
 
 
+def kueue_feature_checks(lines: list[Any]) -> list[Check]:
+    """Kueue's version and the feature gates the chosen options rest on, one line each: the
+    ``FeatureLine`` s (level, subject, text) that :func:`auditor.kube.kueue_features.kueue_findings`
+    finds, as doctor's checks, each gate that is off with how to turn it on."""
+    out: list[Check] = []
+    for line in lines:
+        fix = ""
+        if line.level == WARN and line.subject.endswith(" gate"):
+            gate = line.subject.removeprefix("Kueue ").removesuffix(" gate")
+            fix = (
+                f"set `featureGates: {{{gate}: true}}` in Kueue's manager configuration (the kueue-manager-config "
+                f"ConfigMap, key controller_manager_config.yaml) or start Kueue with --feature-gates={gate}=true, "
+                "then restart Kueue's controller"
+            )
+        elif line.level == WARN:
+            fix = 'upgrade Kueue (docs/gate.md, "Kueue versions")'
+        out.append(Check(line.subject, line.level if line.level in (OK, WARN, INFO) else INFO, line.text, fix))
+    return out
+
+
 def ack_link_key_check(key_file: str, base_url: str | None, read_key: Callable[[str], bytes]) -> Check:
     """The gate's signed-link key (``gate.ack_link_key_file``, the chart's ``gate.ackLinks.keySecret``
     mounted as a file): the operator runs on without it, so only doctor says that links are off."""
@@ -703,6 +723,7 @@ __all__ = [
     "Telemetry",
     "run_checks",
     "kueue_priority_boost_check",
+    "kueue_feature_checks",
     "gate_admission_check_checks",
     "gate_queue_checks",
     "format_checks",

@@ -92,9 +92,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _kueue_checks(settings: "Settings") -> "list[Check]":
-    """The cluster's Kueue as the gate and the chosen options need it: the PriorityBoost gate
-    (requeue.lowerPriorityBy), the AdmissionGatedBy gate (gate.holdBeforeQuota), the gate's
-    AdmissionCheck and the ClusterQueues that run it."""
+    """The cluster's Kueue as the gate and the chosen options need it: its version, the
+    PriorityBoost gate (a policy's requeue.lowerPriorityBy; probed and said even when no policy
+    uses it), the AdmissionGatedBy gate (gate.holdBeforeQuota), the gate's AdmissionCheck and the
+    ClusterQueues that run it."""
     from auditor import compose
     from auditor.doctor import (
         FAIL,
@@ -102,12 +103,15 @@ def _kueue_checks(settings: "Settings") -> "list[Check]":
         Check,
         gate_admission_check_checks,
         gate_queue_checks,
+        kueue_feature_checks,
         kueue_priority_boost_check,
     )
     from auditor.errors import SourceUnavailable
 
     try:
-        out = [kueue_priority_boost_check(*compose.kueue_priority_boost(settings))]
+        out = kueue_feature_checks(compose.kueue_findings(settings))
+        if not any(c.name == "Kueue PriorityBoost gate" for c in out):  # no policy lowers priority: still said
+            out.append(kueue_priority_boost_check(*compose.kueue_priority_boost(settings)))
         checks, queues, error = compose.kueue_gate_objects(settings)
     except SourceUnavailable as exc:  # a checklist line like Prometheus's, not the end of the report
         return [

@@ -117,3 +117,27 @@ def test_an_inactive_queue_is_a_warning_with_kueues_reason() -> None:
 def test_gpu_flavors_are_those_covering_a_gpu_or_mig_resource() -> None:
     q = queue("q", {"h200": "nvidia.com/gpu", "mig": "nvidia.com/mig-1g.18gb", "cpu": "cpu"})
     assert queue_flavors(q) == (["h200", "mig", "cpu"], ["h200", "mig"])
+
+
+def test_kueue_version_and_a_needed_gate_off_become_checklist_lines() -> None:
+    from auditor.doctor import kueue_feature_checks
+    from auditor.kube.kueue_features import ADMISSION_GATED_BY_GATE, feature_lines, install_from
+
+    deployment = {
+        "metadata": {"name": "kueue-controller-manager"},
+        "spec": {
+            "template": {"spec": {"containers": [{"name": "manager", "image": "registry.k8s.io/kueue/kueue:v0.17.0"}]}}
+        },
+    }
+    install = install_from(deployment, None, "kueue-system")
+    version, gated = kueue_feature_checks(feature_lines(install, (ADMISSION_GATED_BY_GATE,)))
+    assert (version.name, version.status) == ("Kueue version", OK) and version.detail.startswith("v0.17.0 (image ")
+    assert (gated.name, gated.status) == ("Kueue AdmissionGatedBy gate", WARN) and gated.detail.startswith("off (")
+    assert "--feature-gates=AdmissionGatedBy=true" in gated.fix and "kueue-manager-config" in gated.fix
+    (old,) = kueue_feature_checks(
+        feature_lines(
+            install_from({**deployment, "metadata": {"labels": {"app.kubernetes.io/version": "v0.15.1"}}}, None, "k"),
+            (),
+        )
+    )
+    assert old.status == WARN and "floor" in old.detail and old.fix.startswith("upgrade Kueue")

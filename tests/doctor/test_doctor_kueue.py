@@ -34,6 +34,12 @@ def test_doctor_sees_the_priority_boost_gate_on(testbed, kube_admin, namespace, 
         (check,) = [c for c in json.loads(capsys.readouterr().out) if c["name"] == "Kueue PriorityBoost gate"]
         assert check["status"] == "ok" and check["detail"].startswith("on: Kueue's webhook refused"), check
         assert not check["failed"]
+        capsys.readouterr()
+        main(["doctor", "--kueue-only", "--kubeconfig", testbed.kubeconfig, "--output", "json"])
+        lines = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
+        # the bed runs Kueue as a process, not as the Deployment kueue-system/kueue-controller-manager
+        assert lines["Kueue version"]["status"] == "info" and "unknown" in lines["Kueue version"]["detail"]
+        assert "Prometheus reachable" not in lines and "Kueue PriorityBoost gate" in lines
         after = call_json(kube_admin, resource_path(KV, "workloads", namespace, wl["metadata"]["name"]))
         assert PRIORITY_BOOST not in (after["metadata"].get("annotations") or {})  # a dry run stores nothing
 
