@@ -28,7 +28,7 @@ from auditor.console.ports import (
 )
 from auditor.console.svg import esc
 from auditor.core.acklink import ACK_LABEL, DEFAULT_SNOOZE, snooze_label
-from auditor.core.figures import gpu_name, natural_key
+from auditor.core.figures import gpu_name, gpus_text, natural_key
 from auditor.core.gate import GateDecision, LineageHistory
 from auditor.core.job_snooze import JobSnooze
 from auditor.core.model import Bucket
@@ -530,7 +530,7 @@ def job(base: str, d: JobDetail, writes: Writes | None, *, paused: JobSnooze | N
     figures = [
         ("verdict", verdict(r.verdict)),
         ("team", esc(r.team)),
-        ("GPUs", esc(s.get("gpus", ""))),
+        ("GPUs", esc(gpus_text(s.get("gpus")))),
         ("GPU model", esc(s.get("gpu_model") or "")),
         ("GPU-hours", hours(r.gpu_hours)),
         ("waste GPU-hours", hours(r.waste_gpu_hours)),

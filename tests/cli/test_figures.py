@@ -121,6 +121,10 @@ def test_every_job_reads_the_same_everywhere(demo: Demo, capsys: pytest.CaptureF
         doc = truth[f"{r.namespace}/{r.kind}/{r.name}"]
         assert (r.verdict, r.gpu_hours, r.waste_gpu_hours) == (doc["verdict"], doc["gpu_hours"], doc["waste_gpu_hours"])
         assert (r.mfu_estimate, r.recoverable_gpu_hours) == (doc["mfu_estimate"], doc["recoverable_gpu_hours"])
+        detail = ConsoleQueries(demo.store).job(r.id, NOW)
+        assert detail is not None
+        job_page = pages.job("/console", detail, None)
+        assert f"<dt>GPUs</dt><dd>{gpus_text(doc['gpus'])}</dd>" in job_page  # 0.14, not 0.14285714
 
     assert main(["report", "--week", WEEK, "--db", demo.url, "-o", "csv", "--out", str(tmp_path)]) == 0
     capsys.readouterr()
