@@ -19,6 +19,7 @@ import base64
 import gzip
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -167,20 +168,90 @@ def rule_files(kubectl: Path, kubeconfig: Path, namespace: str, prometheus: str)
     return files
 
 
-def localize_config(text: str, kubeconfig: Path, rules_dir: Path) -> str:
-    """The operator's configuration made runnable by a Prometheus on this host, and nothing else changed.
+def _label(name: str) -> str:
+    """A Kubernetes label name as Prometheus's discovery spells it in a meta label (SanitizeLabelName)."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
 
-    Two substitutions, because the configuration is written for a pod: its Kubernetes service
-    discovery has no ``api_server`` (in-cluster credentials), so each ``kubernetes_sd_configs``
-    entry gets ``kubeconfig_file`` (the bed's admin kubeconfig); and its ``rule_files`` name the
-    pod's mount of the rule ConfigMaps, so they point at ``rules_dir`` where the test wrote them.
-    Jobs, relabelings, selectors and intervals stay as the operator generated them.
+
+def endpointslice_targets(kubectl: Path, kubeconfig: Path, namespaces: list[str]) -> list[dict[str, Any]]:
+    """Targets as Prometheus's Kubernetes discovery (role ``endpointslice``) derives them from the
+    EndpointSlices and Services in ``namespaces``: one per ready address and port, with the meta
+    labels the operator's relabelings read (``file_sd`` format).
+
+    Needed because the Debian package's Prometheus is built without Kubernetes discovery (its
+    configuration parser refuses ``kubernetes_sd_configs``); the objects are still the apiserver's.
     """
+    out: list[dict[str, Any]] = []
+    for ns in namespaces:
+        services = {
+            svc["metadata"]["name"]: svc
+            for svc in (_kubectl_json(kubectl, kubeconfig, "services", "-n", ns) or {}).get("items", [])
+        }
+        for eps in (_kubectl_json(kubectl, kubeconfig, "endpointslices", "-n", ns) or {}).get("items", []):
+            svc_name = (eps["metadata"].get("labels") or {}).get("kubernetes.io/service-name", "")
+            base = {
+                "__meta_kubernetes_namespace": ns,
+                "__meta_kubernetes_endpointslice_name": eps["metadata"]["name"],
+                "__meta_kubernetes_endpointslice_address_type": eps.get("addressType", ""),
+            }
+            svc = services.get(svc_name)
+            if svc is not None:
+                base["__meta_kubernetes_service_name"] = svc_name
+                for k, v in (svc["metadata"].get("labels") or {}).items():
+                    base[f"__meta_kubernetes_service_label_{_label(k)}"] = v
+                    base[f"__meta_kubernetes_service_labelpresent_{_label(k)}"] = "true"
+            for ep in eps.get("endpoints") or []:
+                ready = str((ep.get("conditions") or {}).get("ready", True)).lower()
+                ref = ep.get("targetRef") or {}
+                for port in eps.get("ports") or []:
+                    labels = dict(base)
+                    labels.update(
+                        {
+                            "__meta_kubernetes_endpointslice_port_name": port.get("name", ""),
+                            "__meta_kubernetes_endpointslice_port": str(port.get("port", "")),
+                            "__meta_kubernetes_endpointslice_port_protocol": port.get("protocol", "TCP"),
+                            "__meta_kubernetes_endpointslice_endpoint_conditions_ready": ready,
+                        }
+                    )
+                    if ref:
+                        labels["__meta_kubernetes_endpointslice_address_target_kind"] = ref.get("kind", "")
+                        labels["__meta_kubernetes_endpointslice_address_target_name"] = ref.get("name", "")
+                    out.extend(
+                        {"targets": [f"{addr}:{port.get('port')}"], "labels": labels} for addr in ep["addresses"]
+                    )
+    return out
+
+
+def localize_config(text: str, prometheus: str, kubectl: Path, kubeconfig: Path, directory: Path) -> str:
+    """The operator's configuration made runnable by the Debian package's Prometheus on this host.
+
+    Three substitutions, each because the configuration is written for a pod of the operator's
+    StatefulSet: ``$(POD_NAME)`` and ``$(SHARD)`` are expanded as the operator's config-reloader
+    does from the pod's environment (pod ``prometheus-<name>-0``, shard 0); ``rule_files`` (the
+    pod's mount of the rule ConfigMaps) become ``directory/rules/*.yaml``, where the caller writes
+    them; and each job's ``kubernetes_sd_configs`` becomes a ``file_sd_configs`` file holding what
+    Kubernetes discovery would give from the apiserver's EndpointSlices and Services
+    (:func:`endpointslice_targets`). Job names, relabelings, intervals and rules stay the operator's.
+    """
+    text = text.replace("$(POD_NAME)", f"prometheus-{prometheus}-0").replace("$(SHARD)", "0")
     doc: dict[str, Any] = yaml.safe_load(text)
-    for job in doc.get("scrape_configs") or []:
-        for sd in job.get("kubernetes_sd_configs") or []:
-            sd["kubeconfig_file"] = str(kubeconfig)
-    doc["rule_files"] = [str(rules_dir / "*.yaml")]
+    for i, job in enumerate(doc.get("scrape_configs") or []):
+        sds = job.pop("kubernetes_sd_configs", None)
+        if not sds:
+            continue
+        if any(sd.get("role") != "endpointslice" for sd in sds):
+            raise TestbedError(
+                "prometheus-operator configuration", f"{job['job_name']}: only role endpointslice is emulated"
+            )
+        targets = [
+            t
+            for sd in sds
+            for t in endpointslice_targets(kubectl, kubeconfig, list((sd.get("namespaces") or {}).get("names") or []))
+        ]
+        sd_file = directory / f"sd-{i}.json"
+        sd_file.write_text(json.dumps(targets, indent=1))
+        job["file_sd_configs"] = [{"files": [str(sd_file)]}]
+    doc["rule_files"] = [str(directory / "rules" / "*.yaml")]
     return yaml.safe_dump(doc, sort_keys=False)
 
 
