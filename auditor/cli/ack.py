@@ -6,6 +6,11 @@ the gate releases the held submissions, and new runs are judged afresh. The ackn
 recorded in the store with who made it — the Kubernetes user (SelfSubjectReview) when a
 kubeconfig or the in-cluster account is given, else the OS user — when, until when and why, and
 ``explain`` and the report show it. ``--snooze`` instead admits every submission until ``--until``.
+
+Given a job, ``NAMESPACE/KIND/NAME --snooze --until T`` pauses that running job's escalation
+instead (issue 30, what the alert's "Snooze this job's escalation" button does): its policies take
+no step until then (no alert again, no annotation, Event or requeue), and acknowledge nothing for
+the gate.
 """
 
 from __future__ import annotations
@@ -34,7 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="acknowledge a held or flagged lineage (the efficiency gate releases it)",
         description=__doc__.split("\n\n", 1)[1].replace("``", "") if __doc__ else None,
     )
-    p.add_argument("lineage", metavar="NAMESPACE/LINEAGE", help="the lineage, as the gate's message names it")
+    p.add_argument(
+        "lineage",
+        metavar="NAMESPACE/LINEAGE",
+        help="the lineage, as the gate's message names it; or NAMESPACE/KIND/NAME with --snooze: "
+        "pause that running job's escalation",
+    )
     p.add_argument(
         "--until",
         metavar="T",
@@ -95,6 +105,8 @@ def ack(args: argparse.Namespace) -> int:
         overrides["kubernetes"] = {"kubeconfig": args.kubeconfig, "in_cluster": bool(args.in_cluster)}
     settings = command_settings(args, overrides)
     now = compose.clock().now()
+    if args.lineage.count("/") == 2:
+        return _snooze_job(args, settings, now)
     # its spelling is checked before the store is opened: bad input is exit 2 whatever the store
     LineageKey.parse(args.lineage, cluster=args.cluster or settings.cluster, what="NAMESPACE/LINEAGE")
     until = parse_until(args.until, now)
@@ -153,6 +165,45 @@ def ack(args: argparse.Namespace) -> int:
     )
     if decision is not None:
         print(terminal_safe(f"the gate now: {decision['action']} — {decision['reason']}"))
+    return 0
+
+
+def _snooze_job(args: argparse.Namespace, settings: "Settings", now: datetime) -> int:
+    """``ack NAMESPACE/KIND/NAME --snooze --until T``: pause a stored job's escalation ladder
+    (recorded in the store's job snoozes, ``via`` cli), as the alert's snooze button does."""
+    from auditor.cli.explain import parse_ref
+    from auditor.cli.store import clusters_in, store_cluster
+    from auditor.cli.storeopts import open_store
+    from auditor.core.identity import JobKey
+
+    namespace, kind, name = parse_ref(args.lineage)
+    if not args.snooze:
+        raise BadInput(
+            f"{args.lineage} is a job: pass --snooze --until T to pause its escalation; to acknowledge "
+            "for the gate, give its lineage (NAMESPACE/LINEAGE)"
+        )
+    until = parse_until(args.until, now)
+    if until is None:
+        raise BadInput("--snooze needs --until (a paused escalation must resume)")
+    if until <= now:
+        raise BadInput(f"--until {args.until}: {format_time(until)} is not in the future")
+    by = who(args, settings)
+    store = open_store(settings, existing=True)
+    try:
+        cluster = store_cluster(store, args.cluster, settings, held=lambda: clusters_in(store))
+        if store.find_job(namespace, kind, name, cluster) is None:
+            raise BadInput(
+                f"no audited job {namespace}/{kind}/{name} in cluster {cluster} of store {store.display_url}"
+            )
+        job = JobKey(cluster, namespace, kind, name)
+        recorded = store.job_snoozes().snooze(job, by, until, args.reason, now, via="cli")
+    finally:
+        store.close()
+    doc = {"cluster": cluster, **recorded.to_json()}
+    if args.output == "json":
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(terminal_safe(f"escalation of {doc['job']} (cluster {cluster}) {recorded.text()}"))
     return 0
 
 

@@ -55,3 +55,17 @@ def test_explain_and_status_show_the_snooze(db: str, capsys: pytest.CaptureFixtu
     assert [(s["job"], s["until"]) for s in doc["escalations_snoozed"]] == [("ml/Job/train", "2026-12-01T11:00:00Z")]
     main(["status", "--db", db])
     assert "escalation snoozed: ml/Job/train until 2026-12-01T11:00:00Z by link:team:vision" in capsys.readouterr().out
+
+
+def test_ack_snoozes_a_jobs_escalation_from_the_cli(db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ack", "ml/Job/train", "--snooze", "--until", "48h", "--by", "bob", "--db", db]) == 0
+    assert (
+        "escalation of ml/Job/train (cluster c1) snoozed until 2026-12-02T12:00:00Z by bob" in capsys.readouterr().out
+    )
+    main(["status", "--db", db, "-o", "json"])
+    [s] = json.loads(capsys.readouterr().out)["escalations_snoozed"]
+    assert (s["by"], s["until"], s["via"]) == ("bob", "2026-12-02T12:00:00Z", "cli")  # the longest in force
+    assert main(["ack", "ml/Job/train", "--until", "2h", "--db", db]) == 2  # a job without --snooze
+    assert "pass --snooze --until T" in capsys.readouterr().err
+    assert main(["ack", "ml/Job/other", "--snooze", "--until", "2h", "--db", db]) == 2
+    assert "no audited job ml/Job/other in cluster c1" in capsys.readouterr().err
