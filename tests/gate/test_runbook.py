@@ -306,6 +306,12 @@ def test_the_gate_runbook_runs_as_written(testbed, kube_admin, namespace, team, 
                 Path(record).write_text("\n".join(transcript))
             operator.stop()
             sh("helm uninstall $RELEASE -n $NS --ignore-not-found")
+            # the SQLite PVC is kept on uninstall, and no pvc-protection controller runs in the bed:
+            # its finalizer would hold the namespace in Terminating for good
+            sh(
+                "kubectl -n $NS get pvc -o name | xargs -r -I{} "
+                'kubectl -n $NS patch {} --type=merge -p \'{"metadata":{"finalizers":null}}\''
+            )
             call_json(
                 api,
                 resource_path("batch/v1", "jobs", team),
