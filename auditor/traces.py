@@ -334,7 +334,8 @@ def trace_to_openmetrics(
     ``hostname_label`` is ``"Hostname"`` or ``"hostname"``; ``naming`` picks the exporter names
     and units (:class:`~auditor.core.metrics.Naming`: classic by default; ``dcgm46_names`` is
     short for DCGM 4.6's names; dcgm-exporter 4.9's give GPU_UTIL as a ratio and clocks in
-    hertz). Timestamps are Unix seconds; the text ends with ``# EOF``.
+    hertz; 4.10's are 4.9's with the PCIe rates named ``*_BYTES_PER_SECOND``). Timestamps are
+    Unix seconds; the text ends with ``# EOF``.
     """
     naming = naming or (Naming.DCGM46 if dcgm46_names else Naming.CLASSIC)
     if convention not in CONVENTIONS:

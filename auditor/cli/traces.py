@@ -135,7 +135,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     om.add_argument(
         "--naming",
         choices=[n.value for n in Naming],
-        help="exporter names and units: classic (default), dcgm-4.6 or exporter-4.9 (GPU_UTIL a ratio, clocks in Hz)",
+        help="exporter names and units: classic (default), dcgm-4.6, exporter-4.9 (GPU_UTIL a ratio, clocks in Hz) "
+        "or exporter-4.10 (4.9 with the PCIe rates *_BYTES_PER_SECOND)",
     )
     om.add_argument("--drop", metavar="M,M", help="metrics to leave out, e.g. fp32_active,sm_active")
     om.add_argument("--only", metavar="M,M", help="only these metrics")
