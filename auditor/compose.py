@@ -215,8 +215,9 @@ def kueue_findings(settings: "Settings", api: "ApiClient | None" = None) -> list
             api.close()
 
 
-def kueue_gate_objects(settings: "Settings") -> tuple[list[dict], list[dict], str]:
-    """The gate's AdmissionChecks and every ClusterQueue, for ``doctor``: (checks, queues, error)."""
+def kueue_gate_objects(settings: "Settings") -> tuple[list[dict] | None, list[dict] | None, str]:
+    """The gate's AdmissionChecks and every ClusterQueue, for ``doctor``: (checks, queues, error),
+    a list None when it could not be read (``error`` says why)."""
     from auditor.gate.kueue import CONTROLLER_NAME
     from auditor.kube.gate_objects import read_gate_objects
 

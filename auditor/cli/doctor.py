@@ -123,8 +123,19 @@ def _kueue_checks(settings: "Settings") -> "list[Check]":
                 True,
             )
         ]
-    if error:
+    if checks is None:
         return [*out, Check("gate: AdmissionCheck", WARN, f"could not check: {error}")]
     out += gate_admission_check_checks(checks, enabled=settings.gate.enabled)
+    if queues is None:
+        return [
+            *out,
+            Check(
+                "gate: ClusterQueues",
+                WARN,
+                f"could not check: {error}",
+                "the operator's ServiceAccount may only get ClusterQueues: run doctor with a kubeconfig "
+                "that may list them (an admin's)",
+            ),
+        ]
     out += gate_queue_checks([str(c["metadata"]["name"]) for c in checks], queues)
     return out

@@ -9,7 +9,7 @@ raised, so the rest of the checklist still prints.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -20,10 +20,11 @@ from auditor.kube.kueue_features import KUEUE_GROUP
 
 @dataclass(frozen=True)
 class GateObjects:
-    """What was read: ``error`` non-empty when it could not be (then the lists are empty)."""
+    """What was read: a list is None when it could not be read, and ``error`` says why (the
+    operator's own ServiceAccount may list AdmissionChecks but only get ClusterQueues)."""
 
-    checks: list[dict] = field(default_factory=list)
-    queues: list[dict] = field(default_factory=list)
+    checks: list[dict] | None = None
+    queues: list[dict] | None = None
     error: str = ""
 
 
@@ -36,11 +37,13 @@ def read_gate_objects(api: client.ApiClient, controller: str) -> GateObjects:
         return GateObjects(error=f"cannot discover the {KUEUE_GROUP} API ({exc.status} {exc.reason})")
     if gv is None:
         return GateObjects(error="Kueue is not installed (no kueue.x-k8s.io API)")
-    lists: dict[str, list[dict]] = {}
-    for plural in ("admissionchecks", "clusterqueues"):
-        try:
-            lists[plural] = call_json(api, resource_path(gv, plural)).get("items") or []
-        except ApiException as exc:
-            return GateObjects(error=f"cannot list {plural} ({exc.status} {exc.reason})")
-    mine = [c for c in lists["admissionchecks"] if (c.get("spec") or {}).get("controllerName") == controller]
-    return GateObjects(mine, lists["clusterqueues"])
+    try:
+        items = call_json(api, resource_path(gv, "admissionchecks")).get("items") or []
+    except ApiException as exc:
+        return GateObjects(error=f"cannot list admissionchecks ({exc.status} {exc.reason})")
+    mine = [c for c in items if (c.get("spec") or {}).get("controllerName") == controller]
+    try:
+        queues = call_json(api, resource_path(gv, "clusterqueues")).get("items") or []
+    except ApiException as exc:
+        return GateObjects(mine, None, f"cannot list clusterqueues ({exc.status} {exc.reason})")
+    return GateObjects(mine, queues)

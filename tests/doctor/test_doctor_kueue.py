@@ -151,3 +151,44 @@ def _flavor(name: str) -> dict:
 
 def _cq(api, name: str) -> dict:
     return call_json(api, resource_path(KV, "clusterqueues", None, name))
+
+
+def test_without_list_on_clusterqueues_the_checks_are_still_read(testbed, kube_admin, namespace) -> None:
+    """The operator's ServiceAccount may list AdmissionChecks but only get ClusterQueues (the
+    chart's RBAC): doctor run as it still says the check's state, and why the queues are missing."""
+    from auditor.gate.kueue import CONTROLLER_NAME
+    from auditor.kube.gate_objects import read_gate_objects
+
+    role = f"doctor-{namespace}"
+    rules = [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["admissionchecks"], "verbs": ["list"]}]
+    binding = {
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": "doctor", "namespace": namespace}],
+    }
+    rbac = "rbac.authorization.k8s.io/v1"
+    call_json(
+        kube_admin,
+        resource_path(rbac, "clusterroles"),
+        method="POST",
+        body={"metadata": {"name": role}, "rules": rules},
+    )
+    call_json(
+        kube_admin,
+        resource_path(rbac, "clusterrolebindings"),
+        method="POST",
+        body={"metadata": {"name": role}, **binding},
+    )
+    sa = api_client(KubeConfig(kubeconfig=testbed.kubeconfig, impersonate=f"system:serviceaccount:{namespace}:doctor"))
+    nobody = api_client(KubeConfig(kubeconfig=testbed.kubeconfig, impersonate=f"system:serviceaccount:{namespace}:x"))
+    try:
+        with gate_queue(kube_admin, namespace) as q:
+            got = until(lambda: (g := read_gate_objects(sa, CONTROLLER_NAME)).checks is not None and g, "RBAC in force")
+            none = read_gate_objects(nobody, CONTROLLER_NAME)
+    finally:
+        sa.close()
+        nobody.close()
+        for plural in ("clusterrolebindings", "clusterroles"):
+            call_json(kube_admin, resource_path(rbac, plural, None, role), method="DELETE")
+    assert q.check in [c["metadata"]["name"] for c in got.checks or []]
+    assert got.queues is None and got.error.startswith("cannot list clusterqueues (403"), got.error
+    assert (none.checks, none.queues) == (None, None) and none.error.startswith("cannot list admissionchecks (403")
