@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
 
+from auditor.core.figures import gpu_name, natural_key
 from auditor.core.job_summary import GpuSummary, JobSummary
 from auditor.core.model import Bucket, Verdict
 from auditor.core.rfc3339 import read_rfc3339
@@ -265,12 +266,10 @@ def _gpu_value(row: GpuSummary | JobSummary, name: str) -> object:
 
 
 def _gpu_label(row: GpuSummary | JobSummary) -> str:
+    """The pod and its GPU as every surface names them (the findings' ``pod host:gpuN``)."""
     if isinstance(row, JobSummary):
         return "the job"
-    idx = f"gpu{row.gpu}" if row.gpu else row.uuid
-    if row.mig_instance:
-        idx += f"/mig{row.mig_instance}"
-    return f"{row.pod} {row.hostname + ':' if row.hostname else ''}{idx}"
+    return f"{row.pod} {gpu_name(row.hostname or '', row.gpu or '', row.uuid, row.mig_instance or '')}"
 
 
 def _buckets_by_gpu(buckets: Sequence[Bucket]) -> dict[tuple[str, str, str, str], list[Bucket]]:
@@ -340,7 +339,7 @@ def _judge_gpus(
             "of": len(rows),
             "gpu_hours_share": round(share, 4),
             "quorum": quorum.describe(),
-            "per_gpu": table,
+            "per_gpu": sorted(table, key=lambda g: natural_key(g["gpu"])),  # gpu2 before gpu10
         }
     }
     got = f"{len(met)} of {len(rows)} GPUs ({share:.0%} of its GPU-hours) meet it"
