@@ -55,7 +55,9 @@ def test_week_totals_split_and_unmeasured(store: Store) -> None:
     a, b = by_team(doc)["a"], by_team(doc)["b"]
     assert a["jobs"] == 3 and a["gpu_hours"] == 12 + 4 + 2
     assert a["unmeasured_gpu_hours"] == 2.0 and a["measured_gpu_hours"] == 16.0
-    assert a["waste_gpu_hours"] == pytest.approx(12 * 0.18 + 4 * 0.96, abs=1e-3)
+    # waste: the flagged job's idle SMs; the healthy one's are headroom (docs/figures.md)
+    assert a["waste_gpu_hours"] == pytest.approx(4 * 0.96, abs=1e-3)
+    assert a["headroom_gpu_hours"] == pytest.approx(12 * 0.18, abs=1e-3)
     assert a["sm_active_gpu_hours"] == pytest.approx(12 * 0.82 + 4 * 0.04, abs=1e-3)
     assert a["efficiency"] == pytest.approx((12 * 0.82 + 4 * 0.04) / 16, abs=1e-4)
     assert a["tensor_active_gpu_hours"] == pytest.approx(12 * 0.45, abs=1e-3)
@@ -160,8 +162,14 @@ def test_per_job_rows_add_up_to_the_totals(store: Store) -> None:
     rows = list(csv.DictReader(io.StringIO(buf.getvalue())))
     assert n == len(rows) == doc["total"]["jobs"]
     total = doc["total"]
-    for key in ("gpu_hours", "waste_gpu_hours"):
-        assert sum(float(r[key] or 0) for r in rows) == pytest.approx(total[key], abs=1e-3 * len(rows))
+    assert sum(float(r["gpu_hours"] or 0) for r in rows) == pytest.approx(total["gpu_hours"], abs=1e-3 * len(rows))
+    # the per-job rows keep every job's idle-SM hours; summed, waste is the flagged jobs' and
+    # headroom the healthy ones' (docs/figures.md)
+    for key, flagged in (("waste_gpu_hours", True), ("headroom_gpu_hours", False)):
+        part = [
+            r for r in rows if r["verdict"] not in ("insufficient_data",) and (r["verdict"] != "healthy") == flagged
+        ]
+        assert sum(float(r["waste_gpu_hours"] or 0) for r in part) == pytest.approx(total[key], abs=1e-3 * len(rows))
     assert sum(float(r["gpu_hours"]) for r in rows if r["waste_gpu_hours"] == "") == pytest.approx(
         total["unmeasured_gpu_hours"], abs=0.01
     )
