@@ -21,7 +21,8 @@ What the test plays, and how (the rest is the doc's commands, run by bash as wri
 
 Output check: each line the doc shows under a command must match a line of the real output, in
 order (``…`` matches anything, runs of spaces match any spacing, ``$VAR`` is the variable's value);
-a command must exit 0.
+a command must exit 0. To refresh the doc's output after a deliberate change,
+``GPU_AUDITOR_RUNBOOK_RECORD=FILE`` writes every command's real output to FILE instead of comparing.
 """
 
 from __future__ import annotations
