@@ -39,6 +39,9 @@ from auditor.store import Store
 from auditor.store.console_queries import ConsoleQueries
 from auditor.store.status_queries import operator_status
 
+#: seconds per test (the demo's audit): the slow tier, and the bed's for PostgreSQL
+pytestmark = pytest.mark.slow
+
 #: a Wednesday: the demo's six hours lie inside ISO week 2026-W48
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=timezone.utc)
 WEEK = "2026-W48"

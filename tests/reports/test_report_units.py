@@ -58,8 +58,10 @@ def test_totals_efficiency_cost_and_rounding() -> None:
     doc = build_report(cur, [], timezone="UTC", prices=prices, generated_at=WE, top_n=5)
     a = {t["team"]: t for t in doc["teams"]}["a"]
     assert a["gpu_hours"] == 19 and a["measured_gpu_hours"] == 15 and a["unmeasured_gpu_hours"] == 4
-    assert a["sm_active_gpu_hours"] == 8 and a["efficiency"] == round(8 / 15, 4) and a["waste_gpu_hours"] == 7
-    assert a["tensor_active_gpu_hours"] == 5 and a["cost"] == 15 * 3 + 4 * 1.5 and a["waste_cost"] == 21
+    # waste: the flagged (idle) job's idle SMs; the healthy job's 2 are headroom (docs/figures.md)
+    assert a["sm_active_gpu_hours"] == 8 and a["efficiency"] == round(8 / 15, 4) and a["waste_gpu_hours"] == 5
+    assert a["headroom_gpu_hours"] == 2 and a["flagged_jobs"] == 1
+    assert a["tensor_active_gpu_hours"] == 5 and a["cost"] == 15 * 3 + 4 * 1.5 and a["waste_cost"] == 15
     assert a["verdicts"]["idle"] == 1 and list(a["verdicts"])[0] == "insufficient_data"
     assert doc["total"]["gpu_hours"] == 19.333 and doc["total"]["jobs"] == 4
     assert fmt("ratio", a["efficiency"]) == "53.33 %" and fmt("money", 1234.5, "EUR") == "1 234.50 EUR"
