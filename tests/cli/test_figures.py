@@ -210,6 +210,8 @@ def test_every_team_reads_the_same_everywhere(demo: Demo, capsys: pytest.Capture
         assert t["waste_gpu_hours"] == _approx(f.waste_gpu_hours, 2)
         assert t["headroom_gpu_hours"] == _approx(f.headroom_gpu_hours, 2)
         assert t["efficiency"] == _approx(f.efficiency, 4)
+        # printed, it reads as the console prints it (no double rounding: 13.3 %, not 13.2 %)
+        assert f"{100 * t['efficiency']:.1f}%" == pages.pct(f.efficiency)
     st = operator_status(demo.store, now=NOW, since=NOW - timedelta(days=7), recent_since=NOW - timedelta(hours=1))
     gauges = {fam.name: fam for fam in families(st, CLUSTER, lambda t: t)}
     eff = {s.labels["team"]: s.value for s in gauges["gpu_auditor_team_efficiency"].samples}
