@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Mapping, Sequence
 
 from auditor.core.accumulate import JobAggregate, RowView, ShareMap, Stat, peak_held
-from auditor.core.findings import job_findings, silent_zero, straggler
+from auditor.core.findings import gpu_label, job_findings, silent_zero, straggler
 from auditor.core.identity import JobKey
 from auditor.core.job_summary import GpuSummary, JobSummary, MetricStats
 from auditor.core.job_summary import rounded as _r
@@ -38,7 +38,7 @@ from auditor.core.model import Bucket, Finding, JobRef, Window
 from auditor.core.sharing import gpu_shares
 from auditor.core.stat_block import means_of, metric_stats
 from auditor.core.thresholds import Thresholds
-from auditor.core.verdicts import Evidence, classify
+from auditor.core.verdicts import Evidence, RankLoad, classify, hung
 
 # --------------------------------------------------------------------------- MFU
 
@@ -183,6 +183,7 @@ def summarize_aggregate(
     per_gpu: list[GpuSummary] = []
     silent: list[dict[str, object]] = []
     row_mfus: list[tuple[float | None, RowView]] = []
+    hung_ranks: list[RankLoad] = []
     for r, r_stats, r_means in zip(rows, per_row_stats, means):
         sz = silent_zero(r, th)
         if sz:
@@ -190,7 +191,10 @@ def summarize_aggregate(
         mclock, mclock_src = _max_clock(r.stats, r.gpu.model, th)
         r_mfu, _ = _mfu(r.mean(Metric.TENSOR_ACTIVE), r.mean(Metric.SM_CLOCK), mclock, th)
         row_mfus.append((r_mfu, r))
-        r_verdict, _ = classify(_evidence_row(r, th, sz, r_mfu, ctx), th, explain=False)
+        r_ev = _evidence_row(r, th, sz, r_mfu, ctx)
+        if hung(r_ev, th):
+            hung_ranks.append(RankLoad(gpu_label(r), r.busy, r_ev.sm))
+        r_verdict, _ = classify(r_ev, th, explain=False)
         per_gpu.append(
             GpuSummary(
                 pod=r.pod.pod,
@@ -255,6 +259,8 @@ def summarize_aggregate(
         serving=ctx.serving,
         idle_phase=_idle_phase(rows),
         straggler=straggler(rows, th),
+        # a hung collective: a multi-GPU job whose every GPU spins (one GPU alone: a spin kernel)
+        stalled=tuple(hung_ranks) if len(rows) >= 2 and len(hung_ranks) == len(rows) else None,
     )
     verdict, findings = classify(ev, th)
     findings += job_findings(rows, th, verdict, shared_fraction)

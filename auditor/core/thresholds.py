@@ -19,9 +19,10 @@ from auditor.errors import BadInput
 from auditor.timeparse import parse_duration
 
 #: Per GPU model: the power (W) above which a GPU is clearly doing work. Used by the silent-zero
-#: guard only (profiling fields reading exactly 0 on a GPU drawing this much are suspect
-#: telemetry). Roughly twice the idle draw: an idle H200 draws ~120 W, four spinning thread
-#: blocks 124 W, real work 400–700 W (../shared/traces). Matched by substring of ``modelName``,
+#: guard (profiling fields reading exactly 0 on a GPU drawing this much are suspect telemetry)
+#: and by the stalled rule (a hung collective's ranks draw less: idle power). Roughly twice the
+#: idle draw: an idle H200 draws ~120 W, four spinning thread blocks 124 W, 2–32 blocks polling
+#: a flag 122–123 W (h200-hang), real work 400–700 W (../shared/traces). Matched by substring of ``modelName``,
 #: longest key first; a model not listed has no floor (the guard then treats power as unknown).
 DEFAULT_POWER_FLOOR_W: dict[str, float] = {
     "H200": 250.0,
@@ -139,6 +140,17 @@ class Thresholds:
     #: share on the recorded jobs; the estimate within ±0.035 of measured on bf16/FP8, where assuming
     #: the max clock read a bf16 product 0.23 high)
     mfu_clock_drop: float = 0.3
+    #: stalled (a hung collective, issue 33): every GPU of a multi-GPU job busy with SM activity
+    #: below ``low_sm`` while the tensor, FP32 and FP16 pipes each read below this — ranks polling
+    #: a flag that never changes do no math (the recorded hang: 0.000 on every pipe; the demo's
+    #: spin-waiting kernel FP32 0.0014; a latency-bound kernel ≥ ``math_pipe_idle``)
+    stall_pipe_idle: float = 0.01
+    #: stalled: DRAM activity below this on every GPU (the recorded hang reads 0.000; a copy or a
+    #: gather moves memory)
+    stall_dram_idle: float = 0.01
+    #: stalled: each GPU observed in that signature for at least this long (a collective that
+    #: has not completed in minutes will not; a short wait for a slow peer is a straggler)
+    stall_min_span: timedelta = timedelta(minutes=5)
     power_floor_w: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_POWER_FLOOR_W))
     max_sm_clock_mhz: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_MAX_SM_CLOCK_MHZ))
 
@@ -178,8 +190,8 @@ class Thresholds:
                     merged = {m: x for m, x in merged.items() if m.casefold() != str(model).casefold()}
                     merged[str(model)] = value
                 changes[key] = merged
-            elif key == "min_span":
-                changes[key] = timedelta(seconds=_number(_seconds(raw, where), key, UNITS[key], where))
+            elif key in _SPANS:
+                changes[key] = timedelta(seconds=_number(_seconds(raw, where, key), key, UNITS[key], where))
             elif key == "min_samples":
                 changes[key] = int(_number(raw, key, UNITS[key], where))
             else:
@@ -220,12 +232,15 @@ UNITS: dict[str, Range] = {
     **{f.name: RATIO for f in fields(Thresholds)},
     "min_samples": Range("samples", integer=True),
     "min_span": _SECONDS,
+    "stall_min_span": _SECONDS,
     "power_floor_w": Range("W", 0.0, 5_000.0),
     "max_sm_clock_mhz": Range("MHz", 1.0, 10_000.0),  # a divisor of the MFU proxy: never 0
     "pcie_busy_bytes": Range("bytes/s", 0.0, 1e12),
     "pcie_offload_bytes": Range("bytes/s", 0.0, 1e12),
 }
 _TABLES = ("power_floor_w", "max_sm_clock_mhz")
+#: thresholds that are durations: seconds, or a duration such as ``90s``/``2m``
+_SPANS = ("min_span", "stall_min_span")
 #: (lower, upper, why): pairs whose order the verdict rules rely on; equal turns the band off
 ORDERED: tuple[tuple[str, str, str], ...] = (
     ("idle_util", "busy_util", "a job below idle_util is idle, one between the two underutilized"),
@@ -234,18 +249,17 @@ ORDERED: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _seconds(raw: Any, where: str) -> Any:
-    """``min_span`` as seconds: a number, or a duration such as ``90s``/``2m`` (the settings' format)."""
+def _seconds(raw: Any, where: str, key: str = "min_span") -> Any:
+    """A duration threshold (``min_span``, ``stall_min_span``) as seconds: a number, or a duration
+    such as ``90s``/``2m`` (the settings' format)."""
     if not isinstance(raw, str) or _is_number_text(raw):
         return raw
     if re.fullmatch(r"\s*0+[smhd]?\s*", raw):
         return 0.0
     try:
-        return parse_duration(raw, what="min_span").total_seconds()
+        return parse_duration(raw, what=key).total_seconds()
     except BadInput:
-        raise ThresholdError(
-            "min_span", f"expected seconds or a duration such as 90s or 2m, got {raw!r}", where
-        ) from None
+        raise ThresholdError(key, f"expected seconds or a duration such as 90s or 2m, got {raw!r}", where) from None
 
 
 def _is_number_text(text: str) -> bool:

@@ -70,6 +70,8 @@ class Evidence:
     idle_phase: float | None = None
     #: ranks waiting in a collective on a slow rank (:func:`auditor.core.findings.straggler`)
     straggler: Straggler | None = None
+    #: every GPU of a multi-GPU job in the hung-collective signature (:func:`hung`), else None
+    stalled: tuple[RankLoad, ...] | None = None
 
 
 _ADVICE = {
@@ -96,6 +98,11 @@ _ADVICE = {
     "or serve from a smaller share of a GPU (a MIG slice or time-slicing).",
     "straggler": "Find why the slow rank lags — its input pipeline, host CPU, a slower node, link or "
     "GPU (clocks, thermals) — and balance the work; the other ranks only wait for it.",
+    "stalled": "The ranks spin in a collective that never completes: a rank died or deadlocked. Check "
+    "the job's logs for the first failing rank; make NCCL timeouts end a hang instead of holding the "
+    "GPUs (TORCH_NCCL_ASYNC_ERROR_HANDLING, the process group's timeout in init_process_group, "
+    "TORCH_NCCL_DUMP_ON_TIMEOUT for what each rank was doing); rerun with NCCL_DEBUG=INFO; restart "
+    "from the last checkpoint.",
     "low_occupancy": "Kernels occupy every SM with far too few warps (latency-bound): launch more "
     "threads per block and more blocks, use fewer registers per thread (launch bounds), or batch "
     "the work so each kernel has enough parallelism to hide memory and pipeline latency.",
@@ -197,6 +204,8 @@ def classify(ev: Evidence, th: Thresholds, *, explain: bool = True) -> tuple[Ver
         ]
     if ev.straggler is not None:
         return Verdict.UNDERUTILIZED, [_straggler(ev, base)] if explain else []
+    if ev.stalled is not None:
+        return Verdict.LOW_SM_EFFICIENCY, [_stalled(ev, th, base)] if explain else []
     if ev.busy < th.busy_util:
         return Verdict.UNDERUTILIZED, [_underutilized(ev, th, base)] if explain else []
     if ev.sm is None:
@@ -540,6 +549,54 @@ def _straggler(ev: Evidence, base: dict[str, object]) -> Finding:
             "reason": "straggler",
             "slow": [r.to_json() for r in slow],
             "waiting": [r.to_json() for r in waiting],
+        },
+    )
+
+
+def hung(ev: Evidence, th: Thresholds) -> bool:
+    """One GPU in the hung-collective signature: busy (≥ ``busy_util``) with a kernel running
+    (not copies alone) on few SMs (< ``low_sm``), every math pipe and DRAM ~0 (below
+    ``stall_pipe_idle`` / ``stall_dram_idle``), where power is known below the model's power floor
+    (idle draw), for at least ``stall_min_span``. NCCL's ranks poll a flag in a few blocks while a
+    peer is dead; a launch-bound or latency-bound kernel moves a pipe, DRAM or power. Tensor and
+    DRAM series are needed: without them "no math, no memory" cannot be told."""
+    if ev.busy is None or ev.busy < th.busy_util or ev.sm is None or ev.sm >= th.low_sm or _no_kernel(ev, th):
+        return False
+    if ev.tensor is None or ev.dram is None or ev.dram >= th.stall_dram_idle:
+        return False
+    if any(p is not None and p >= th.stall_pipe_idle for p in (ev.tensor, ev.fp32, ev.fp16)):
+        return False
+    floor = th.power_floor(ev.model)
+    if ev.power is not None and floor is not None and ev.power >= floor:
+        return False
+    return ev.span_s >= th.stall_min_span.total_seconds()
+
+
+def _stalled(ev: Evidence, th: Thresholds, base: dict[str, object]) -> Finding:
+    """low_sm_efficiency headlined as a hung collective: all the job's GPUs spin, none works."""
+    assert ev.stalled is not None
+    ranks = ev.stalled
+    return Finding(
+        "low_sm_efficiency",
+        f"Stalled: all {len(ranks)} GPUs of the job read {pct(ev.busy)} utilization with only {pct(ev.sm)} "
+        f"SM activity, no math (tensor {pct(ev.tensor)}, FP32 {pct(ev.fp32)}, FP16 {pct(ev.fp16)}), "
+        f"no memory traffic (DRAM {pct(ev.dram)})"
+        + ("" if ev.power is None else f" and idle power ({ev.power:.0f} W per GPU)")
+        + f" for at least {th.stall_min_span.total_seconds() / 60:g} min: no rank is working. "
+        f"{_ADVICE['stalled']}",
+        {
+            **base,
+            "reason": "stalled",
+            "gpus": [r.to_json() for r in ranks],
+            "tensor_active": _r(ev.tensor),
+            "fp32_active": _r(ev.fp32),
+            "fp16_active": _r(ev.fp16),
+            "dram_active": _r(ev.dram),
+            "power_w": _r(ev.power, 1),
+            "power_floor_w": th.power_floor(ev.model),
+            "stall_pipe_idle": th.stall_pipe_idle,
+            "stall_dram_idle": th.stall_dram_idle,
+            "stall_min_span_s": th.stall_min_span.total_seconds(),
         },
     )
 
