@@ -51,6 +51,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from auditor.core.mfu import DEFAULT_CLASSES, LINEAGE_BEST, WorkloadClass
+from auditor.core.rightsizing import GpuClass, RightSizingRules
 from auditor.core.thresholds import ThresholdError, Thresholds
 from auditor.errors import BadInput
 from auditor.timeparse import parse_duration
@@ -440,6 +441,49 @@ class MfuSettings(_Section):
         return tuple(c.workload_class() for c in self.classes)
 
 
+class GpuClassSettings(_Section):
+    """A smaller GPU class right-sizing may advise (docs/rightsizing.md): its memory in GiB, its
+    compute (and memory bandwidth, default the same) relative to the models in ``instead_of``."""
+
+    name: str = Field(min_length=1)
+    memory_gib: float = Field(gt=0)
+    relative_compute: float = Field(gt=0, le=1)
+    relative_bandwidth: float | None = Field(default=None, gt=0, le=1)
+    price_per_gpu_hour: float | None = Field(default=None, ge=0)
+    instead_of: list[str] = Field(min_length=1)
+
+
+class RightsizingSettings(_Section):
+    """Right-sizing advice (issue 32; docs/rightsizing.md): the headroom a slice must leave above
+    a job's peaks, and how long and how completely a job must have been seen to be judged."""
+
+    enabled: bool = True
+    memory_headroom: float = Field(default=0.20, ge=0, lt=1)
+    compute_headroom: float = Field(default=0.20, ge=0, lt=1)
+    min_span: Duration = timedelta(hours=1)
+    min_coverage: float = Field(default=0.80, ge=0, le=1)
+    gpu_classes: list[GpuClassSettings] = Field(default_factory=list)
+
+    def rules(self) -> RightSizingRules:
+        return RightSizingRules(
+            memory_headroom=self.memory_headroom,
+            compute_headroom=self.compute_headroom,
+            min_span=self.min_span,
+            min_coverage=self.min_coverage,
+            gpu_classes=tuple(
+                GpuClass(
+                    c.name,
+                    c.memory_gib * 1024,
+                    c.relative_compute,
+                    c.price_per_gpu_hour,
+                    tuple(c.instead_of),
+                    c.relative_bandwidth,
+                )
+                for c in self.gpu_classes
+            ),
+        )
+
+
 _TEAM_SOURCE = re.compile(
     r"^(podLabel|jobLabel|namespaceLabel):[A-Za-z0-9._/-]+$|^(kueueQueue|kueueLocalQueue|kueueClusterQueue|namespace)$"
 )
@@ -489,6 +533,8 @@ class Settings(_Section):
     thresholds: ThresholdSection = Field(default_factory=Thresholds)
     #: workload classes and their reference MFUs, the lineage-best reference (issue 28)
     mfu: MfuSettings = Field(default_factory=MfuSettings)
+    #: right-sizing advice: headroom, minimum span and coverage, smaller GPU classes (issue 32)
+    rightsizing: RightsizingSettings = Field(default_factory=RightsizingSettings)
 
     @field_validator("cluster")
     @classmethod
