@@ -25,7 +25,8 @@ EXPECTED: dict[tuple[str, int], tuple[str, str | None]] = {
     ("hung_spin_2sm", 1): ("low_sm_efficiency", "few_blocks"),
     ("hung_spin_8sm", 1): ("low_sm_efficiency", "few_blocks"),
     # 32 blocks: SM 24 %, still below low_sm (0.5) and still no pipe, DRAM or power: NCCL runs one
-    # block per channel and uses up to 32 channels, so a hang on 32 SMs is as much a hang as on 2
+    # block per channel (up to MAXCHANNELS = 64, NCCL's src/include/device.h; "32" before this
+    # correction, the expectation itself unchanged), so a hang on 32 SMs is as much a hang as on 2
     ("hung_spin_32sm", 1): ("low_sm_efficiency", "few_blocks"),
     # memory held, no kernel: idle on any number of GPUs
     ("idle_memory_held", 1): ("idle", None),
