@@ -248,6 +248,9 @@ class ConsoleApp:
         d = self.reader.job(int(ident), now)
         if d is None:
             return self._page(404, "Not found", pages.error(f"no job {ident} in the store"), "jobs")
+        if d.row.running and (d.last_seen is None or d.last_seen < now - self.config.running_within):
+            # running as the cluster page and the job list count it: not ended and seen lately
+            d = replace(d, row=d.row._replace(running=False))
         writes = None
         if self.config.writes:
             user = user_of(headers)

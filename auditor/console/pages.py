@@ -547,7 +547,10 @@ def job(base: str, d: JobDetail, writes: Writes | None, *, paused: JobSnooze | N
         ("coverage", pct(s.get("coverage"))),
         ("start", t(r.start)),
         ("end", t(r.end)),
-        ("state", "running" if r.running else f"ended {t(d.ended_at)}"),
+        (
+            "state",
+            "running" if r.running else f"ended {t(d.ended_at)}" if d.ended_at else f"not seen since {t(d.last_seen)}",
+        ),
         ("queue", esc(d.queue or "")),
         ("uid", esc(d.uid or "")),
     ]

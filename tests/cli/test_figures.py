@@ -34,6 +34,7 @@ from auditor.core.job_summary import JobSummary
 from auditor.engine import run_audit
 from auditor.operator_loop.fleet_metrics import FleetMetrics, families
 from auditor.render.table import format_table
+from auditor.settings import Settings
 from auditor.sources.replay import ReplaySource
 from auditor.store import Store
 from auditor.store.console_queries import ConsoleQueries
@@ -118,16 +119,18 @@ def test_every_job_reads_the_same_everywhere(demo: Demo, capsys: pytest.CaptureF
         text = capsys.readouterr().out
         assert f"GPUs {gpus_text(doc['gpus'])} " in text  # one GPU count: 0.14 for a 1g slice, not 0.1429
 
+    app = compose.console(Settings(cluster=CLUSTER), demo.store, lambda: NOW, writes=False)
     page = ConsoleQueries(demo.store).jobs(JobFilter(limit=1000, running_since=NOW - RUNNING_WITHIN))
     assert page.total == len(truth)
     for r in page.rows:
         doc = truth[f"{r.namespace}/{r.kind}/{r.name}"]
         assert (r.verdict, r.gpu_hours, r.waste_gpu_hours) == (doc["verdict"], doc["gpu_hours"], doc["waste_gpu_hours"])
         assert (r.mfu_estimate, r.recoverable_gpu_hours) == (doc["mfu_estimate"], doc["recoverable_gpu_hours"])
-        detail = ConsoleQueries(demo.store).job(r.id, NOW)
-        assert detail is not None
-        job_page = pages.job("/console", detail, None)
+        job_page = app.handle("GET", f"jobs/{r.id}", "", {}, b"").body.decode()
         assert f"<dt>GPUs</dt><dd>{gpus_text(doc['gpus'])}</dd>" in job_page  # 0.14, not 0.14285714
+        # its state as the list (and the cluster page) counts it: a job not seen lately is not running
+        assert ("<dt>state</dt><dd>running</dd>" in job_page) == r.running, r.name
+    assert sum(not r.running for r in page.rows) >= 1  # the demo's mlp-baseline ended an hour ago
 
     assert main(["report", "--week", WEEK, "--db", demo.url, "-o", "csv", "--out", str(tmp_path)]) == 0
     capsys.readouterr()
