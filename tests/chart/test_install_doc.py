@@ -337,6 +337,8 @@ def test_install_doc_runs_on_the_bed(testbed, bed_node, workload_controllers, mo
             capture_output=True,
             timeout=300,
         )
+        # the job's pod is bound to no real node: no kubelet confirms its deletion, so force it
+        core.delete_collection_namespaced_pod(work_ns, grace_period_seconds=0)
         for ns in (namespace, work_ns):
             core.delete_namespace(ns, grace_period_seconds=0)
         for ref in pulled:
