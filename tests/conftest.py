@@ -118,6 +118,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             if shared is None:
                 binaries.build()
                 binaries.crd_files()
+            if any(item.path.name == "test_floor_apiserver.py" for item in session.items):
+                from auditor.testbed import floor
+
+                floor.build()  # the chart's floor kube-apiserver (cold: many minutes)
             # the node tests run this tree's image (on a shared bed too: it may be older)
             if with_node and not node.missing_packages():
                 image.build_pause()

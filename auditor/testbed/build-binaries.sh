@@ -9,10 +9,11 @@ ETCD=${ETCD_VERSION:-3.6.16}
 HELM=${HELM_VERSION:-3.21.4}
 MINOR=${K8S#1.}; MINOR=${MINOR%%.*}; PATCH=${K8S##*.}
 CACHE=${GPU_AUDITOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-auditor}
-OUT=$CACHE/bin/k8s-v$K8S-etcd-v$ETCD-helm-v$HELM
-K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
-WANT=("${K8S_BINS[@]}" etcd helm)
-KUEUE=${KUEUE_VERSION:-}
+OUT=${K8S_OUT:-$CACHE/bin/k8s-v$K8S-etcd-v$ETCD-helm-v$HELM}
+# K8S_BINS (space-separated) and K8S_ONLY=1 (no etcd, helm, kueue) build a subset: the floor's apiserver.
+K8S_BINS=(${K8S_BINS:-kube-apiserver kube-controller-manager kube-scheduler kubelet})
+WANT=("${K8S_BINS[@]}"); [[ -n ${K8S_ONLY:-} ]] || WANT+=(etcd helm)
+KUEUE=${KUEUE_VERSION:-}; [[ -z ${K8S_ONLY:-} ]] || KUEUE=
 KUEUE_OUT=$CACHE/bin/kueue-$KUEUE
 missing() {
   for b in "${WANT[@]}"; do [[ -x $OUT/$b ]] || return 0; done
@@ -49,6 +50,7 @@ if k8s_missing; then
     mv "$OUT/$b.tmp" "$OUT/$b"
   done
 fi
+if [[ -n ${K8S_ONLY:-} ]]; then echo "$OUT"; exit 0; fi
 
 if [[ ! -x $OUT/etcd ]]; then
   mkdir -p "$W/etcd" && cd "$W/etcd"

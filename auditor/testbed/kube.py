@@ -84,7 +84,7 @@ def start_etcd(state: State, bins: Binaries) -> str:
     return url
 
 
-def start_apiserver(state: State, bins: Binaries, pki: Pki, etcd_url: str) -> str:
+def start_apiserver(state: State, bins: Binaries, pki: Pki, etcd_url: str, version: str = config.K8S_VERSION) -> str:
     def argv(p: dict[str, int]) -> Sequence[str]:
         port = p["secure"]
         return [
@@ -115,15 +115,15 @@ def start_apiserver(state: State, bins: Binaries, pki: Pki, etcd_url: str) -> st
 
     proc, secs = launch(state, "kube-apiserver", argv, ready, ports=("secure",), marker=str(pki.dir), timeout=180)
     url = f"https://127.0.0.1:{proc.ports['secure']}"
-    version = _session(pki).get(f"{url}/version", timeout=5).json().get("gitVersion")
-    if version != f"v{config.K8S_VERSION}":
+    served = _session(pki).get(f"{url}/version", timeout=5).json().get("gitVersion")
+    if served != f"v{version}":
         raise TestbedError(
             "kube-apiserver",
-            f"/version reports {version!r}, expected v{config.K8S_VERSION}",
+            f"/version reports {served!r}, expected v{version}",
             log_path(state, "kube-apiserver"),
         )
     state.set(apiserver_url=url)
-    _say(f"kube-apiserver {version} ready at {url} ({secs:.1f} s)")
+    _say(f"kube-apiserver {served} ready at {url} ({secs:.1f} s)")
     return url
 
 
