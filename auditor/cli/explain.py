@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     namespace, kind, name = parse_ref(args.job)
     if args.png and not Path(args.png).parent.exists():
         raise BadInput(f"--png {args.png}: directory {Path(args.png).parent} does not exist")
-    store = open_store(command_settings(args), read_only=True)
+    settings = command_settings(args)
+    store = open_store(settings, read_only=True)
     try:
         require_jobs(store, args.cluster)
         found = store.find_job(namespace, kind, name, args.cluster)
@@ -146,6 +147,12 @@ def run(args: argparse.Namespace) -> int:
     if summary is None:
         print(f"gpu-auditor: job {job.key} has buckets but no summary yet; re-run the audit", file=sys.stderr)
         return 1
+    # issue 32: right-sizing advice (docs/rightsizing.md), shown only where a slice or class fits
+    from auditor.core.rightsizing import finding as right_size_finding
+    from auditor.core.rightsizing import price_of, right_size
+
+    rs = right_size(summary, settings.rightsizing.rules(), price_of(settings.reports.prices, summary.gpu_model))
+    advice = right_size_finding(rs, settings.reports.currency) if settings.rightsizing.enabled else None
     if args.output == "json":
         out: dict = {"summary": summary.to_json()}
         if admission is not None:  # only jobs that went through a Kueue queue have them
@@ -154,10 +161,14 @@ def run(args: argparse.Namespace) -> int:
             out["lineage"] = lineage_json(lineage, now)
         if snoozes:  # only a job whose escalation was snoozed
             out["escalation_snoozes"] = [s.to_json() for s in snoozes]
+        if advice is not None:  # only a job a smaller slice or GPU class would hold
+            out["right_size"] = {"code": advice.code, "message": advice.message, "evidence": advice.evidence}
         out["buckets"] = [_bucket_json(b) for b in buckets]
         print(json.dumps(out, indent=2, default=str))
     else:
         print(render(summary, buckets, admission))
+        if advice is not None:
+            print(f"\nright-sizing: [{advice.code}] {advice.message}")
         if lineage is not None:
             print("\n" + "\n".join(lineage_lines(lineage, job.job, now)))
         if snoozes:

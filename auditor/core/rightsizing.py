@@ -36,7 +36,7 @@ per GPU-hour when one is given.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -312,5 +312,9 @@ def right_size_all(
     jobs: Sequence[JobSummary], rules: RightSizingRules, prices: dict[str, float] | None = None
 ) -> list[tuple[JobSummary, RightSizing]]:
     """Every job's advice, priced by ``prices`` (model → price per GPU-hour, ``default`` for the rest)."""
-    prices = prices or {}
-    return [(j, right_size(j, rules, prices.get(j.gpu_model or "", prices.get("default")))) for j in jobs]
+    return [(j, right_size(j, rules, price_of(prices or {}, j.gpu_model))) for j in jobs]
+
+
+def price_of(prices: Mapping[str, float], gpu_model: str | None) -> float | None:
+    """A model's price per GPU-hour as ``reports.prices`` gives it (``default`` for the rest)."""
+    return prices.get(gpu_model or "", prices.get("default"))
