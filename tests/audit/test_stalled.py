@@ -135,3 +135,58 @@ def test_stall_thresholds_are_settable_and_checked():
         Thresholds.from_mapping({"stall_min_span": "soon"})
     with pytest.raises(ThresholdError, match="stall_pipe_idle"):
         Thresholds.from_mapping({"stall_pipe_idle": 2})
+
+
+# --------------------------------------------------------------------------- the hung-job policy
+
+
+def _hung_job_policy():
+    from pathlib import Path
+
+    from auditor.policy.loader import parse_policies
+
+    path = Path(__file__).resolve().parents[2] / "policies" / "hung-job" / "policy.yaml"
+    (policy,) = parse_policies(path.read_text(), str(path))
+    return policy
+
+
+def _policy_fires(trace: Trace, jobs: list[TraceJob], pod: str) -> tuple[bool, str, dict]:
+    """The shipped hung-job policy on ``pod``'s summary and its stored 5-minute buckets."""
+    from auditor.core.job_summary import JobSummary
+    from auditor.policy.evaluate import evaluate
+
+    src = ReplaySource([(trace, jobs)], end=END, duration=HOUR, interval=timedelta(seconds=5))
+    buckets = [b for b in src.read(WINDOW, timedelta(minutes=5)).buckets if b.pod.pod == pod]
+    job = JobRef("c", "bench", "PyTorchJob", pod, team="bench")
+    summary = summarize_job(job, buckets, window=WINDOW, now=END, interval=5.0)
+    ev = evaluate(_hung_job_policy(), JobSummary.from_json(summary.to_json(), "test"), now=END, buckets=buckets)
+    return ev.fires, ev.reason, summary.to_json()
+
+
+@pytest.mark.parametrize("gpus, fires", [(2, True), (8, True), (1, False)])
+def test_hung_job_policy_on_the_recording(gpus, fires):
+    job = _job("hung_spin_2sm", gpus)
+    got, why, _ = _policy_fires(_hang(), [job], job.pod.pod)
+    assert got is fires, why
+
+
+def test_hung_job_policy_leaves_the_straggler_alone():
+    spin = "kernel_spin_waiting_4_blocks"
+    job = TraceJob(
+        PodRef("bench", "ft"), make_gpus(4, "node-ft"), spin, gpu_phases=(spin,) * 3 + ("cpu_bound_preprocessing",)
+    )
+    got, why, _ = _policy_fires(load_trace("h200-demo-cluster"), [job], "ft")
+    assert not got, why
+
+
+def test_hung_job_policy_catches_a_hang_after_hours_of_work():
+    """Trained 45 minutes (the bf16 matmul at the power cap), then hung for 15: the job's means are
+    still the training's (healthy), the trailing buckets are the hang's: the policy fires."""
+    pod, gpus = PodRef("bench", "late-hang"), make_gpus(2, "node-late")
+    jobs = [
+        TraceJob(pod, gpus, "bf16_matmul_full_power", duration=timedelta(minutes=45), end_offset=timedelta(minutes=15)),
+        TraceJob(pod, gpus, "hung_spin_8sm", duration=timedelta(minutes=15)),
+    ]
+    got, why, summary = _policy_fires(_hang(), jobs, "late-hang")
+    assert summary["verdict"] == "healthy" and reason(summary) != "stalled"
+    assert got, why
