@@ -19,7 +19,17 @@ from auditor.core.figures import gpu_name, natural_key
 from auditor.core.job_summary import GpuSummary, JobSummary
 from auditor.core.model import Bucket, Verdict
 from auditor.core.rfc3339 import read_rfc3339
-from auditor.policy.schema import PER_GPU_FIELDS, SNOOZE_ANNOTATION, Condition, Policy, Spec, Sustained, glob_any
+from auditor.core.rightsizing import right_size
+from auditor.policy.schema import (
+    PER_GPU_FIELDS,
+    SNOOZE_ANNOTATION,
+    Condition,
+    Policy,
+    RightsizingCondition,
+    Spec,
+    Sustained,
+    glob_any,
+)
 
 #: metric value (Metric enum value) → sustained field name, where the two differ
 _FIELD_OF_METRIC = {"power": "power_w"}
@@ -463,6 +473,10 @@ def evaluate(
                     )
             if done():
                 return missed()
+        if spec.rightsizing is not None:
+            _judge_rightsizing(spec.rightsizing, summary, evidence, misses, held)
+            if done():
+                return missed()
         if per_gpu:
             got, gpu_misses, gpu_evidence = _judge_gpus(
                 policy, summary, now=now, buckets=buckets, all_misses=all_misses
@@ -490,6 +504,23 @@ def evaluate(
         if until is not None:
             blocked = f"snoozed until {until.isoformat()}"
     return Evaluation(name, True, reason, evidence, blocked=blocked)
+
+
+def _judge_rightsizing(
+    rule: RightsizingCondition, summary: JobSummary, evidence: dict[str, Any], misses: list[Miss], held: list[str]
+) -> None:
+    """The ``rightsizing`` condition (issue 32): the job's right-sizing advice with the policy's
+    headroom; a job never advised (multi-GPU, too short, does not fit, ...) is no near miss."""
+    rs = right_size(summary, rule.rules())
+    evidence["right_size"] = rs.to_json()
+    freed = rs.gpu_hours_freed
+    if not rs.advised or rs.mig_profile is None or freed is None:
+        misses.append(Miss(rule.describe(), None, None, f"no smaller slice: {rs.reason} ({rs.detail})", near=False))
+    elif freed < rule.min_gpu_hours_freed:
+        why = f"a MIG {rs.mig_profile} slice would free {freed:.2f} GPU-hours, under {rule.min_gpu_hours_freed:g}"
+        misses.append(Miss(rule.describe(), freed, rule.min_gpu_hours_freed, why))
+    else:
+        held.append(f"a MIG {rs.mig_profile} slice would hold it, freeing {freed:.2f} GPU-hours")
 
 
 def _sustained_miss(sr: SustainedResult) -> Miss:

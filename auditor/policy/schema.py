@@ -13,6 +13,7 @@ A policy file holds one or more documents::
       gpus: {atLeast: 1, share: 0.5}   # judge a multi-GPU job GPU by GPU: enough of its GPUs must meet them
       sustained: {...}                 # on the stored buckets: held for a duration after a warm-up
       lineage: {belowBest: 0.8}        # on the lineage's history: MFU below 0.8 x its best earlier run
+      rightsizing: {minGpuHoursFreed: 1}  # a smaller MIG slice would hold it (docs/rightsizing.md)
       exemptions: {...}
       escalation: [...]                # ordered steps of actions with cooldowns
       requeue: {...}
@@ -35,6 +36,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationIn
 from auditor.core.gate import GateAction, GateRule
 from auditor.core.job_summary import MEAN_FIELDS, policy_fields
 from auditor.core.ranges import RATIO, Range
+from auditor.core.rightsizing import RightSizingRules
 from auditor.timeparse import parse_duration
 
 API_VERSION = "gpu-auditor.io/v1alpha1"
@@ -199,6 +201,23 @@ class LineageCondition(_Strict):
         return f"mfu_estimate < {self.below_best:g} x its lineage's best earlier run"
 
 
+class RightsizingCondition(_Strict):
+    """``rightsizing``: the job would fit a smaller MIG slice of its GPU (issue 32;
+    docs/rightsizing.md) and moving it would free at least ``minGpuHoursFreed`` GPU-hours.
+    Judged with the headroom given here (the defaults are the settings'), on MIG profiles only:
+    GPU classes and prices are the operator's settings, not a policy's."""
+
+    min_gpu_hours_freed: float = Field(0.0, alias="minGpuHoursFreed", ge=0.0)
+    memory_headroom: float = Field(0.20, alias="memoryHeadroom", ge=0.0, lt=1.0)
+    compute_headroom: float = Field(0.20, alias="computeHeadroom", ge=0.0, lt=1.0)
+
+    def rules(self) -> RightSizingRules:
+        return RightSizingRules(memory_headroom=self.memory_headroom, compute_headroom=self.compute_headroom)
+
+    def describe(self) -> str:
+        return f"a smaller MIG slice would hold it and free >= {self.min_gpu_hours_freed:g} GPU-hours"
+
+
 class GpuQuorum(_Strict):
     """``gpus``: judge a job GPU by GPU, as its GPUs are (issue 30). The job's average hides a
     rank that differs: three GPUs at 100 % utilization and 3 % SM activity beside a straggler
@@ -277,6 +296,7 @@ class Spec(_Strict):
     conditions: list[SummaryCondition] = []
     sustained: Sustained | None = None
     lineage: LineageCondition | None = None
+    rightsizing: RightsizingCondition | None = None
     #: after what it judges per GPU, so that its check reads them (and its error names its line)
     gpus: GpuQuorum | None = None
     exemptions: Exemptions = Exemptions()
@@ -310,8 +330,14 @@ class Spec(_Strict):
 
     @model_validator(mode="after")
     def _sane(self) -> "Spec":
-        if not self.verdicts and not self.conditions and self.sustained is None and self.lineage is None:
-            raise ValueError("a policy needs at least one of verdicts, conditions, sustained or lineage")
+        if (
+            not self.verdicts
+            and not self.conditions
+            and self.sustained is None
+            and self.lineage is None
+            and self.rightsizing is None
+        ):
+            raise ValueError("a policy needs at least one of verdicts, conditions, sustained, lineage or rightsizing")
         seen_notice = False
         for step in self.escalation:
             if ActionKind.REQUEUE in step.actions and not seen_notice:

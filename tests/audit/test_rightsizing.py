@@ -170,3 +170,31 @@ def test_settings_section_makes_the_rules():
     assert rules.memory_headroom == 0.3 and rules.min_span == timedelta(hours=2)
     assert rules.gpu_classes[0].memory_mib == 24 * 1024 and rules.gpu_classes[0].replaces("NVIDIA H200")
     assert Settings().rightsizing.rules() == RightSizingRules()
+
+
+POLICY = """
+apiVersion: gpu-auditor.io/v1alpha1
+kind: GpuPolicy
+metadata: {name: fits-a-slice}
+spec:
+  mode: warn
+  rightsizing: {minGpuHoursFreed: MIN}
+  escalation: [{actions: [notify]}]
+"""
+
+
+def test_the_policy_condition_fires_on_a_job_a_slice_would_hold(judged):
+    from auditor.policy.evaluate import evaluate
+    from auditor.policy.loader import parse_policies
+
+    fits = judged["h200-workloads"]["tiny_kernels_launch_bound"]
+    (policy,) = parse_policies(POLICY.replace("MIN", "0.5"), "p.yaml")
+    ev = evaluate(policy, fits, now=fits.end)
+    assert ev.fires and "1g.18gb" in ev.reason and ev.evidence["right_size"]["mig_profile"] == "1g.18gb"
+    # not enough freed (the job held 1 GPU-hour): a near miss with the figure
+    (strict,) = parse_policies(POLICY.replace("MIN", "5"), "p.yaml")
+    ev = evaluate(strict, fits, now=fits.end)
+    assert not ev.fires and ev.misses[0].near and ev.misses[0].value == pytest.approx(6 / 7, abs=1e-3)
+    # a training no slice holds: no near miss
+    ev = evaluate(policy, judged["h200-workloads"]["bf16_matmul"], now=fits.end)
+    assert not ev.fires and not ev.misses[0].near and "does_not_fit" in ev.reason
