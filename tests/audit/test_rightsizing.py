@@ -198,3 +198,28 @@ def test_the_policy_condition_fires_on_a_job_a_slice_would_hold(judged):
     # a training no slice holds: no near miss
     ev = evaluate(policy, judged["h200-workloads"]["bf16_matmul"], now=fits.end)
     assert not ev.fires and not ev.misses[0].near and "does_not_fit" in ev.reason
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_advised_slices_hold_the_per_second_peaks_of_the_recording(judged, name):
+    """The summaries' peaks are maxima of bucket means; the recordings have every second. Each
+    advised slice holds the phase's per-second peak memory and SM activity with the headroom."""
+    model = mig_model("NVIDIA H200")
+    assert model is not None
+    text = resources.files("auditor").joinpath("data", f"{name}.csv").read_text()
+    rows: dict[str, list[dict[str, str]]] = {}
+    for row in csv.DictReader(text.splitlines()):
+        rows.setdefault(row["phase"], []).append(row)
+    advised = 0
+    for phase, job in judged[name].items():
+        rs = right_size(job)
+        if not rs.advised:
+            continue
+        advised += 1
+        p = model.profile(rs.mig_profile or "")
+        assert p is not None
+        steady = rows[phase][1:]  # a phase's steady state is its rows from the second on
+        mem = max(float(r["fb_used_mib"]) for r in steady)
+        sm = max(float(r["sm_active_pct"]) for r in steady) / 100
+        assert mem <= 0.8 * p.memory_mib and sm * model.gpu_sms <= 0.8 * p.sms, (phase, mem, sm, p)
+    assert advised or name == "h200-share"
