@@ -306,3 +306,62 @@ def normalize(metric: Metric, raw: float, scale: float | None = None) -> float |
             return spec.high
         return None
     return value
+
+
+class HealthField(str, Enum):
+    """A GPU health quantity (issue 33): what says the GPU, not the job, is at fault.
+
+    Kept apart from :class:`Metric`: these are codes, bitmasks and error counters, never
+    averaged into rollup buckets, so they have no ratio range and no place in a verdict's means.
+    """
+
+    XID = "xid"
+    CLOCK_EVENTS = "clock_events"
+    ECC_DBE_VOLATILE = "ecc_dbe_volatile"
+    ECC_SBE_VOLATILE = "ecc_sbe_volatile"
+    REMAP_UNCORRECTABLE = "remap_uncorrectable"
+    REMAP_FAILED = "remap_failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class HealthName:
+    """One exporter name of a health field.
+
+    ``current`` marks DCGM's own name (the header's ``#define <name> <id>``); the others are its
+    deprecated aliases, which dcgm-exporter's shipped CSVs still spell. ``by_default`` says
+    dcgm-exporter's ``default-counters.csv`` exports it uncommented: a cluster on the default
+    counters has only those.
+    """
+
+    name: str
+    field: HealthField
+    dcgm_id: int
+    current: bool
+    by_default: bool = False
+
+
+#: every exporter name of the health fields (origin: tests/fixtures/dcgm/dcgm_health_fields.txt,
+#: DCGM 4.6.0's dcgm_fields.h and dcgm-exporter's default-counters.csv)
+HEALTH_EXPORTED: tuple[HealthName, ...] = (
+    # the last Xid seen on the GPU, a gauge holding the code (not a count)
+    HealthName("DCGM_FI_DEV_XID_ERRORS", HealthField.XID, 230, current=False, by_default=True),
+    HealthName("DCGM_FI_DEV_XID_ERROR", HealthField.XID, 230, current=True),
+    # bitmask of DCGM_CLOCKS_EVENT_REASON_* (1:1 NVML's nvmlClocksEventReason*); in no shipped CSV
+    HealthName("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", HealthField.CLOCK_EVENTS, 112, current=True),
+    HealthName("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", HealthField.CLOCK_EVENTS, 112, current=False),
+    # volatile ECC totals (since the last driver load); commented out in the default CSV
+    HealthName("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", HealthField.ECC_DBE_VOLATILE, 311, current=True),
+    HealthName("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", HealthField.ECC_SBE_VOLATILE, 310, current=True),
+    HealthName(
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", HealthField.REMAP_UNCORRECTABLE, 393, current=False, by_default=True
+    ),
+    HealthName("DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", HealthField.REMAP_UNCORRECTABLE, 393, current=True),
+    HealthName("DCGM_FI_DEV_ROW_REMAP_FAILURE", HealthField.REMAP_FAILED, 395, current=False, by_default=True),
+    HealthName("DCGM_FI_DEV_ROW_REMAP_FAILED", HealthField.REMAP_FAILED, 395, current=True),
+)
+
+#: exporter name → health field, for every known health name
+HEALTH_BY_NAME: dict[str, HealthField] = {h.name: h.field for h in HEALTH_EXPORTED}

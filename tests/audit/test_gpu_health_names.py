@@ -1,0 +1,63 @@
+"""The health field names, ids and clock-event bits against upstream's own lines
+(tests/fixtures/dcgm/dcgm_health_fields.txt: DCGM 4.6.0's dcgm_fields.h, dcgm-exporter's
+default-counters.csv), so the table is checked against NVIDIA's definitions, not itself."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from auditor.core.gpu_health import ClockEvent
+from auditor.core.metrics import HEALTH_EXPORTED, HealthName
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm" / "dcgm_health_fields.txt"
+_BIT = re.compile(r"^#define DCGM_CLOCKS_EVENT_REASON_(\w+) (0x[0-9A-F]+)LL$")
+_FIELD = re.compile(r"^#define (DCGM_FI_\w+) (\d+)$")
+_ALIAS = re.compile(r"^#define (DCGM_FI_\w+)\s+(DCGM_FI_\w+)(?:\s+//\s*(\d+))?$")
+_CSV = re.compile(r"^(#\s*)?(DCGM_FI_\w+),\s*(\w+),\s*(.+)$")
+
+
+def _upstream() -> tuple[dict[str, int], dict[str, int], dict[str, str], dict[str, bool]]:
+    bits: dict[str, int] = {}
+    fields: dict[str, int] = {}
+    aliases: dict[str, str] = {}
+    default: dict[str, bool] = {}
+    for ln in FIXTURE.read_text().splitlines():
+        if m := _BIT.match(ln):
+            bits[m[1]] = int(m[2], 16)
+        elif m := _FIELD.match(ln):
+            fields[m[1]] = int(m[2])
+        elif m := _ALIAS.match(ln):
+            aliases[m[1]] = m[2]
+        elif m := _CSV.match(ln):
+            default[m[2]] = not m[1]
+    return bits, fields, aliases, default
+
+
+def test_clock_event_bits_are_dcgms() -> None:
+    bits, _, _, _ = _upstream()
+    assert len(bits) == 9
+    assert {b.name: b.value for b in ClockEvent} == bits
+
+
+def _upstream_id(h: HealthName, fields: dict[str, int], aliases: dict[str, str]) -> int:
+    return fields[h.name] if h.current else fields[aliases[h.name]]
+
+
+def test_every_health_name_has_dcgms_id_and_status() -> None:
+    _, fields, aliases, default = _upstream()
+    for h in HEALTH_EXPORTED:
+        assert h.current == (h.name in fields), h.name
+        assert h.current or h.name in aliases, h.name
+        assert _upstream_id(h, fields, aliases) == h.dcgm_id, h.name
+        assert h.by_default == default.get(h.name, False), h.name
+
+
+def test_each_field_has_its_current_name_and_every_alias_read() -> None:
+    """A Prometheus under either spelling is read: both names of each field are in the table."""
+    _, fields, aliases, _ = _upstream()
+    ours = {h.name for h in HEALTH_EXPORTED}
+    ids = {h.dcgm_id for h in HEALTH_EXPORTED}
+    for old, new in aliases.items():
+        if fields[new] in ids and new != "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL":
+            assert {old, new} <= ours, (old, new)
