@@ -63,6 +63,16 @@ def _wl(api, ns, name):
     return call_json(api, resource_path(KV, "workloads", ns, name))
 
 
+def _decision(ctl, workload: str):
+    """The gate's decision on one Workload. Kueue v0.19.2 now and then sets an answered check back
+    to Pending within ~30 ms (its admission status apply carries every check's state as its cache
+    saw it; 3 of 24 runs of the clock test below, none of 12 on v0.17.0), and the gate answers again:
+    every answer must then be the same decision (issue 29)."""
+    answers = [d for d in ctl.decided if d.workload == workload]
+    assert answers and len({(d.state, d.would, bool(d.failure)) for d in answers}) == 1, answers
+    return answers[0]
+
+
 def _reasons(api, ns, name):
     return {e.get("reason") for e in events(api, ns, name)}
 
@@ -102,7 +112,7 @@ def test_the_check_becomes_active_and_a_clean_lineage_is_admitted_at_once(kube_a
                 and decided["workload"] == wl["metadata"]["name"]
             )
             assert 0 <= decided["decide_seconds"] < 2
-            (d,) = [d for d in ctl.decided if d.workload == wl["metadata"]["name"]]
+            d = _decision(ctl, wl["metadata"]["name"])
             assert d.state == "Ready" and 0 < d.seconds < 5 and d.decide_seconds <= d.seconds
 
             # the check runs on the GPU flavor only: a CPU job is admitted without it
@@ -232,7 +242,7 @@ def test_a_requeue_through_the_check_puts_a_running_job_behind_a_waiting_one(kub
         )
         wl = until(lambda: (w := _wl(api, ns, first)) and is_true(w, "Admitted") and w, "re-admitted behind it")
         assert check_state(wl, q.check)["state"] == "Ready"  # the gate answered the re-admission
-        assert len([d for d in ctl.decided if d.workload == first]) == 2
+        assert len([d for d in ctl.decided if d.workload == first]) >= 2  # more where Kueue re-pended it
         assert ctl.requeue(ns, "no-such-workload", "x") is None
 
 
@@ -271,7 +281,7 @@ def test_with_the_store_not_answering_the_gate_admits_within_its_timeout(kube_ad
             msg
             == "gpu-auditor: admitted without a decision, no decision within 1 s (the store did not answer) (fail-open)"
         )
-        (d,) = [d for d in ctl.decided if d.workload == wl]
+        d = _decision(ctl, wl)
         assert d.failure and 1.0 <= d.decide_seconds < 1.5 and d.seconds < 3.0
         until(lambda: "EfficiencyGateFailOpen" in _reasons(api, ns, "train-q8z5m"), "the fail-open Event")
 
@@ -381,7 +391,7 @@ def test_a_check_left_pending_while_no_gate_ran_is_answered_on_its_return(kube_a
                 "gpu-auditor: admitted without a decision, the gate was not running when the Workload"
             )
             assert "gate.timeout 2 s) (fail-open)" in msg, msg
-            (d,) = [d for d in ctl.decided if d.workload == first]
+            d = _decision(ctl, first)
             assert d.failure and d.decide_seconds == 0.0  # no store read
             until(lambda: "EfficiencyGateFailOpen" in _reasons(api, ns, "train-w6k2p"), "the fail-open Event")
         call_json(
@@ -409,7 +419,7 @@ def test_a_gate_whose_clock_runs_ahead_decides_what_was_reserved_while_it_ran(ku
         wl = until(lambda: (w := _wl(api, ns, wl["metadata"]["name"])) and is_true(w, "Admitted") and w, "Admitted")
         msg = check_state(wl, q.check)["message"]
         assert msg.startswith("gpu-auditor: admitted, lineage") and "no gate rule fires" in msg, msg
-        (d,) = [d for d in ctl.decided if d.workload == wl["metadata"]["name"]]
+        d = _decision(ctl, wl["metadata"]["name"])
         assert d.failure is None and d.state == "Ready"
         assert abs(ctl.clock_offset + timedelta(days=5, hours=3)) < timedelta(seconds=5), ctl.clock_offset
 
