@@ -240,6 +240,7 @@ def kube_resolver(settings: "Settings", api: "ApiClient") -> "KubeResolver":
         kueue=settings.features.kueue,
         unresolved_pods=settings.unresolved_pods,
         deleted_pod_memory=settings.deleted_pod_memory,
+        clock=clock(),
     )
 
 

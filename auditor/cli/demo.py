@@ -21,7 +21,6 @@ import argparse
 import json
 import shlex
 import sys
-import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -327,7 +326,8 @@ def _handle(args: argparse.Namespace) -> int:
     # only the thresholds and the MFU references are used: the demo has its own store and no cluster
     settings = load_cli_settings(args.config)
 
-    t0 = time.monotonic()
+    clock = compose.clock()
+    t0 = clock.monotonic()
     out = Path(args.out)
 
     def say(msg: str) -> None:
@@ -342,7 +342,7 @@ def _handle(args: argparse.Namespace) -> int:
         f"wrote {out / 'demo.sqlite'}, {out / 'summaries.json'}"
         + ("" if args.no_html else f", {out / 'index.html'}, {out / 'weekly-report.html'}")
     )
-    say(f"done in {time.monotonic() - t0:.1f} s")
+    say(f"done in {clock.monotonic() - t0:.1f} s")
     say("next, try (the demo's store is not the default one, hence --db):")
     for line in next_commands(out / "demo.sqlite", summaries):
         print(f"  {line}", file=sys.stderr)

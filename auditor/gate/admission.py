@@ -10,15 +10,16 @@ answers). Observe mode always admits and says what enforce would have done.
 from __future__ import annotations
 
 import logging
-import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from auditor.clock import SYSTEM_CLOCK
 from auditor.errors import AuditorError, BadInput
 from auditor.gate.ports import AckRecorder, Decide, Decision, HistoryReader, Key
+from auditor.ports import Clock
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,10 @@ class AdmissionGate:
         *,
         acks: AckRecorder | None = None,
         workers: int = 8,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        #: times each decision against the settings' deadline
+        self.clock = clock
         self.reader = reader
         self.decide_fn = decide
         self.rules = rules
@@ -117,7 +121,7 @@ class AdmissionGate:
 
     def verdict(self, key: Key, now: datetime) -> Verdict:
         """The check's state and message for a Workload of lineage ``key`` at ``now``."""
-        t0 = time.monotonic()
+        t0 = self.clock.monotonic()
         timeout = self.settings.timeout
         decision: Decision | None = None
         failure: str | None = None
@@ -132,7 +136,7 @@ class AdmissionGate:
         except Exception as exc:
             log.error("gate decision for %s failed", lineage_name(key), exc_info=True)
             failure = f"the decision failed: {type(exc).__name__}: {exc}"
-        seconds = time.monotonic() - t0
+        seconds = self.clock.monotonic() - t0
         if decision is None:
             assert failure is not None
             return self.undecided(key, failure, seconds)

@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import defaultdict
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from auditor.clock import SYSTEM_CLOCK
 from auditor.core.identity import is_path_segment_name
 from auditor.core.kinds import BY_GROUP_KIND
 from auditor.kube.client import METADATA_ACCEPT, call_json, resource_path
 from auditor.kube.jobview import OwnerMeta, OwnerRef, PodInfo, controller_of
+
+if TYPE_CHECKING:
+    from auditor.ports import Clock
 
 log = logging.getLogger("auditor.kube.resolver")
 
@@ -39,8 +42,12 @@ class OwnerCache:
     """Owner metadata by uid over one ``ApiClient``; ``live_pod`` answers owner Pods (an LWS
     worker set's leader) from the pod informer instead of the API."""
 
-    def __init__(self, api: client.ApiClient, live_pod: Callable[[str], PodInfo | None]) -> None:
+    def __init__(
+        self, api: client.ApiClient, live_pod: Callable[[str], PodInfo | None], clock: "Clock" = SYSTEM_CLOCK
+    ) -> None:
         self.api = api
+        #: the cached owners' ages are measured on it (a test's clock moves them past their TTL)
+        self.clock = clock
         self._live_pod = live_pod
         self._lock = threading.Lock()
         self._objects: dict[str, OwnerMeta] = {}
@@ -58,7 +65,7 @@ class OwnerCache:
             # would be a path of its own in the GET; it ends the chain, and the resolver refuses
             # the job it then names (KubeResolver._checked)
             return None
-        now = time.monotonic()
+        now = self.clock.monotonic()
         with self._lock:
             cached = self._objects.get(ref.uid)
         if cached is not None and now - cached.fetched < (MISSING_TTL if cached.missing else OWNER_TTL):
@@ -86,7 +93,7 @@ class OwnerCache:
         (deleted, or a new object under its name) is remembered as missing, as a GET's 404 is.
         A list that fails leaves its owners to :meth:`lookup`.
         """
-        now = time.monotonic()
+        now = self.clock.monotonic()
         known: list[tuple[str, OwnerMeta]] = []
         todo: dict[tuple[str, str, str], dict[str, tuple[str, OwnerRef]]] = defaultdict(dict)
         with self._lock:
@@ -136,7 +143,7 @@ class OwnerCache:
             except Exception as exc:  # noqa: BLE001 - a broken connection: lookups read them one by one
                 log.info("cannot list %s (%s): owners are read one by one", plural, exc)
                 return None
-            fetched = time.monotonic()
+            fetched = self.clock.monotonic()
             for item in doc.get("items") or []:
                 meta = item.get("metadata") or {}
                 want = refs.get(meta.get("uid", ""))
@@ -188,5 +195,5 @@ class OwnerCache:
             meta.get("uid", ref.uid),
             dict(meta.get("labels") or {}),
             controller_of(meta),
-            time.monotonic(),
+            self.clock.monotonic(),
         )

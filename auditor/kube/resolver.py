@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from auditor.clock import SYSTEM_CLOCK
 from auditor.core.identity import InvalidIdentity, Quarantine, check_job
 from auditor.core.kinds import BY_GROUP_KIND, KUEUE_GROUP, KUEUE_JOB_UID_LABEL
 from auditor.core.kinds import KUEUE_QUEUE_LABEL as KUEUE_QUEUE_LABEL  # re-exported
@@ -58,6 +58,9 @@ from auditor.kube.jobview import (
 from auditor.kube.jobview import JobInfo as JobInfo  # re-exported
 from auditor.kube.jobview import OwnerRef as OwnerRef  # re-exported
 from auditor.kube.owners import OwnerCache
+
+if TYPE_CHECKING:
+    from auditor.ports import Clock
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +97,11 @@ class KubeResolver:
         kueue: bool = True,
         unresolved_pods: str = "pod",
         deleted_pod_memory: timedelta = timedelta(hours=1),
+        clock: "Clock" = SYSTEM_CLOCK,
     ) -> None:
         self.api = api
+        #: "now" of a view asked for without one, a deleted pod's end, and the view's age
+        self.clock = clock
         self.cluster = cluster
         self.team_sources = list(team_sources)
         self.kueue = kueue
@@ -110,7 +116,7 @@ class KubeResolver:
         #: the last view's pods (namespace, name) whose job no job key can hold, and why
         self.refused_pods: dict[tuple[str, str], InvalidIdentity] = {}
         self.pods = Informer(api, "v1", "pods", pod_info, on_delete=self._pod_deleted, name="pods")
-        self._owners = OwnerCache(api, self.pods.get)
+        self._owners = OwnerCache(api, self.pods.get, clock)
         self.namespaces = Informer(api, "v1", "namespaces", labels_only, name="namespaces")
         self.workloads: Informer | None = None
         self.local_queues: Informer | None = None
@@ -139,8 +145,8 @@ class KubeResolver:
         return [i for i in (self.pods, self.namespaces, self.workloads, self.local_queues) if i is not None]
 
     def wait_synced(self, timeout: float = 60.0) -> bool:
-        deadline = time.monotonic() + timeout
-        return all(i.wait_synced(max(0.0, deadline - time.monotonic())) for i in self.informers())
+        deadline = self.clock.monotonic() + timeout
+        return all(i.wait_synced(max(0.0, deadline - self.clock.monotonic())) for i in self.informers())
 
     @property
     def synced(self) -> bool:
@@ -171,7 +177,7 @@ class KubeResolver:
         pods = list(pods)
         view = self._view
         by_pod = None
-        if view is not None and time.monotonic() - view[0] < VIEW_REUSE_S:
+        if view is not None and self.clock.monotonic() - view[0] < VIEW_REUSE_S:
             by_pod = self._by_pod(view[2])
             if view[1] != self.pods.version and any((pr.namespace, pr.pod) not in by_pod for pr in pods):
                 by_pod = None
@@ -206,7 +212,7 @@ class KubeResolver:
 
     def jobs(self, now: datetime | None = None) -> dict[str, JobInfo]:
         """Every job with GPU pods (live, or deleted within ``deleted_pod_memory``), by job key."""
-        now = now or datetime.now(timezone.utc)
+        now = now or self.clock.now()
         with self._lock:
             cutoff = now - self.deleted_pod_memory
             expired = [k for k, p in self._tombstones.items() if (p.deleted or now) < cutoff]
@@ -230,7 +236,7 @@ class KubeResolver:
             lqs=lqs,
         )
         view = self._checked(view)
-        self._view = (time.monotonic(), version, view)
+        self._view = (self.clock.monotonic(), version, view)
         return view
 
     def _checked(self, view: dict[str, JobInfo]) -> dict[str, JobInfo]:
@@ -280,7 +286,7 @@ class KubeResolver:
             level = [(ns, meta.owner) for ns, meta in self._owners.prefetch(level) if meta.owner is not None]
 
     def _pod_deleted(self, key: str, info: PodInfo) -> None:
-        info.deleted = info.finished or datetime.now(timezone.utc)
+        info.deleted = info.finished or self.clock.now()
         with self._lock:
             self._tombstones[key] = info
 
