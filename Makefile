@@ -23,7 +23,7 @@ PUSH_FLAGS ?=
 ACTIONLINT_VERSION := v1.7.12
 ACTIONLINT := $(VENV)/tools/actionlint-$(ACTIONLINT_VERSION)/actionlint
 
-.PHONY: install system-deps demo lint test test-fast testbed-up testbed-down clean image push
+.PHONY: install system-deps demo lint test test-fast test-kueue-newest testbed-up testbed-down clean image push
 
 install: $(VENV)/.installed
 
@@ -70,6 +70,15 @@ push:
 
 test: install system-deps lint
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory test-kueue-newest
+
+# Issue 29: the gate, requeue-through-the-check, demotion and doctor's Kueue tests again on the newest
+# Kueue the Go module proxy serves (auditor/testbed/config.py KUEUE_NEWEST), in a bed of its own
+# (a temporary state directory, no node; its Kueue built once into the cache like v0.17.0's).
+KUEUE_NEWEST_TESTS := tests/testbed/test_testbed_kueue.py tests/testbed/test_kueue_versions.py tests/gate/test_gate_kueue.py tests/policy/test_ladder_requeue_via_check.py tests/policy/test_kueue_requeue.py tests/doctor/test_doctor_kueue.py
+test-kueue-newest: install system-deps
+	GPU_AUDITOR_TESTBED_KUEUE_VERSION=$$($(BIN)/python -c 'from auditor.testbed.config import KUEUE_NEWEST as v; print(v)') \
+		$(BIN)/python -m pytest -q $(KUEUE_NEWEST_TESTS)
 
 # Seconds, no servers: pure logic and adapter logic behind fakes of our ports (ARCHITECTURE.md, Tests).
 test-fast: install
