@@ -14,6 +14,13 @@ Each sampler returns values already in these units, keyed by :attr:`AgentField.n
   reference/metrics.md §5) and MiB/s for PCIe; ``gpm_scale`` converts.
 - Plain NVML gives GPU and memory-copy utilization (percent), power (mW → W), memory (bytes → MiB)
   and clocks, never profiling fields: those series are then absent, never zero.
+
+The health fields (issue 33; :data:`HEALTH`) are codes, bitmasks and error counters: a scrape
+serves the clock-event bits seen in any of its samples (``agg="or"``) and the latest Xid code and
+counter values (``agg="last"``), never a mean (the mean of Xid 79 and 0 is no Xid). Xid,
+uncorrectable remapped rows and the remap failure keep the deprecated names dcgm-exporter's
+``default-counters.csv`` ships; field 112 is in no shipped CSV, so it has DCGM's current name
+(``DCGM_FI_DEV_CLOCKS_EVENT_REASONS``; the audit reads ``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS`` too).
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ class AgentField:
     plain NVML, not GPM, supplies it); ``gpm_scale`` turns the GPM value into the exported unit.
     ``mig`` says whether the field exists per MIG instance (dcgm-exporter has no GPU_UTIL for MIG:
     a MIG instance gets only the fields marked here). ``profiling`` marks the fields that only
-    DCGM profiling or GPM can give: with plain NVML they are absent.
+    DCGM profiling or GPM can give: with plain NVML they are absent. ``agg`` is how a scrape
+    combines its window's samples: ``mean``, ``or`` (bitmasks) or ``last`` (codes, counters).
     """
 
     name: str
@@ -39,9 +47,11 @@ class AgentField:
     gpm_scale: float = 0.01
     mig: bool = False
     profiling: bool = False
+    agg: str = "mean"
 
 
-FIELDS: tuple[AgentField, ...] = (
+#: the efficiency series (means over a scrape)
+EFFICIENCY: tuple[AgentField, ...] = (
     AgentField("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", 203),
     AgentField("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", 204),
     AgentField("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", 100),
@@ -132,7 +142,30 @@ FIELDS: tuple[AgentField, ...] = (
     ),
 )
 
+#: GPU health (issue 33): ids and meanings from DCGM's dcgm_fields.h (tests/fixtures/dcgm/dcgm_health_fields.txt)
+HEALTH: tuple[AgentField, ...] = (
+    AgentField(
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        "Clock event reasons seen in the scrape interval (bitmask of DCGM_CLOCKS_EVENT_REASON_*).",
+        112,
+        agg="or",
+    ),
+    AgentField("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", 230, agg="last"),
+    AgentField("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.", 311, agg="last"),
+    AgentField("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors.", 310, agg="last"),
+    AgentField(
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for uncorrectable errors", 393, agg="last"
+    ),
+    AgentField(
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for correctable errors", 394, agg="last"
+    ),
+    AgentField("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed", 395, agg="last"),
+)
+FIELDS: tuple[AgentField, ...] = EFFICIENCY + HEALTH
+
 BY_NAME: dict[str, AgentField] = {f.name: f for f in FIELDS}
 BY_DCGM_ID: dict[int, AgentField] = {f.dcgm_id: f for f in FIELDS}
 GPM_FIELDS: tuple[AgentField, ...] = tuple(f for f in FIELDS if f.gpm_id is not None)
 PROFILING: frozenset[str] = frozenset(f.name for f in FIELDS if f.profiling)
+#: how a scrape combines samples, for the fields that are not means (codes, bitmasks, counters)
+AGGREGATION: dict[str, str] = {f.name: f.agg for f in FIELDS if f.agg != "mean"}

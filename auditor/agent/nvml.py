@@ -12,6 +12,13 @@ exported units come from :mod:`auditor.agent.fields`. A MIG instance is sampled 
 
 ``gpm=False`` (or a GPU without GPM support) serves GPU and memory-copy utilization, power,
 framebuffer and clocks only: the profiling series are absent, never zero.
+
+Health (issue 33, every GPU, not per MIG instance): the clock-event reasons bitmask every tick
+(one call); the volatile ECC totals and remapped rows every ``slow_every`` ticks (counters that
+rarely move); Xid codes from an NVML event set registered for ``nvmlEventTypeXidCriticalError``,
+drained without waiting every tick (one call for all GPUs), served as the last code seen, ``0``
+until one is. A read the GPU or driver does not support is dropped after its first failure
+(absent, never zero); a GPU whose Xid events cannot be registered serves no Xid series.
 """
 
 from __future__ import annotations
@@ -65,7 +72,7 @@ class _Dev:
     plus the one being filled. ``max_sm_clock`` is read once (a property of the board).
     """
 
-    __slots__ = ("device", "handle", "parent", "gpm", "buffers", "groups", "max_sm_clock")
+    __slots__ = ("device", "handle", "parent", "gpm", "buffers", "groups", "max_sm_clock", "xid", "health")
 
     def __init__(self, device: Device, handle: Any, parent: Any) -> None:
         self.device, self.handle, self.parent = device, handle, parent
@@ -73,6 +80,10 @@ class _Dev:
         self.buffers: list[Any] = []
         self.groups: list[_Group] = []
         self.max_sm_clock: float | None = None
+        #: the last Xid seen (0: none yet); None when Xid events are not registered for it
+        self.xid: int | None = None
+        #: the health reads this GPU still answers (a read that failed once is not asked again)
+        self.health: set[str] = {"clock_events", "ecc", "remap"}
 
     def unheld_buffer(self) -> Any:
         """A sample buffer no group starts from (there is one more buffer than groups)."""
@@ -99,6 +110,7 @@ class NvmlSampler:
         self._ticks = 0
         self.errors = 0
         self._devs: list[_Dev] = []
+        self._events: Any = None
         try:
             self._discover(gpm)
         except N.NVMLError as exc:
@@ -160,6 +172,26 @@ class NvmlSampler:
                     if part:
                         d.groups.append(_Group(part, every, self._metrics_request(part)))
                 d.buffers = [N.nvmlGpmSampleAlloc() for _ in range(len(d.groups) + 1)]
+        self._register_xid()
+
+    def _register_xid(self) -> None:
+        """One event set for every GPU's Xid events (DCGM's own source of field 230)."""
+        N = self.N
+        if not all(hasattr(N, a) for a in ("nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2")):
+            return
+        try:
+            self._events = N.nvmlEventSetCreate()
+        except N.NVMLError as exc:
+            log.warning("NVML event set unavailable (%s): no Xid series", exc)
+            return
+        for d in self._devs:
+            if d.device.is_mig:
+                continue
+            try:
+                N.nvmlDeviceRegisterEvents(d.handle, N.nvmlEventTypeXidCriticalError, self._events)
+                d.xid = 0
+            except N.NVMLError as exc:
+                log.warning("GPU %d: Xid events not registered (%s): no Xid series", d.device.index, exc)
 
     def _metrics_request(self, fields: tuple[AgentField, ...]) -> Any:
         N = self.N
@@ -214,12 +246,14 @@ class NvmlSampler:
         tick = self._ticks
         self._ticks += 1
         gpm_now = tick % self.gpm_every == 0
+        self._drain_xid()
         for d in self._devs:
             values: dict[str, float] = {}
             if d.device.is_mig:
                 self._read_mig(d, values)
             else:
                 self._read_gpu(d, values)
+                self._read_health(d, tick % self.slow_every == 0, values)
             if d.gpm and gpm_now:
                 self._read_gpm(d, tick, values)
             out[d.device.key] = values
@@ -227,6 +261,12 @@ class NvmlSampler:
 
     def close(self) -> None:
         N = self.N
+        if self._events is not None:
+            try:
+                N.nvmlEventSetFree(self._events)
+            except N.NVMLError:
+                pass
+            self._events = None
         for d in self._devs:
             for s in d.buffers:
                 try:
@@ -266,6 +306,62 @@ class NvmlSampler:
             d.max_sm_clock = self._max_sm_clock(h)
         if d.max_sm_clock is not None:
             values["DCGM_FI_DEV_MAX_SM_CLOCK"] = d.max_sm_clock
+
+    def _drain_xid(self) -> None:
+        """Take every Xid event queued since the last tick, without waiting."""
+        if self._events is None:
+            return
+        N = self.N
+        by_index = {d.device.index: d for d in self._devs if not d.device.is_mig}
+        for _ in range(64):  # a storm is bounded per tick; the rest waits for the next one
+            try:
+                event = N.nvmlEventSetWait_v2(self._events, 0)
+            except N.NVMLError:
+                return  # NVML_ERROR_TIMEOUT: none queued
+            try:
+                d = by_index.get(N.nvmlDeviceGetIndex(event.device))
+            except N.NVMLError:
+                d = None
+            if d is not None and event.eventType & N.nvmlEventTypeXidCriticalError:
+                d.xid = int(event.eventData)
+                log.warning("GPU %d (%s): Xid %d", d.device.index, d.device.uuid, d.xid)
+
+    def _health_read(self, d: _Dev, what: str, fn: Any, *args: Any) -> Any:
+        """A health read; one that fails is not asked again (unsupported: absent, never zero)."""
+        if what not in d.health or fn is None:
+            return None
+        try:
+            return fn(*args)
+        except self.N.NVMLError as exc:
+            d.health.discard(what)
+            log.info("GPU %d: %s unreadable (%s); not served", d.device.index, what, exc)
+            return None
+
+    def _read_health(self, d: _Dev, counters_now: bool, values: dict[str, float]) -> None:
+        N, h = self.N, d.handle
+        if d.xid is not None:
+            values["DCGM_FI_DEV_XID_ERRORS"] = float(d.xid)
+        reasons_fn = getattr(N, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            N, "nvmlDeviceGetCurrentClocksThrottleReasons", None
+        )
+        mask = self._health_read(d, "clock_events", reasons_fn, h)
+        if mask is not None:
+            values["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"] = float(mask)
+        if not counters_now:
+            return
+        ecc_fn = getattr(N, "nvmlDeviceGetTotalEccErrors", None)
+        vol = getattr(N, "NVML_VOLATILE_ECC", 0)
+        dbe = self._health_read(d, "ecc", ecc_fn, h, getattr(N, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1), vol)
+        sbe = self._health_read(d, "ecc", ecc_fn, h, getattr(N, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0), vol)
+        if dbe is not None and sbe is not None:
+            values["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"] = float(dbe)
+            values["DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"] = float(sbe)
+        rows = self._health_read(d, "remap", getattr(N, "nvmlDeviceGetRemappedRows", None), h)
+        if rows is not None:
+            corrected, uncorrected, _pending, failure = rows
+            values["DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"] = float(corrected)
+            values["DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"] = float(uncorrected)
+            values["DCGM_FI_DEV_ROW_REMAP_FAILURE"] = float(failure)
 
     def _read_mig(self, d: _Dev, values: dict[str, float]) -> None:
         self._read_memory(d.handle, values)

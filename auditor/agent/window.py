@@ -27,6 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Mapping
 
+from auditor.agent.fields import AGGREGATION
 from auditor.core.model import PodRef
 
 
@@ -44,10 +45,21 @@ class Mean:
 
     total: float = 0.0
     n: int = 0
+    #: ``mean``; ``or`` / ``last`` for bitmasks and codes, whose mean means nothing (fields.AGGREGATION)
+    agg: str = "mean"
 
     @property
     def value(self) -> float:
-        return self.total / self.n
+        return self.total / self.n if self.agg == "mean" else self.total
+
+    def add(self, v: float) -> None:
+        if self.agg == "or":
+            self.total = float(int(self.total) | int(v))
+        elif self.agg == "last":
+            self.total = v
+        else:
+            self.total += v
+        self.n += 1
 
 
 class SampleWindow:
@@ -104,9 +116,8 @@ class SampleWindow:
                 for name, v in values.items():
                     m = fields.get(name)
                     if m is None:
-                        m = fields[name] = Mean()
-                    m.total += v
-                    m.n += 1
+                        m = fields[name] = Mean(agg=AGGREGATION.get(name, "mean"))
+                    m.add(v)
         if ticks and self.hold > 0:
             self._hold_last(ticks[-1], out)
         return out, len(ticks)

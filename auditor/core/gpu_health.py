@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import IntFlag
 
+from auditor.core.metrics import HEALTH_BY_NAME, HealthField
 from auditor.core.model import Finding
 from auditor.core.rfc3339 import format_rfc3339
 
@@ -139,6 +140,46 @@ class GpuHealth:
                 **self.evidence,
             },
         )
+
+
+_SAMPLE_FIELD = {
+    HealthField.XID: "xid",
+    HealthField.CLOCK_EVENTS: "clock_events",
+    HealthField.ECC_DBE_VOLATILE: "ecc_dbe",
+    HealthField.REMAP_UNCORRECTABLE: "remap_uncorrectable",
+    HealthField.REMAP_FAILED: "remap_failed",
+}
+
+
+def samples_from_series(series: Mapping[str, Sequence[tuple[datetime, float]]]) -> list[HealthSample]:
+    """One GPU's samples from its exported series, keyed by exporter name (either spelling of
+    :data:`~auditor.core.metrics.HEALTH_EXPORTED`; other names are ignored), one per timestamp.
+
+    Codes and bitmasks are integers on the wire; they are read as such.
+    """
+    rows: dict[datetime, dict[str, float]] = {}
+    for name, points in series.items():
+        health_field = HEALTH_BY_NAME.get(name)
+        field = None if health_field is None else _SAMPLE_FIELD.get(health_field)
+        if field is None:
+            continue
+        for t, v in points:
+            if v == v:  # NaN: a stale marker or a broken read, no evidence
+                rows.setdefault(t, {})[field] = v
+    out = []
+    for t in sorted(rows):
+        r = rows[t]
+        out.append(
+            HealthSample(
+                t,
+                xid=None if "xid" not in r else int(r["xid"]),
+                clock_events=None if "clock_events" not in r else int(r["clock_events"]),
+                ecc_dbe=r.get("ecc_dbe"),
+                remap_uncorrectable=r.get("remap_uncorrectable"),
+                remap_failed=r.get("remap_failed"),
+            )
+        )
+    return out
 
 
 def _increase(values: Sequence[float]) -> float:

@@ -16,6 +16,7 @@ from auditor.core.gpu_health import (
     HealthThresholds,
     evaluate_gpu,
     job_health,
+    samples_from_series,
 )
 
 T0 = datetime(2026, 12, 3, 12, 0, tzinfo=timezone.utc)
@@ -172,3 +173,34 @@ def test_absent_fields_are_no_evidence() -> None:
     h = evaluate_gpu("g", series())
     assert h.healthy and h.evidence == {"samples": 60}
     assert evaluate_gpu("g", []).healthy
+
+
+def test_samples_from_either_spelling_of_the_exported_names() -> None:
+    """dcgm-exporter's default CSV names and DCGM 4.6's current ones read alike; others are ignored."""
+    t = [T0 + timedelta(seconds=15 * i) for i in range(3)]
+    classic = {
+        "DCGM_FI_DEV_XID_ERRORS": [(t[0], 0.0), (t[1], 79.0), (t[2], 79.0)],
+        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": [(t[0], 4.0), (t[1], 12.0), (t[2], float("nan"))],
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": [(t[0], 0.0), (t[1], 0.0), (t[2], 1.0)],
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE": [(t[2], 0.0)],
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": [(t[0], 0.0), (t[2], 1.0)],
+        "DCGM_FI_DEV_GPU_UTIL": [(t[0], 100.0)],
+    }
+    renamed = {
+        {
+            "DCGM_FI_DEV_XID_ERRORS": "DCGM_FI_DEV_XID_ERROR",
+            "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL",
+            "DCGM_FI_DEV_ROW_REMAP_FAILURE": "DCGM_FI_DEV_ROW_REMAP_FAILED",
+        }.get(k, k): v
+        for k, v in classic.items()
+    }
+    for series in (classic, renamed):
+        samples = samples_from_series(series)
+        assert samples == [
+            HealthSample(t[0], xid=0, clock_events=4, ecc_dbe=0.0, remap_uncorrectable=0.0),
+            HealthSample(t[1], xid=79, clock_events=12, remap_uncorrectable=0.0),
+            HealthSample(t[2], xid=79, ecc_dbe=1.0, remap_uncorrectable=1.0, remap_failed=0.0),
+        ]
+        # one scrape of HW slowdown (0x8) is below the two-sample minimum
+        assert evaluate_gpu("g", samples).reasons == ("xid", "ecc", "row_remap")
