@@ -1,18 +1,27 @@
 """The console's pages as HTML text: one function per page, values in, a document out.
 
 Pure rendering: the values come from :mod:`auditor.console.ports` (read by the app), ``now``
-is passed in, and every value from the store passes through :func:`~auditor.console.svg.esc`
-(names, reasons and evidence come from the cluster and may hold markup). Verdict colours are
+is passed in. The markup is in jinja2 templates (``templates/``, one per view, ``base.html``
+around them) rendered with autoescape on and undefined names an error: names, reasons and
+evidence come from the cluster and may hold markup, and no value reaches a page unescaped unless
+it is markup made here (the svg charts, whose text :mod:`auditor.console.svg` escapes itself; a
+query string, which :func:`urllib.parse.urlencode` percent-encodes). Verdict colours are
 :data:`auditor.render.VERDICT_COLORS`, as on the static pages and in the reports.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 from urllib.parse import urlencode
+
+import jinja2
+from jinja2.ext import Extension
+from markupsafe import Markup
 
 from auditor.console import svg
 from auditor.console.ports import (
@@ -29,7 +38,7 @@ from auditor.console.ports import (
 from auditor.console.svg import esc
 from auditor.core.acklink import ACK_LABEL, DEFAULT_SNOOZE, snooze_label
 from auditor.core.figures import gpu_name, gpus_text, natural_key
-from auditor.core.gate import GateDecision, LineageHistory
+from auditor.core.gate import Acknowledgement, GateDecision, LineageHistory
 from auditor.core.job_snooze import JobSnooze
 from auditor.core.model import Bucket
 from auditor.render import METRIC_COLORS, VERDICT_COLORS
@@ -98,39 +107,60 @@ def span(d: timedelta) -> str:
     return f"{s}s"
 
 
-def verdict(v: str) -> str:
-    color = VERDICT_COLORS.get(v, "#999")
-    return f'<span class="verdict" style="background:{color}">{esc(v or "none")}</span>'
+# ---------------------------------------------------------------------- templates
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, cls: str = "", empty: str = "none") -> str:
-    """A table of cells already escaped (``rows``); ``headers`` are escaped here."""
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
-    if not body:
-        body = f'<tr><td colspan="{len(headers)}" class="empty">{esc(empty)}</td></tr>'
-    return f'<div class="scroll"><table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+class _JoinLines(Extension):
+    """A template's line breaks, and the indentation after them, are not output: the templates
+    are written one element a line, the pages stay one line as they always were (the golden
+    pages, tests/golden/page/, hold them byte for byte). A space that matters is written before
+    the line break; a tag is never broken across lines."""
+
+    def preprocess(self, source: str, name: str | None, filename: str | None = None) -> str:
+        return _BREAK.sub("", source)
+
+
+_BREAK = re.compile(r"\n[ \t]*")
+
+
+def _text(value: object) -> object:
+    """Every value a template prints passes here before autoescape: markup made here is kept,
+    anything else is escaped by :func:`~auditor.console.svg.esc`, so the pages' text and the
+    charts' text are escaped alike (``&#x27;``, ``&quot;``: markupsafe would write ``&#39;``)."""
+    if hasattr(value, "__html__"):
+        return value
+    text = str(value)
+    # without a quote markupsafe's escape is svg.esc's (and 4x faster: a page may hold 10,000 rows)
+    return Markup(esc(text)) if "'" in text or '"' in text else text
+
+
+def _qs(params: Mapping[str, object]) -> Markup:
+    """A query string: percent-encoded by urlencode, so it holds no character HTML would read."""
+    return Markup(urlencode(params))
+
+
+_env = jinja2.Environment(
+    loader=jinja2.PackageLoader("auditor.console", "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+    finalize=_text,
+    extensions=[_JoinLines],
+)
+_env.filters.update(t=t, hours=hours, pct=pct, n=lambda x: f"{x:,}", qs=_qs)
+_env.globals.update(verdict_colors=VERDICT_COLORS, gpus_text=gpus_text)
+
+
+def _render(view: str, **values: Any) -> Markup:
+    return Markup(_env.get_template(f"{view}.html").render(**values))
 
 
 def layout(base: str, active: str, title: str, body: str, now: datetime, *, writes: bool) -> str:
-    nav = "".join(
-        f'<a href="{base}/{path}"{" class=active" if path == active else ""}>{esc(name)}</a>' for path, name in NAV
-    )
-    mode = "writes enabled" if writes else "read-only"
-    return (
-        "<!doctype html><html lang=en><head><meta charset=utf-8>"
-        '<meta name=viewport content="width=device-width, initial-scale=1">'
-        f"<title>{esc(title)} · gpu-auditor</title>"
-        f'<link rel=stylesheet href="{base}/static/console.css">'
-        f'<script defer src="{base}/static/console.js"></script></head><body>'
-        f'<header><span class="brand">gpu-auditor</span><nav>{nav}</nav>'
-        f'<span class="meta">{esc(mode)} · {esc(t(now))} UTC</span></header>'
-        f"<main><h1>{esc(title)}</h1>{body}</main></body></html>"
-    )
+    """The document around a view; ``body`` is a view this module rendered (kept as markup)."""
+    return _render("base", base=base, nav=NAV, active=active, title=title, body=Markup(body), now=now, writes=writes)
 
 
-def job_link(base: str, job_id: int | None, label: str) -> str:
-    return esc(label) if job_id is None else f'<a href="{base}/jobs/{job_id}">{esc(label)}</a>'
+def error(message: str) -> str:
+    return _render("error", message=message)
 
 
 # ---------------------------------------------------------------------- cluster
@@ -167,59 +197,27 @@ def cluster(base: str, c: ClusterNow, teams: Sequence[TeamWeek], week: str) -> s
         ("recoverable GPU-hours (MFU gap)", hours(c.gap.recoverable) or "n/a"),
         ("last audit cycle", t(c.last_cycle) or "never"),
     ]
-    tile_html = "".join(f'<div class="tile"><b>{esc(v)}</b><span>{esc(k)}</span></div>' for k, v in tiles)
     bars = [
         (v, h, VERDICT_COLORS.get(v, "#999")) for v, h in sorted(c.gpu_hours_by_verdict.items(), key=lambda x: -x[1])
     ]
     this_week = sorted((x for x in teams if x.week == week), key=lambda x: -x.waste_gpu_hours)
     waste_bars = [(x.team, x.waste_gpu_hours, METRIC_COLORS["waste"]) for x in this_week]
-    jobs = table(
-        ("verdict", "jobs", "GPU-hours"),
-        (
-            (f'<a href="{base}/jobs?verdict={esc(v)}">{verdict(v)}</a>', f"{c.jobs_by_verdict.get(v, 0):,}", hours(h))
-            for v, h, _ in bars
-        ),
-    )
-    why = table(
-        ("team", "waste GPU-hours", "efficiency (SM activity)", "most waste from"),
-        ((esc(x.team), hours(x.waste_gpu_hours), pct(x.efficiency), _why(base, x)) for x in this_week),
-        cls="why",
-        empty="no data this week",
-    )
     by_gap = sorted((x for x in this_week if x.gap.referenced_jobs), key=lambda x: -x.gap.recoverable_gpu_hours)
     gap_bars = [(x.team, x.gap.recoverable_gpu_hours, "#ef6c00") for x in by_gap]
-    gap = table(
-        ("team", "MFU", "jobs with a reference", "recoverable GPU-hours"),
-        (
-            (
-                f'<a href="{base}/jobs?{urlencode({"team": x.team, "sort": "recoverable_gpu_hours", "desc": "1"})}">'
-                f"{esc(x.team)}</a>",
-                pct(x.gap.mfu) or "n/a",
-                f"{x.gap.referenced_jobs:,}",
-                hours(x.gap.recoverable_gpu_hours),
-            )
-            for x in by_gap
-        ),
-        cls="gap",
-        empty="no job with a reference MFU this week",
+    return _render(
+        "cluster",
+        base=base,
+        c=c,
+        tiles=tiles,
+        gap_sentence=gap_sentence(c.gap, c.waste_gpu_hours),
+        bars=bars,
+        this_week=this_week,
+        by_gap=by_gap,
+        # svg.py escapes every label it draws: its charts are markup
+        verdict_chart=Markup(svg.hbars(bars, title="GPU-hours by verdict", unit=" h")),
+        waste_chart=Markup(svg.hbars(waste_bars, title=f"Waste GPU-hours by team, week {week}", unit=" h")),
+        gap_chart=Markup(svg.hbars(gap_bars, title=f"Recoverable GPU-hours (MFU gap) by team, week {week}", unit=" h")),
     )
-    return (
-        f'<section class="tiles">{tile_html}</section>'
-        f'<p class="gapnote">{esc(gap_sentence(c.gap, c.waste_gpu_hours))}</p>'
-        f'<section class="grid2"><div>{svg.hbars(bars, title="GPU-hours by verdict", unit=" h")}{jobs}</div>'
-        f"<div>{svg.hbars(waste_bars, title=f'Waste GPU-hours by team, week {week}', unit=' h')}{why}</div></section>"
-        f'<section class="grid2"><div>{svg.hbars(gap_bars, title=f"Recoverable GPU-hours (MFU gap) by team, week {week}", unit=" h")}'
-        f"{gap}</div></section>"
-    )
-
-
-def _why(base: str, x: TeamWeek) -> str:
-    """The verdict behind most of a team's waste, linked to those jobs (most waste first)."""
-    v = x.main_waste
-    if not v:
-        return ""
-    q = urlencode({"team": x.team, "verdict": v, "sort": "waste_gpu_hours", "desc": "1"})
-    return f'<a href="{base}/jobs?{q}">{verdict(v)}</a> {hours(x.waste_by_verdict[v])} h'
 
 
 # ---------------------------------------------------------------------- teams
@@ -239,46 +237,27 @@ def teams(base: str, rows: Sequence[TeamWeek], weeks: Sequence[str], currency: s
     headers += ["most waste from"]
     headers += ["MFU", "recoverable GPU-hours"]
     headers += [currency] if priced else []
-    body = []
-    for r in sorted(rows, key=lambda r: (r.week, r.waste_gpu_hours), reverse=True):  # newest week, most waste first
-        cells = [
-            f'<a href="{base}/jobs?{urlencode({"team": r.team})}">{esc(r.team)}</a>',
-            esc(r.week),
-            f"{r.jobs:,}",
-            hours(r.gpu_hours),
-            hours(r.waste_gpu_hours),
-            hours(r.headroom_gpu_hours),
-            pct(r.efficiency),
-            _why(base, r),
-            pct(r.gap.mfu) or "n/a",
-            hours(r.gap.recoverable) or "n/a",
-        ]
-        if priced:
-            cells.append("" if r.cost is None else f"{r.cost:,.2f}")
-        body.append(cells)
-    return (
-        '<section class="grid2">'
-        f"<div>{svg.lines(weeks, waste, title='Waste GPU-hours per week', unit=' h')}</div>"
-        f"<div>{svg.lines(weeks, eff_pct, title='Efficiency per week (SM activity, jobs with SM data)', unit='%')}</div>"
-        "</section>"
-        '<section class="grid2">'
-        f"<div>{svg.lines(weeks, mfu_pct, title='MFU per week (GPU-hour-weighted, jobs with an estimate)', unit='%')}</div>"
-        f"<div>{svg.lines(weeks, gap, title='Recoverable GPU-hours per week (MFU gap)', unit=' h')}</div>"
-        "</section>"
-        '<p class="hint">Weeks without a team\'s jobs are left out (no data), never shown as zero. Waste: the idle-SM '
-        "GPU-hours of flagged jobs (a wasteful verdict); headroom: those of healthy jobs, never added to waste; "
-        "efficiency: the SM activity of the jobs with SM data, weighted by GPU-hours (docs/figures.md). MFU: model FLOPs "
-        "over the precision's dense tensor peak; recoverable GPU-hours: what the same work would not have needed at "
-        "the job's class reference MFU (n/a: no job with a reference), a separate loss from waste.</p>"
-        '<input class="filter" data-table="teams" placeholder="filter teams">'
-        + table(headers, body, cls="sortable teams", empty="no data")
+    charts = [  # svg.py escapes every label it draws
+        Markup(svg.lines(weeks, waste, title="Waste GPU-hours per week", unit=" h")),
+        Markup(svg.lines(weeks, eff_pct, title="Efficiency per week (SM activity, jobs with SM data)", unit="%")),
+        Markup(svg.lines(weeks, mfu_pct, title="MFU per week (GPU-hour-weighted, jobs with an estimate)", unit="%")),
+        Markup(svg.lines(weeks, gap, title="Recoverable GPU-hours per week (MFU gap)", unit=" h")),
+    ]
+    return _render(
+        "teams",
+        base=base,
+        charts=charts,
+        headers=headers,
+        # newest week, most waste first
+        rows=sorted(rows, key=lambda r: (r.week, r.waste_gpu_hours), reverse=True),
+        priced=priced,
     )
 
 
 # ---------------------------------------------------------------------- jobs
 
 
-def _query(f: JobFilter, **change: object) -> str:
+def _query(f: JobFilter, **change: object) -> Markup:
     doc: dict[str, object] = {
         "team": f.team,
         "namespace": f.namespace,
@@ -291,71 +270,33 @@ def _query(f: JobFilter, **change: object) -> str:
         "offset": f.offset,
     }
     doc.update(change)
-    return urlencode({k: v for k, v in doc.items() if v not in ("", None)})
-
-
-def _select(name: str, current: str, values: Sequence[str], label: str) -> str:
-    opts = [f'<option value="">{esc(label)}: all</option>'] + [
-        f'<option value="{esc(v)}"{" selected" if v == current else ""}>{esc(v)}</option>' for v in values
-    ]
-    return f'<select name="{name}" aria-label="{esc(label)}">{"".join(opts)}</select>'
+    return _qs({k: v for k, v in doc.items() if v not in ("", None)})
 
 
 def jobs(base: str, page: JobPage, f: JobFilter) -> str:
-    form = (
-        f'<form class="filters" method="get" action="{base}/jobs">'
-        + _select("team", f.team, page.teams, "team")
-        + _select("namespace", f.namespace, page.namespaces, "namespace")
-        + _select("verdict", f.verdict, page.verdicts, "verdict")
-        + _select("state", f.state, ("running", "ended"), "state")
-        + f'<input name="q" value="{esc(f.text)}" placeholder="job name contains">'
-        + f'<input type="hidden" name="sort" value="{esc(f.sort)}"><input type="hidden" name="desc" value="{1 if f.descending else 0}">'
-        + f'<input type="hidden" name="limit" value="{f.limit}">'
-        + '<button type="submit">filter</button></form>'
-    )
-    heads = []
+    heads: list[tuple[str, Markup | None, str]] = []
     for key, label in JOB_COLUMNS:
         if not key:
-            heads.append(f"<th>{esc(label)}</th>")
+            heads.append((label, None, ""))
             continue
         desc = not f.descending if key == f.sort else key not in ("job", "team", "verdict", "namespace")
         mark = (" ▼" if f.descending else " ▲") if key == f.sort else ""
-        heads.append(
-            f'<th><a href="{base}/jobs?{_query(f, sort=key, desc="1" if desc else "0", offset=0)}">{esc(label)}{mark}</a></th>'
-        )
-    # a page may hold 10,000 rows: each distinct text is escaped once
-    cache: dict[str, str] = {}
-
-    def e(text: str) -> str:
-        done = cache.get(text)
-        if done is None:
-            done = cache[text] = esc(text)
-        return done
-
-    badges = {v: verdict(v) for v in {r.verdict for r in page.rows}}
-    out = []
-    for r in page.rows:
-        out.append(
-            f'<tr><td><a href="{base}/jobs/{r.id}">{e(r.namespace)}/{e(r.kind)}/{esc(r.name)}</a></td>'
-            f"<td>{e(r.team)}</td><td>{badges[r.verdict]}</td>"
-            f"<td>{hours(r.gpu_hours)}</td><td>{hours(r.waste_gpu_hours)}</td><td>{pct(r.sm_active)}</td>"
-            f"<td>{pct(r.tensor_active)}</td><td>{pct(r.mfu_estimate) or 'n/a'}</td><td>{hours(r.recoverable_gpu_hours)}</td>"
-            f"<td>{t(r.start)}</td><td>{t(r.end)}</td>"
-            f"<td>{'running' if r.running else 'ended'}</td></tr>"
-        )
-    if not out:
-        out.append(f'<tr><td colspan="{len(JOB_COLUMNS)}" class="empty">no jobs match</td></tr>')
+        heads.append((label, _query(f, sort=key, desc="1" if desc else "0", offset=0), mark))
     first, last = f.offset + 1 if page.total else 0, min(f.offset + f.limit, page.total)
-    pager = [f'<span id="count">{first:,}–{last:,} of {page.total:,} jobs</span>']
-    if f.offset > 0:
-        pager.append(f'<a href="{base}/jobs?{_query(f, offset=max(f.offset - f.limit, 0))}">previous</a>')
-    if last < page.total:
-        pager.append(f'<a href="{base}/jobs?{_query(f, offset=f.offset + f.limit)}" rel="next">next</a>')
-    return (
-        form
-        + f'<p class="pager">{" ".join(pager)}</p>'
-        + f'<div class="scroll"><table class="jobs"><thead><tr>{"".join(heads)}</tr></thead>'
-        + f"<tbody>{''.join(out)}</tbody></table></div>"
+    # a page may hold 10,000 rows: each verdict's badge is rendered once
+    badge = _env.get_template("_macros.html").module.verdict  # type: ignore[attr-defined]
+    return _render(
+        "jobs",
+        base=base,
+        page=page,
+        f=f,
+        heads=heads,
+        badges={v: badge(v) for v in {r.verdict for r in page.rows}},
+        columns=len(JOB_COLUMNS),
+        first=first,
+        last=last,
+        previous=_query(f, offset=max(f.offset - f.limit, 0)) if f.offset > 0 else None,
+        next=_query(f, offset=f.offset + f.limit) if last < page.total else None,
     )
 
 
@@ -369,8 +310,8 @@ def _gpu_label(b: Bucket) -> str:
     return name + (f" ({gpu.mig_profile})" if gpu.mig_profile else "")
 
 
-def timelines(d: JobDetail) -> str:
-    """One chart per GPU of the job: util, SM, tensor and DRAM activity per bucket."""
+def timelines(d: JobDetail) -> list[Markup]:
+    """One chart per GPU of the job: util, SM, tensor and DRAM activity per bucket ([]: no buckets)."""
     per_gpu: dict[str, dict[str, list[tuple[datetime, float]]]] = {}
     lo: datetime | None = None
     hi: datetime | None = None
@@ -382,103 +323,19 @@ def timelines(d: JobDetail) -> str:
         series.setdefault(b.metric.value, []).append((b.start, mean))
         lo = b.start if lo is None or b.start < lo else lo
         hi = b.end if hi is None or b.end > hi else hi
-    if not per_gpu or lo is None or hi is None:
-        return '<p class="empty">no buckets stored for this job (older than the bucket retention, or never sampled)</p>'
-    charts = []
-    for label in sorted(per_gpu, key=natural_key):
-        series = {m: sorted(v) for m, v in per_gpu[label].items()}
-        charts.append(f'<div class="gpu">{svg.timeline(series, lo, hi, title=label)}</div>')
-    return f'<div class="timelines">{"".join(charts)}</div>'
+    if lo is None or hi is None:
+        return []
+    return [  # svg.py escapes the label (a pod name) itself
+        Markup(svg.timeline({m: sorted(v) for m, v in per_gpu[label].items()}, lo, hi, title=label))
+        for label in sorted(per_gpu, key=natural_key)
+    ]
 
 
-def _evidence(ev: object) -> str:
-    return f"<pre>{esc(json.dumps(ev, indent=1, sort_keys=True, default=str))}</pre>"
-
-
-def _lineage(h: LineageHistory | None) -> str:
-    if h is None:
-        return '<p class="empty">no lineage recorded for this job</p>'
-    runs = table(
-        ("job", "verdict", "start", "end", "GPU-h", "waste GPU-h", "findings", "final"),
-        (
-            (
-                esc(r.job),
-                verdict(r.verdict),
-                t(r.start),
-                t(r.end),
-                hours(r.gpu_hours),
-                hours(r.waste_gpu_hours),
-                esc(", ".join(r.findings)),
-                "yes" if r.final else "",
-            )
-            for r in reversed(h.runs)
-        ),
-        empty="no runs",
-    )
-    return (
-        f"<p>lineage <b>{esc(h.key.namespace)}/{esc(h.key.lineage)}</b> (cluster {esc(h.key.cluster)})</p>"
-        + runs
-        + _acks(h)
-    )
-
-
-def _acks(h: LineageHistory) -> str:
-    return table(
-        ("kind", "by", "at", "until", "reason", "via"),
-        (
-            (esc(a.kind.value), esc(a.by), t(a.at), t(a.until) or "no end", esc(a.reason), esc(a.via))
-            for a in reversed(h.acks)
-        ),
-        cls="acks",
-        empty="no acknowledgements",
-    )
-
-
-def _ack_form(base: str, d: JobDetail, w: Writes) -> str:
-    if d.lineage is None:
-        return ""
-    key = d.lineage.key
-    hidden = (
-        f'<input type="hidden" name="csrf" value="{esc(w.token)}">'
-        f'<input type="hidden" name="cluster" value="{esc(key.cluster)}">'
-        f'<input type="hidden" name="lineage" value="{esc(key.namespace)}/{esc(key.lineage)}">'
-        f'<input type="hidden" name="job" value="{d.row.id}">'
-    )
-    until = "".join(
-        f'<option value="{v}"{" selected" if v == "7d" else ""}>{label}</option>'
-        for v, label in (("1d", "1 day"), ("7d", "7 days"), ("30d", "30 days"), ("", "no end (ack only)"))
-    )
-    return (
-        f'<form class="ack" method="post" action="{base}/ack">{hidden}'
-        f'<input name="reason" placeholder="why (recorded)" maxlength="500">'
-        f'<select name="until" aria-label="until">{until}</select>'
-        f'<button type="submit" name="kind" value="ack" id="ack-button">{esc(ACK_LABEL)}</button>'
-        '<button type="submit" name="kind" value="snooze" id="snooze-button">admit every re-submission until then (gate)</button>'
-        f'<span class="hint">recorded as {esc(w.user)}</span></form>'
-    )
-
-
-def _snooze_form(base: str, d: JobDetail, w: Writes | None, paused: JobSnooze | None) -> str:
-    """The running job's escalation (issue 30): its snooze in force, and with writes the alert's
-    other button, "Snooze this job's escalation for 24 h" (the ladder, not the gate)."""
-    state = f'<p class="snoozed">Escalation {esc(paused.text())}.</p>' if paused is not None else ""
-    if w is None:
-        return state
-    return state + (
-        f'<form class="snooze" method="post" action="{base}/ack">'
-        f'<input type="hidden" name="csrf" value="{esc(w.token)}">'
-        f'<input type="hidden" name="job" value="{d.row.id}">'
-        '<input name="reason" placeholder="why (recorded)" maxlength="500">'
-        f'<button type="submit" name="kind" value="job-snooze" id="job-snooze-button">{esc(snooze_label(DEFAULT_SNOOZE))}</button>'
-        f'<span class="hint">no alert, Event or requeue meanwhile; recorded as {esc(w.user)}</span></form>'
-    )
-
-
-def _admission(d: JobDetail) -> str:
+def _admission(d: JobDetail) -> list[tuple[str, str]] | None:
     a = d.admission
     if a is None:
-        return '<p class="empty">not seen in a Kueue queue</p>'
-    facts = [
+        return None
+    return [
         ("Workload", a.workload),
         ("LocalQueue", a.local_queue or ""),
         ("ClusterQueue", a.cluster_queue or ""),
@@ -492,100 +349,35 @@ def _admission(d: JobDetail) -> str:
         ("last eviction", f"{a.last_eviction_reason or ''} {t(a.last_evicted_at)}".strip()),
         ("pending now", "yes" if a.pending else "no"),
     ]
-    return "<dl class=facts>" + "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in facts) + "</dl>"
-
-
-def _decisions(d: JobDetail) -> str:
-    rows = []
-    for dec in reversed(d.decisions):
-        acts = (
-            "; ".join(
-                f"{esc(a.action)}: <b>{esc(a.state)}</b> ({a.attempts} tries, {t(a.updated_at)})"
-                + (f" — {esc(a.error)}" if a.error else "")
-                for a in dec.actions
-            )
-            or "none"
-        )
-        rows.append(
-            (
-                t(dec.decided_at),
-                esc(dec.policy),
-                str(dec.step + 1),
-                esc(dec.mode) + (" (dry run)" if dec.dry_run else ""),
-                verdict(dec.verdict),
-                esc(dec.reason),
-                acts,
-            )
-        )
-    return table(
-        ("decided", "policy", "step", "mode", "verdict", "reason", "actions: outcome"),
-        rows,
-        cls="decisions",
-        empty="no decisions",
-    )
 
 
 def job(base: str, d: JobDetail, writes: Writes | None, *, paused: JobSnooze | None = None) -> str:
-    s, r = d.summary, d.row
-    figures = [
-        ("verdict", verdict(r.verdict)),
-        ("team", esc(r.team)),
-        ("GPUs", esc(gpus_text(s.get("gpus")))),
-        ("GPU model", esc(s.get("gpu_model") or "")),
-        ("GPU-hours", hours(r.gpu_hours)),
-        ("waste GPU-hours", hours(r.waste_gpu_hours)),
-        ("util", pct(s.get("gpu_util"))),
-        ("SM active", pct(r.sm_active)),
-        ("tensor active", pct(r.tensor_active)),
-        ("DRAM active", pct(s.get("dram_active"))),
-        ("MFU", pct(r.mfu_estimate) or "n/a (no tensor activity)"),
+    """One job: its figures, findings, timelines, lineage (with writes, the acknowledging form),
+    its escalation's snooze (issue 30), Kueue admission, decisions and violations."""
+    r = d.row
+    findings = [
         (
-            "reference MFU",
-            f"{pct(r.mfu_reference)} ({esc(r.mfu_class or '')})" if r.mfu_reference is not None else "none applies",
-        ),
-        ("recoverable GPU-hours", hours(r.recoverable_gpu_hours) if r.recoverable_gpu_hours is not None else "n/a"),
-        ("coverage", pct(s.get("coverage"))),
-        ("start", t(r.start)),
-        ("end", t(r.end)),
-        (
-            "state",
-            "running" if r.running else f"ended {t(d.ended_at)}" if d.ended_at else f"not seen since {t(d.last_seen)}",
-        ),
-        ("queue", esc(d.queue or "")),
-        ("uid", esc(d.uid or "")),
-    ]
-    facts = "<dl class=facts>" + "".join(f"<dt>{esc(k)}</dt><dd>{v}</dd>" for k, v in figures) + "</dl>"
-    findings = "".join(
-        f"<li><b>{esc(x.get('code', ''))}</b>: {esc(x.get('message', ''))}"
-        f"<details><summary>evidence</summary>{_evidence(x.get('evidence', {}))}</details></li>"
-        for x in s.get("findings") or ()
+            x.get("code", ""),
+            x.get("message", ""),
+            json.dumps(x.get("evidence", {}), indent=1, sort_keys=True, default=str),
+        )
+        for x in d.summary.get("findings") or ()
         if isinstance(x, Mapping)
-    )
-    violations = table(
-        ("policy", "episode", "opened", "last seen", "next step", "last step"),
-        (
-            (esc(v.policy), str(v.episode), t(v.opened_at), t(v.last_seen_at), str(v.next_step + 1), t(v.last_step_at))
-            for v in d.violations
-        ),
-        empty="no violations",
-    )
-    gauge = svg.mfu_gauge(r.mfu_estimate, r.mfu_reference, source=r.mfu_class, gpu_hours=r.gpu_hours)
-    return (
-        facts
-        + f'<div class="gauge">{gauge}</div>'
-        + f"<h2>Findings</h2><ul class=findings>{findings or '<li>none</li>'}</ul>"
-        + "<h2>Per-GPU timelines</h2>"
-        + timelines(d)
-        + "<h2>Lineage history</h2>"
-        + _lineage(d.lineage)
-        + (_ack_form(base, d, writes) if writes is not None else "")
-        + _snooze_form(base, d, writes, paused)
-        + "<h2>Kueue admission</h2>"
-        + _admission(d)
-        + "<h2>Decisions and actions</h2>"
-        + _decisions(d)
-        + "<h2>Policy violations</h2>"
-        + violations
+    ]
+    # svg.py escapes the gauge's label (the class name) itself
+    gauge = Markup(svg.mfu_gauge(r.mfu_estimate, r.mfu_reference, source=r.mfu_class, gpu_hours=r.gpu_hours))
+    return _render(
+        "job",
+        base=base,
+        d=d,
+        w=writes,
+        paused=paused,
+        findings=findings,
+        gauge=gauge,
+        charts=timelines(d),
+        admission=_admission(d),
+        ack_label=ACK_LABEL,
+        snooze_label=snooze_label(DEFAULT_SNOOZE),
     )
 
 
@@ -614,44 +406,25 @@ def policy(
     recent: Sequence[ActionRow],
     now: datetime,
 ) -> str:
-    rows = []
-    for v in open_:
-        what, when = next_step(v, ladders.get(v.policy), now)
-        rows.append(
-            (job_link(base, v.job_id, v.job), esc(v.policy), t(v.opened_at), t(v.last_step_at), esc(what), when)
-        )
-    acts = (
-        (
-            t(a.updated_at),
-            esc(a.job),
-            esc(a.policy),
-            esc(a.action),
-            f"<b>{esc(a.state)}</b>",
-            str(a.attempts),
-            esc(a.error or ""),
-        )
-        for a in recent
-    )
-    return (
-        f"<h2>Open violations ({len(open_)})</h2>"
-        '<input class="filter" data-table="violations" placeholder="filter violations">'
-        + table(
-            ("job", "policy", "opened", "last step", "next step", "due"),
-            rows,
-            cls="sortable violations",
-            empty="no open violations",
-        )
-        + "<h2>Actions of the last 7 days</h2>"
-        + table(
-            ("updated", "job", "policy", "action", "state", "attempts", "error"),
-            acts,
-            cls="sortable",
-            empty="no actions",
-        )
-    )
+    rows = [(v, *next_step(v, ladders.get(v.policy), now)) for v in open_]
+    return _render("policy", base=base, open=open_, rows=rows, recent=recent)
 
 
 # ---------------------------------------------------------------------- gate
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A row of the gate page: a lineage the rules hold (``held``), or, without rules, one with
+    unacknowledged findings."""
+
+    name: str
+    cluster: str
+    team: str
+    state: str
+    held: bool
+    reason: str
+    until: str
 
 
 def gate(
@@ -663,73 +436,21 @@ def gate(
     rules: int,
     on: bool = True,
 ) -> str:
-    rows = []
-    acks = []
+    rows: list[_Held] = []
+    acks: list[tuple[str, Acknowledgement]] = []
     for h in histories:
-        k = (h.key.cluster, h.key.namespace, h.key.lineage)
-        d = decisions.get(k)
+        d = decisions.get((h.key.cluster, h.key.namespace, h.key.lineage))
         name = f"{h.key.namespace}/{h.key.lineage}"
-        for a in h.acks:
-            acks.append(
-                (
-                    a.at,
-                    (
-                        t(a.at),
-                        esc(name),
-                        esc(a.kind.value),
-                        esc(a.by),
-                        t(a.until) or "no end",
-                        esc(a.reason),
-                        esc(a.via),
-                    ),
-                )
-            )
+        acks.extend((name, a) for a in h.acks)
         if d is not None:
-            held = d.action.value != "admit" or d.would.value != "admit"
-            if not held:
+            if d.action.value == "admit" and d.would.value == "admit":
                 continue
-            state = esc(d.action.value) + ("" if d.action == d.would else f" (would {esc(d.would.value)})")
-            rows.append(
-                (
-                    esc(name),
-                    esc(h.key.cluster),
-                    esc(h.team),
-                    f"<b>{state}</b>",
-                    esc(d.reason),
-                    t(d.until) or "until acknowledged",
-                )
-            )
+            state = d.action.value + ("" if d.action == d.would else f" (would {d.would.value})")
+            rows.append(_Held(name, h.key.cluster, h.team, state, True, d.reason, t(d.until) or "until acknowledged"))
         elif rules == 0 and h.open_findings(now):
-            rows.append(
-                (esc(name), esc(h.key.cluster), esc(h.team), "flagged", esc(", ".join(h.open_findings(now))), "")
-            )
-    note = (
-        ""
-        if rules
-        else '<p class="hint">No gate rules (GatePolicy) are loaded here: lineages with unacknowledged findings are listed.</p>'
-    )
-    if not on:
-        note += (
-            '<p class="hint">The gate is off (gate.enabled: false): nothing is held; the table says what its '
-            "rules would decide for each lineage's next submission.</p>"
-        )
-    return (
-        f"<h2>Held and deprioritized lineages ({len(rows)})</h2>"
-        + note
-        + table(
-            ("lineage", "cluster", "team", "gate", "reason", "until"),
-            rows,
-            cls="sortable held",
-            empty="no held lineages",
-        )
-        + "<h2>Acknowledgements and snoozes</h2>"
-        + table(
-            ("at", "lineage", "kind", "by", "until", "reason", "via"),
-            (r for _, r in sorted(acks, key=lambda x: x[0], reverse=True)),
-            cls="sortable acks",
-            empty="no acknowledgements",
-        )
-    )
+            rows.append(_Held(name, h.key.cluster, h.team, "flagged", False, ", ".join(h.open_findings(now)), ""))
+    acks.sort(key=lambda x: x[1].at, reverse=True)
+    return _render("gate", base=base, rows=rows, acks=acks, rules=rules, on=on)
 
 
 # ---------------------------------------------------------------------- deliveries
@@ -749,48 +470,12 @@ def deliveries(base: str, reports: Sequence[DeliveryRow], alerts: Sequence[Actio
     counts: dict[str, int] = {}
     for s in [delivery_state(d) for d in reports] + [action_state(a) for a in alerts]:
         counts[s] = counts.get(s, 0) + 1
-    tiles = "".join(f'<div class="tile"><b>{n:,}</b><span>{esc(s)}</span></div>' for s, n in sorted(counts.items()))
-    return (
-        f'<section class="tiles">{tiles}</section>'
-        "<h2>Weekly reports</h2>"
-        + table(
-            ("week", "team", "channel", "state", "attempts", "claimed", "sent", "error"),
-            (
-                (
-                    esc(d.week),
-                    esc(d.team),
-                    esc(d.channel),
-                    f"<b>{esc(delivery_state(d))}</b>",
-                    str(d.attempts),
-                    t(d.claimed_at),
-                    t(d.sent_at),
-                    esc(d.error or ""),
-                )
-                for d in reports
-            ),
-            cls="sortable",
-            empty="no report deliveries",
-        )
-        + "<h2>Alerts (policy notify actions, last 7 days)</h2>"
-        + table(
-            ("updated", "job", "policy", "state", "attempts", "next try", "error"),
-            (
-                (
-                    t(a.updated_at),
-                    esc(a.job),
-                    esc(a.policy),
-                    f"<b>{esc(action_state(a))}</b>",
-                    str(a.attempts),
-                    t(a.due_at),
-                    esc(a.error or ""),
-                )
-                for a in alerts
-            ),
-            cls="sortable",
-            empty="no alerts",
-        )
+    return _render(
+        "deliveries",
+        base=base,
+        counts=sorted(counts.items()),
+        reports=reports,
+        alerts=alerts,
+        delivery_state=delivery_state,
+        action_state=action_state,
     )
-
-
-def error(message: str) -> str:
-    return f'<p class="error">{esc(message)}</p>'
