@@ -157,7 +157,8 @@ def test_enforce_rejects_with_quota_released_and_an_acknowledgement_readmits(kub
         assert rejected["workload"] == held and rejected["how"] == f"acknowledge with `gpu-auditor ack {ns}/train`"
         assert rejected["reason"].startswith("gpu-auditor: held, hold until acknowledged")
         until(lambda: "EfficiencyGateHeld" in _reasons(api, ns, "train-b7d2k"), "the held Event")
-        holds = holds_of(api, ns, "gpu-auditor-holds")
+        # the gate lists the hold right after the Event (GateController._after): wait for it too
+        holds = until(lambda: (h := holds_of(api, ns, "gpu-auditor-holds")) and f"{ns}.train" in h and h, "listed")
         assert holds[f"{ns}.train"].startswith("hold: hold until acknowledged")
         assert job(api, ns, "train-b7d2k")["spec"]["suspend"] is True
 

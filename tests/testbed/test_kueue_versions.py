@@ -85,3 +85,47 @@ def test_the_beds_kueue_shows_priority_boost_on_through_its_webhook(kube_admin, 
     assert lines["Kueue version"].level == "info" and lines["Kueue version"].text.startswith("unknown")
     boost = lines["Kueue PriorityBoost gate"]
     assert boost.level == "ok" and "webhook refused" in boost.text, boost
+
+
+DEMOTE = """\
+apiVersion: gpu-auditor.io/v1alpha1
+kind: GpuPolicy
+metadata: {name: demote}
+spec:
+  mode: enforce
+  verdicts: [low_sm_efficiency]
+  escalation:
+    - actions: [event]
+    - actions: [requeue]
+  requeue: {backoff: 10m, lowerPriorityBy: 10}
+"""
+
+
+@pytest.mark.skipif(not kueue_running(), reason="the bed runs without the Kueue controller")
+def test_the_operator_logs_kueue_and_the_gates_its_options_need_at_start(testbed, tmp_path, caplog):
+    """A policy that demotes (``requeue.lowerPriorityBy``) needs PriorityBoost: the operator's
+    start says which Kueue runs (unknown on the bed: no Deployment) and that the gate is on."""
+    import logging
+
+    from operator_settings import operator_settings
+
+    from auditor.operator_loop.service import Operator
+
+    settings = operator_settings(
+        tmp_path, policy=DEMOTE, kubernetes={"kubeconfig": testbed.kubeconfig}, prometheus={"url": "http://127.0.0.1:9"}
+    )
+    op = Operator(settings)
+    try:
+        with caplog.at_level(logging.INFO, logger="auditor.operator_loop.service"):
+            op._log_kueue()
+    finally:
+        op.api.close()
+        op.store.close()
+    said = [r.getMessage() for r in caplog.records if r.name == "auditor.operator_loop.service"]
+    assert any(
+        m.startswith("Kueue version: unknown (no Deployment kueue-system/kueue-controller-manager") for m in said
+    ), said
+    boost = [m for m in said if m.startswith("Kueue PriorityBoost gate: ")]
+    # on when the cluster holds a Workload to probe (other tests leave some), else unknown
+    assert boost and ("on (" in boost[0] or "unknown" in boost[0]), said
+    assert not any("AdmissionGatedBy" in m for m in said), said  # the gate's holdBeforeQuota is off
