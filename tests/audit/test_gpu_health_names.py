@@ -61,3 +61,18 @@ def test_each_field_has_its_current_name_and_every_alias_read() -> None:
     for old, new in aliases.items():
         if fields[new] in ids and new != "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL":
             assert {old, new} <= ours, (old, new)
+
+
+def test_the_agent_serves_health_names_the_audit_reads_at_dcgms_ids() -> None:
+    from auditor.agent.fields import HEALTH
+
+    ours = {h.name: h for h in HEALTH_EXPORTED}
+    # the correctable remapped rows are served as dcgm-exporter's defaults serve them, not judged
+    judged = [f for f in HEALTH if f.name != "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"]
+    assert len(judged) == 6
+    for f in judged:
+        assert ours[f.name].dcgm_id == f.dcgm_id, f.name
+        assert f.agg in ("or", "last") and not f.mig
+    _, fields, aliases, default = _upstream()
+    correctable = next(f for f in HEALTH if f.name == "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS")
+    assert fields[aliases[correctable.name]] == correctable.dcgm_id and default[correctable.name]
