@@ -227,7 +227,7 @@ def test_explain_of_a_jobs_pod_explains_the_job(db: str, capsys) -> None:
     rc, out, err = run_cli(["explain", "ns-a/Pod/j1-0", "--db", db], capsys)
     assert rc == 0, err
     assert "pod ns-a/j1-0 belongs to the audited job ns-a/Job/j1 (cluster c1)" in err
-    assert out.startswith("ns-a/Job/j1") and "j1-0 on " in out
+    assert out.startswith("ns-a/Job/j1") and "j1-0 node-0:gpu0" in out  # its timeline, by the one GPU name
     rc, out, err = run_cli(["explain", "ns-a/pod/nobody-0", "--db", db], capsys)
     assert rc == 1 and "no audited job ns-a/Pod/nobody-0 in store" in err
     # the same pod name in a later job (a StatefulSet re-created): ambiguous, both named
