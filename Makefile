@@ -45,13 +45,15 @@ demo: install
 	$(BIN)/gpu-auditor demo
 
 # The rules the tools hold (config in pyproject.toml): ruff lint and format, mypy on auditor/, import-linter
-# contracts (the layers), actionlint on the GitHub workflows.
+# contracts (the layers), actionlint on the GitHub workflows, and the house rules (tools/house_rules.py: size budgets,
+# time from the Clock, one timestamp formatter, Kubernetes errors in one layer; shrinking lists in tools/house_rules.toml).
 lint: install $(ACTIONLINT)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(ACTIONLINT)
+	$(BIN)/python tools/house_rules.py
 
 $(ACTIONLINT):
 	GOBIN=$(abspath $(dir $(ACTIONLINT))) GOFLAGS=-mod=mod go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
