@@ -104,7 +104,11 @@ def test_the_ack_link_key_secret_is_mounted_and_named_in_the_settings(chart: Cha
     objs = chart.render(sets=[*sets, "gate.ackLinks.baseUrl=https://auditor.example.com"])
     gate = _settings(objs)["gate"]
     assert gate["ack_link_key_file"] == "/etc/gpu-auditor/ack-link/key"
-    assert (gate["ack_link_base_url"], gate["ack_link_ttl"]) == ("https://auditor.example.com", "7d")
+    assert (gate["ack_link_base_url"], gate["ack_link_ttl"], gate["ack_link_snooze"]) == (
+        "https://auditor.example.com",
+        "7d",
+        "24h",
+    )
     (pod,) = [o["spec"]["template"]["spec"] for o in find(objs, "Deployment")]
     (volume,) = [v for v in pod["volumes"] if v["name"] == "ack-link-key"]
     # optional: a missing Secret must not keep the operator (and so the audit) from starting
