@@ -280,7 +280,9 @@ def test_run_once_mixed_workloads(
     )
 
     caplog.set_level(logging.INFO)
-    out = _run_once(cfg, capsys)
+    # the PyTorchJob's 4 GPUs all spin on a few SMs with no math, DRAM or power: the shipped
+    # hung-job policy (issue 33) alerts its team at once, which has no route in this installation
+    out = _run_once(cfg, capsys, undelivered="research")
     by_job = {s["job"]: s for s in out}
     assert set(by_job) == {"Job/train", "Deployment/serve", "PyTorchJob/ptj", "Job/queued", "Job/done"}, sorted(by_job)
     expect = {
